@@ -1,0 +1,162 @@
+//! Inode attributes, attribute changes and caller credentials.
+
+use crate::Fid;
+use serde::{Deserialize, Serialize};
+
+/// The type of an inode, from the `S_IFMT` bits of its mode.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum FileType {
+    /// Regular file.
+    Regular,
+    /// Directory.
+    Directory,
+    /// Symbolic link.
+    Symlink,
+    /// Named pipe.
+    Fifo,
+    /// Unix socket.
+    Socket,
+    /// Character device.
+    CharDev,
+    /// Block device.
+    BlockDev,
+}
+
+impl FileType {
+    /// The type encoded in a full `st_mode`, if it is one.
+    pub fn from_mode(mode: u32) -> Option<FileType> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => FileType::Regular,
+            libc::S_IFDIR => FileType::Directory,
+            libc::S_IFLNK => FileType::Symlink,
+            libc::S_IFIFO => FileType::Fifo,
+            libc::S_IFSOCK => FileType::Socket,
+            libc::S_IFCHR => FileType::CharDev,
+            libc::S_IFBLK => FileType::BlockDev,
+            _ => return None,
+        })
+    }
+
+    /// The `S_IFMT` bits of this type.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileType::Regular => libc::S_IFREG,
+            FileType::Directory => libc::S_IFDIR,
+            FileType::Symlink => libc::S_IFLNK,
+            FileType::Fifo => libc::S_IFIFO,
+            FileType::Socket => libc::S_IFSOCK,
+            FileType::CharDev => libc::S_IFCHR,
+            FileType::BlockDev => libc::S_IFBLK,
+        }
+    }
+
+    /// The `d_type` value readdir reports.
+    pub fn dtype(self) -> u8 {
+        match self {
+            FileType::Regular => libc::DT_REG,
+            FileType::Directory => libc::DT_DIR,
+            FileType::Symlink => libc::DT_LNK,
+            FileType::Fifo => libc::DT_FIFO,
+            FileType::Socket => libc::DT_SOCK,
+            FileType::CharDev => libc::DT_CHR,
+            FileType::BlockDev => libc::DT_BLK,
+        }
+    }
+}
+
+/// What `stat(2)` reports about an inode, as the MDT keeps it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Attr {
+    /// The inode's FID.
+    pub fid: Fid,
+    /// Full `st_mode`: type and permission bits.
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Hard links (directories: 2 + subdirectories).
+    pub nlink: u32,
+    /// Size in bytes (for striped files: the MDT's lazy size until a glimpse).
+    pub size: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    /// Access time, ns since the epoch.
+    pub atime: i64,
+    /// Modification time, ns since the epoch.
+    pub mtime: i64,
+    /// Change time, ns since the epoch.
+    pub ctime: i64,
+    /// Device number for char/block nodes.
+    pub rdev: u64,
+}
+
+impl Attr {
+    /// The inode's type.
+    pub fn ftype(&self) -> FileType {
+        FileType::from_mode(self.mode).unwrap_or(FileType::Regular)
+    }
+
+    /// Permission bits only (07777).
+    pub fn perm(&self) -> u32 {
+        self.mode & 0o7777
+    }
+
+    /// True for directories.
+    pub fn is_dir(&self) -> bool {
+        self.ftype() == FileType::Directory
+    }
+}
+
+/// A time to set with setattr: the server's now, or a given instant.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum TimeSet {
+    /// The server's current time (UTIME_NOW).
+    Now,
+    /// This instant, ns since the epoch.
+    At(i64),
+}
+
+/// An attribute change; `None` fields are left alone (UTIME_OMIT).
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct SetAttr {
+    /// New permission bits (07777); the type bits are ignored.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (truncate).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<TimeSet>,
+    /// New modification time.
+    pub mtime: Option<TimeSet>,
+}
+
+/// Who is asking: the caller's identity, carried in every MDT request.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Cred {
+    /// Effective (fs) uid.
+    pub uid: u32,
+    /// Effective (fs) gid.
+    pub gid: u32,
+    /// Supplementary groups, at most [`crate::limits::GROUPS_MAX`].
+    pub groups: Vec<u32>,
+}
+
+impl Cred {
+    /// The superuser.
+    pub fn root() -> Cred {
+        Cred {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        }
+    }
+
+    /// True if the caller is in `gid` (primary or supplementary).
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}

@@ -1,0 +1,204 @@
+//! The `CONFIG` record `lode mkfs` writes into a target directory, and the checks a
+//! server makes before it serves that directory.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Format version of target directories written by this build.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Name of the config record inside a target directory.
+pub const CONFIG_FILE: &str = "CONFIG";
+
+/// What a target directory is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Management service.
+    Mgs,
+    /// Metadata target.
+    Mdt,
+    /// Object storage target.
+    Ost,
+}
+
+impl Role {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Mgs => "mgs",
+            Role::Mdt => "mdt",
+            Role::Ost => "ost",
+        }
+    }
+}
+
+/// A formatted target directory's identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetConfig {
+    /// Format version.
+    pub format: u32,
+    /// Role.
+    pub role: Role,
+    /// File system name.
+    pub fsname: String,
+    /// Target index.
+    pub index: u32,
+    /// Target UUID.
+    pub uuid: String,
+    /// MGS address (`host:port`), for MDTs and OSTs.
+    pub mgsnode: String,
+    /// Shared key, hex (empty: none).
+    pub key_hex: String,
+}
+
+/// Why a target directory cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// No CONFIG record.
+    #[error("{0}: not formatted (run lode mkfs first)")]
+    Unformatted(String),
+    /// Unreadable or malformed record.
+    #[error("{0}: bad CONFIG: {1}")]
+    Bad(String, String),
+    /// Written by a newer lode.
+    #[error("{0}: format version {1} is newer than this lode ({FORMAT_VERSION})")]
+    Newer(String, u32),
+    /// Another role or file system.
+    #[error("{0}: {1}")]
+    Foreign(String, String),
+}
+
+impl TargetConfig {
+    /// Target name: `FSNAME-MDT0000`, `FSNAME-OST0001`, `MGS`.
+    pub fn name(&self) -> String {
+        match self.role {
+            Role::Mgs => "MGS".to_string(),
+            Role::Mdt => format!("{}-MDT{:04x}", self.fsname, self.index),
+            Role::Ost => format!("{}-OST{:04x}", self.fsname, self.index),
+        }
+    }
+
+    /// The key as bytes.
+    pub fn key(&self) -> Vec<u8> {
+        (0..self.key_hex.len() / 2)
+            .filter_map(|i| u8::from_str_radix(self.key_hex.get(2 * i..2 * i + 2)?, 16).ok())
+            .collect()
+    }
+
+    /// The text record.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "format={}", self.format);
+        let _ = writeln!(s, "role={}", self.role.name());
+        let _ = writeln!(s, "fsname={}", self.fsname);
+        let _ = writeln!(s, "index={}", self.index);
+        let _ = writeln!(s, "uuid={}", self.uuid);
+        let _ = writeln!(s, "mgsnode={}", self.mgsnode);
+        let _ = writeln!(s, "key={}", self.key_hex);
+        s
+    }
+
+    /// Parses a text record.
+    pub fn parse(text: &str, dir: &str) -> Result<TargetConfig, ConfigError> {
+        let bad = |m: &str| ConfigError::Bad(dir.to_string(), m.to_string());
+        let get = |k: &str| -> Option<String> {
+            text.lines().find_map(|l| {
+                l.strip_prefix(k)
+                    .and_then(|r| r.strip_prefix('='))
+                    .map(|v| v.trim().to_string())
+            })
+        };
+        let format: u32 = get("format")
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| bad("no format"))?;
+        if format > FORMAT_VERSION {
+            return Err(ConfigError::Newer(dir.to_string(), format));
+        }
+        let role = match get("role").as_deref() {
+            Some("mgs") => Role::Mgs,
+            Some("mdt") => Role::Mdt,
+            Some("ost") => Role::Ost,
+            _ => return Err(bad("no role")),
+        };
+        Ok(TargetConfig {
+            format,
+            role,
+            fsname: get("fsname").ok_or_else(|| bad("no fsname"))?,
+            index: get("index")
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| bad("no index"))?,
+            uuid: get("uuid").ok_or_else(|| bad("no uuid"))?,
+            mgsnode: get("mgsnode").unwrap_or_default(),
+            key_hex: get("key").unwrap_or_default(),
+        })
+    }
+
+    /// Loads and checks the record of `dir` for `role`.
+    pub fn load(dir: &Path, role: Role) -> Result<TargetConfig, ConfigError> {
+        let d = dir.display().to_string();
+        let text = match std::fs::read_to_string(dir.join(CONFIG_FILE)) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ConfigError::Unformatted(d))
+            }
+            Err(e) => return Err(ConfigError::Bad(d, e.to_string())),
+        };
+        let c = TargetConfig::parse(&text, &d)?;
+        if c.role != role {
+            return Err(ConfigError::Foreign(
+                d,
+                format!("formatted as {}, not {}", c.role.name(), role.name()),
+            ));
+        }
+        Ok(c)
+    }
+}
+
+/// Checks a file system name: 1..=8 characters of `[A-Za-z0-9_]`.
+pub fn check_fsname(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > crate::limits::FSNAME_MAX {
+        return Err(format!(
+            "file system name {s:?} must be 1 to {} characters",
+            crate::limits::FSNAME_MAX
+        ));
+    }
+    if !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!(
+            "file system name {s:?} may only contain letters, digits and '_'"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips() {
+        let c = TargetConfig {
+            format: 1,
+            role: Role::Ost,
+            fsname: "lode".into(),
+            index: 1,
+            uuid: "u".into(),
+            mgsnode: "127.0.0.1:9880".into(),
+            key_hex: "0aff".into(),
+        };
+        assert_eq!(TargetConfig::parse(&c.render(), "d").unwrap(), c);
+        assert_eq!(c.name(), "lode-OST0001");
+        assert_eq!(c.key(), vec![0x0a, 0xff]);
+    }
+
+    #[test]
+    fn newer_format_is_refused() {
+        let t = "format=9\nrole=mdt\nfsname=x\nindex=0\nuuid=u\n";
+        assert!(matches!(
+            TargetConfig::parse(t, "d"),
+            Err(ConfigError::Newer(_, 9))
+        ));
+        assert!(check_fsname("lode").is_ok());
+        assert!(check_fsname("toolongname").is_err());
+        assert!(check_fsname("a-b").is_err());
+    }
+}

@@ -1,0 +1,361 @@
+//! Composite (PFL) layouts and the striping arithmetic that maps file bytes to objects.
+//!
+//! A layout is a list of components with extents `[start, end)`; this issue's
+//! components are raid0 over OSTs. Pure functions only: the client uses them to split
+//! I/O, the MDS to instantiate layouts, the tests to check both.
+
+use crate::limits::{COMPONENTS_MAX, STRIPE_COUNT_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_UNIT};
+use crate::Errno;
+use serde::{Deserialize, Serialize};
+
+/// End of the last component: end of file.
+pub const EOF: u64 = u64::MAX;
+
+/// How a component's bytes are stored.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Pattern {
+    /// Data-on-MDT: the bytes live in the MDT's `dom` keyspace.
+    Mdt,
+    /// Striped over OST objects, round robin in `stripe_size` chunks.
+    Raid0 {
+        /// Bytes per stripe chunk, a multiple of 64 KiB.
+        stripe_size: u64,
+        /// Stripes: -1 all OSTs, 0 file system default, else 1..=number of OSTs.
+        stripe_count: i32,
+        /// First OST wanted (-1: the MDS chooses).
+        stripe_offset: i32,
+        /// OST index of each stripe once instantiated; empty in a template.
+        osts: Vec<u32>,
+    },
+}
+
+/// One extent of a composite layout.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Component {
+    /// Component id (1-based, unique in the layout), part of every object's name.
+    pub id: u32,
+    /// First byte covered.
+    pub start: u64,
+    /// One past the last byte covered; [`EOF`] for the open end.
+    pub end: u64,
+    /// Where the bytes go.
+    pub pattern: Pattern,
+}
+
+/// A composite layout (a plain layout is one component covering `[0, EOF)`).
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Layout {
+    /// Generation, bumped on every layout change.
+    pub gen: u32,
+    /// Components in extent order, contiguous from 0.
+    pub components: Vec<Component>,
+}
+
+/// A plain striping request, as `setstripe -c -S -i` gives it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct StripeSpec {
+    /// -1 all OSTs, 0 inherit, else the count.
+    pub stripe_count: i32,
+    /// 0 inherit, else bytes (multiple of 64 KiB).
+    pub stripe_size: u64,
+    /// -1 any, else the first OST index.
+    pub stripe_offset: i32,
+}
+
+/// One piece of an I/O after striping: `len` bytes of the caller's buffer at `buf_off`
+/// go to object `(component, stripe)` at `obj_off`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Chunk {
+    /// Index of the component in the layout.
+    pub comp_idx: usize,
+    /// Stripe index within the component.
+    pub stripe: u32,
+    /// Offset within the object.
+    pub obj_off: u64,
+    /// Offset within the caller's buffer.
+    pub buf_off: usize,
+    /// Bytes.
+    pub len: usize,
+}
+
+impl Layout {
+    /// A plain raid0 layout template covering the whole file.
+    pub fn plain(stripe_count: i32, stripe_size: u64, stripe_offset: i32) -> Layout {
+        Layout {
+            gen: 0,
+            components: vec![Component {
+                id: 1,
+                start: 0,
+                end: EOF,
+                pattern: Pattern::Raid0 {
+                    stripe_size,
+                    stripe_count,
+                    stripe_offset,
+                    osts: Vec::new(),
+                },
+            }],
+        }
+    }
+
+    /// True if the layout is one component over the whole file.
+    pub fn is_plain(&self) -> bool {
+        self.components.len() == 1 && self.components[0].start == 0 && self.components[0].end == EOF
+    }
+
+    /// Checks a layout (or template) from outside: bounded, contiguous from 0, sane
+    /// stripe sizes and counts. `ost_count` bounds counts and OST indices.
+    pub fn validate(&self, ost_count: u32) -> Result<(), Errno> {
+        if self.components.is_empty() || self.components.len() > COMPONENTS_MAX {
+            return Err(Errno::EINVAL);
+        }
+        let mut expect = 0u64;
+        for (i, c) in self.components.iter().enumerate() {
+            if c.start != expect || c.end <= c.start {
+                return Err(Errno::EINVAL);
+            }
+            if c.id == 0 || self.components[..i].iter().any(|o| o.id == c.id) {
+                return Err(Errno::EINVAL);
+            }
+            match &c.pattern {
+                Pattern::Mdt => {
+                    if i != 0 || c.end == EOF {
+                        return Err(Errno::EINVAL);
+                    }
+                }
+                Pattern::Raid0 {
+                    stripe_size,
+                    stripe_count,
+                    stripe_offset,
+                    osts,
+                } => {
+                    if *stripe_size == 0
+                        || stripe_size % STRIPE_SIZE_UNIT != 0
+                        || *stripe_size > STRIPE_SIZE_MAX
+                    {
+                        return Err(Errno::EINVAL);
+                    }
+                    if *stripe_count < -1 || *stripe_count > STRIPE_COUNT_MAX as i32 {
+                        return Err(Errno::EINVAL);
+                    }
+                    if *stripe_offset < -1
+                        || (*stripe_offset >= 0 && *stripe_offset as u32 >= ost_count)
+                    {
+                        return Err(Errno::EINVAL);
+                    }
+                    if !osts.is_empty() {
+                        if osts.len() as i64 != i64::from(*stripe_count)
+                            || osts.iter().any(|&o| o >= ost_count)
+                        {
+                            return Err(Errno::EINVAL);
+                        }
+                    }
+                    // An extent boundary inside a stripe chunk would split chunks across components.
+                    if c.end != EOF && c.end % stripe_size != 0 {
+                        return Err(Errno::EINVAL);
+                    }
+                }
+            }
+            expect = c.end;
+        }
+        if expect != EOF && self.components.len() == COMPONENTS_MAX {
+            return Err(Errno::EINVAL);
+        }
+        Ok(())
+    }
+
+    /// Index of the component holding byte `off`, if any.
+    pub fn component_at(&self, off: u64) -> Option<usize> {
+        self.components
+            .iter()
+            .position(|c| off >= c.start && off < c.end)
+    }
+
+    /// End of the last component: bytes at or past it cannot be written (ENODATA).
+    pub fn end(&self) -> u64 {
+        self.components.last().map_or(0, |c| c.end)
+    }
+
+    /// Splits `[off, off+len)` into per-object chunks. Bytes past the layout's end are
+    /// not returned; the caller turns that into ENODATA.
+    pub fn map(&self, off: u64, len: usize) -> Vec<Chunk> {
+        let mut out = Vec::new();
+        let mut pos = off;
+        let end = off.saturating_add(len as u64);
+        while pos < end {
+            let Some(ci) = self.component_at(pos) else {
+                break;
+            };
+            let c = &self.components[ci];
+            let stop = end.min(c.end);
+            match &c.pattern {
+                Pattern::Mdt => {
+                    out.push(Chunk {
+                        comp_idx: ci,
+                        stripe: 0,
+                        obj_off: pos,
+                        buf_off: (pos - off) as usize,
+                        len: (stop - pos) as usize,
+                    });
+                    pos = stop;
+                }
+                Pattern::Raid0 {
+                    stripe_size,
+                    osts,
+                    stripe_count,
+                    ..
+                } => {
+                    let count = if osts.is_empty() {
+                        (*stripe_count).max(1) as u64
+                    } else {
+                        osts.len() as u64
+                    };
+                    let ss = *stripe_size;
+                    while pos < stop {
+                        let rel = pos - c.start;
+                        let chunk_no = rel / ss;
+                        let within = rel % ss;
+                        let n = (ss - within).min(stop - pos);
+                        out.push(Chunk {
+                            comp_idx: ci,
+                            stripe: (chunk_no % count) as u32,
+                            obj_off: (chunk_no / count) * ss + within,
+                            buf_off: (pos - off) as usize,
+                            len: n as usize,
+                        });
+                        pos += n;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// File size implied by one raid0 object of `obj_size` bytes: the offset just past its
+/// last byte, in file terms.
+pub fn file_size_from_object(
+    comp_start: u64,
+    stripe_size: u64,
+    count: u32,
+    stripe: u32,
+    obj_size: u64,
+) -> u64 {
+    if obj_size == 0 {
+        return 0;
+    }
+    let last = obj_size - 1;
+    let row = last / stripe_size;
+    let within = last % stripe_size;
+    comp_start + (row * u64::from(count) + u64::from(stripe)) * stripe_size + within + 1
+}
+
+/// Size object `stripe` must have when the component's part of the file is `rel_size`
+/// bytes long (truncate).
+pub fn object_size_for_file(stripe_size: u64, count: u32, stripe: u32, rel_size: u64) -> u64 {
+    let count = u64::from(count);
+    let full_rows = rel_size / (stripe_size * count);
+    let rem = rel_size % (stripe_size * count);
+    let mut size = full_rows * stripe_size;
+    let start_in_row = u64::from(stripe) * stripe_size;
+    if rem > start_in_row {
+        size += (rem - start_in_row).min(stripe_size);
+    }
+    size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn raid0(count: u32, ss: u64) -> Layout {
+        let mut l = Layout::plain(count as i32, ss, -1);
+        if let Pattern::Raid0 { osts, .. } = &mut l.components[0].pattern {
+            *osts = (0..count).collect();
+        }
+        l
+    }
+
+    #[test]
+    fn map_splits_at_stripe_boundaries() {
+        let l = raid0(2, 65536);
+        let c = l.map(60000, 10000);
+        assert_eq!(c.len(), 2);
+        assert_eq!(
+            c[0],
+            Chunk {
+                comp_idx: 0,
+                stripe: 0,
+                obj_off: 60000,
+                buf_off: 0,
+                len: 5536
+            }
+        );
+        assert_eq!(
+            c[1],
+            Chunk {
+                comp_idx: 0,
+                stripe: 1,
+                obj_off: 0,
+                buf_off: 5536,
+                len: 4464
+            }
+        );
+    }
+
+    #[test]
+    fn validate_refuses_bad_layouts() {
+        assert!(Layout::plain(1, 1 << 20, -1).validate(2).is_ok());
+        assert!(Layout::plain(1, 1000, -1).validate(2).is_err());
+        assert!(Layout::plain(-2, 1 << 20, -1).validate(2).is_err());
+        assert!(Layout::plain(1, 1 << 20, 2).validate(2).is_err());
+        assert!(Layout {
+            gen: 0,
+            components: vec![]
+        }
+        .validate(2)
+        .is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn sizes_round_trip(count in 1u32..5, ss_units in 1u64..4, size in 0u64..2_000_000) {
+            let ss = ss_units * 65536;
+            // The file size is the max over objects of the size each implies.
+            let implied = (0..count)
+                .map(|s| file_size_from_object(0, ss, count, s, object_size_for_file(ss, count, s, size)))
+                .max()
+                .unwrap();
+            prop_assert_eq!(implied, size);
+        }
+
+        #[test]
+        fn map_covers_every_byte_once(count in 1u32..5, off in 0u64..1_000_000, len in 0usize..300_000) {
+            let l = raid0(count, 65536);
+            let chunks = l.map(off, len);
+            let total: usize = chunks.iter().map(|c| c.len).sum();
+            prop_assert_eq!(total, len);
+            let mut pos = 0;
+            for c in &chunks {
+                prop_assert_eq!(c.buf_off, pos);
+                pos += c.len;
+            }
+        }
+    }
+}
+
+/// Magic at the start of the `lustre.lov` xattr value (lode's own encoding).
+pub const LOV_XATTR_MAGIC: &[u8; 4] = b"LOV1";
+
+/// Encodes a layout as the `lustre.lov` xattr value: magic, then postcard.
+pub fn encode_xattr(l: &Layout) -> Vec<u8> {
+    let mut v = LOV_XATTR_MAGIC.to_vec();
+    v.extend_from_slice(&postcard::to_stdvec(l).unwrap_or_default());
+    v
+}
+
+/// Decodes a `lustre.lov` xattr value; `None` if it is not one.
+pub fn decode_xattr(v: &[u8]) -> Option<Layout> {
+    let rest = v.strip_prefix(LOV_XATTR_MAGIC.as_slice())?;
+    postcard::from_bytes(rest).ok()
+}

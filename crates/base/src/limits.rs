@@ -1,0 +1,59 @@
+//! Every bound in lode, named, with the reason for its value.
+
+/// Longest name of a directory entry, in bytes (Linux NAME_MAX).
+pub const NAME_MAX: usize = 255;
+/// Longest path the client resolves, in bytes (Linux PATH_MAX).
+pub const PATH_MAX: usize = 4096;
+/// Most hard links to one inode (ldiskfs without dir_nlink: 65000).
+pub const LINK_MAX: u32 = 65000;
+/// Longest symlink target (Linux: a page).
+pub const SYMLINK_MAX: usize = 4096;
+/// Longest xattr name (Linux XATTR_NAME_MAX).
+pub const XATTR_NAME_MAX: usize = 255;
+/// Largest xattr value (Linux XATTR_SIZE_MAX).
+pub const XATTR_SIZE_MAX: usize = 65536;
+/// Most xattrs listed in one LISTXATTR reply (Linux XATTR_LIST_MAX is 64 KiB of names).
+pub const XATTR_LIST_MAX: usize = 65536;
+/// Largest bulk payload of one READ/WRITE RPC (Lustre's 4 MiB brw).
+pub const BULK_MAX: usize = 4 << 20;
+/// Largest frame accepted, checked before allocating: a bulk plus headroom for the body.
+pub const RPC_SIZE_MAX: usize = BULK_MAX + (64 << 10);
+/// Bytes of entries in one readdir page reply before the page is cut at a hash group.
+pub const READDIR_PAGE_BYTES: usize = 64 << 10;
+/// Entries in one readdir page, a second bound next to the byte count.
+pub const READDIR_PAGE_ENTRIES: usize = 1024;
+/// Names in one hash group that the server will put in a page even past the page size.
+pub const READDIR_GROUP_MAX: usize = 64;
+/// Supplementary groups carried per request (Linux NGROUPS_MAX is 65536; NFS carries 16).
+pub const GROUPS_MAX: usize = 64;
+/// Default modify RPC slots per client (client side), Lustre's default.
+pub const MAX_MOD_RPCS_DEFAULT: u16 = 7;
+/// Server limit on modify slots per client (`mdt.*.max_mod_rpcs_in_flight`).
+pub const MAX_MOD_RPCS_PER_CLIENT: u16 = 8;
+/// Upper bound for any max_mod_rpcs setting (Lustre: 512).
+pub const MAX_MOD_RPCS_LIMIT: u16 = 512;
+/// Default RPCs in flight per import (Lustre `OBD_MAX_RIF_DEFAULT`).
+pub const MAX_RPCS_IN_FLIGHT_DEFAULT: usize = 8;
+/// Upper bound for max_rpcs_in_flight.
+pub const MAX_RPCS_IN_FLIGHT_LIMIT: usize = 512;
+/// Stripe sizes are multiples of this (Lustre LOV_MIN_STRIPE_SIZE).
+pub const STRIPE_SIZE_UNIT: u64 = 64 << 10;
+/// Largest stripe size (Lustre: 4 GiB - 64 KiB).
+pub const STRIPE_SIZE_MAX: u64 = (4 << 30) - (64 << 10);
+/// Most stripes in one component (Lustre LOV_MAX_STRIPE_COUNT).
+pub const STRIPE_COUNT_MAX: u32 = 2000;
+/// Most components in one composite layout.
+pub const COMPONENTS_MAX: usize = 64;
+/// Largest file offset (2^63 - 1, the Linux off_t limit).
+pub const FILE_SIZE_MAX: u64 = i64::MAX as u64;
+/// Open handles one client may hold on one MDT.
+pub const OPEN_HANDLES_PER_CLIENT_MAX: usize = 1 << 20;
+/// Clients one MDT keeps slots for.
+pub const CLIENTS_MAX: u32 = 1 << 17;
+/// Targets (MDTs plus OSTs) the MGS accepts.
+pub const TARGETS_MAX: usize = 4096;
+/// Free bytes an MDT keeps in reserve: below this new modifications get ENOSPC instead
+/// of risking a failed WAL write (which would stop the target).
+pub const MDT_RESERVED_BYTES: u64 = 64 << 20;
+/// Longest file system name (Lustre: 8).
+pub const FSNAME_MAX: usize = 8;

@@ -1,0 +1,140 @@
+//! The `lode` command: argument parsing and output only; the work is in the crates.
+
+mod params;
+mod server;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use lode_base::config::{check_fsname, Role, TargetConfig, CONFIG_FILE, FORMAT_VERSION};
+use std::path::PathBuf;
+
+/// lode: a user-space parallel file system with Lustre's metadata model.
+#[derive(Parser)]
+#[command(name = "lode", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Format a target directory (like mkfs.lustre).
+    Mkfs(MkfsArgs),
+    /// Run the management service on a formatted MGS directory.
+    Mgs(server::ServerArgs),
+    /// Run a metadata server on a formatted MDT directory.
+    Mds(server::ServerArgs),
+    /// Run an object storage server on a formatted OST directory.
+    Oss(server::ServerArgs),
+    /// Read parameters of the servers on this machine (like lctl get_param).
+    GetParam(params::GetArgs),
+    /// Set parameters of the servers on this machine (like lctl set_param).
+    SetParam(params::SetArgs),
+}
+
+#[derive(Args)]
+struct MkfsArgs {
+    /// Format a management target.
+    #[arg(long, group = "role")]
+    mgs: bool,
+    /// Format a metadata target.
+    #[arg(long, group = "role")]
+    mdt: bool,
+    /// Format an object storage target.
+    #[arg(long, group = "role")]
+    ost: bool,
+    /// File system name (1-8 letters, digits or '_').
+    #[arg(long)]
+    fsname: String,
+    /// Target index.
+    #[arg(long, default_value_t = 0)]
+    index: u32,
+    /// MGS address (HOST:PORT) for MDTs and OSTs.
+    #[arg(long, default_value = "127.0.0.1:9880")]
+    mgsnode: String,
+    /// File holding the shared key every target and client of this file system uses.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// Directory to format (created if missing; must be empty).
+    dir: PathBuf,
+}
+
+fn mkfs(a: MkfsArgs) -> Result<()> {
+    let role = match (a.mgs, a.mdt, a.ost) {
+        (true, false, false) => Role::Mgs,
+        (false, true, false) => Role::Mdt,
+        (false, false, true) => Role::Ost,
+        _ => bail!("mkfs: give exactly one of --mgs, --mdt, --ost"),
+    };
+    check_fsname(&a.fsname).map_err(|e| anyhow::anyhow!("mkfs: {e}"))?;
+    if a.index > 0xffff {
+        bail!("mkfs: index {} out of range (0..65535)", a.index);
+    }
+    if role != Role::Mgs && !a.mgsnode.contains(':') {
+        bail!("mkfs: --mgsnode {:?} is not HOST:PORT", a.mgsnode);
+    }
+    let d = a.dir.display().to_string();
+    if a.dir.exists() {
+        if !a.dir.is_dir() {
+            bail!("mkfs: {d}: not a directory");
+        }
+        if a.dir.join(CONFIG_FILE).exists() {
+            bail!("mkfs: {d}: already formatted, refusing to format");
+        }
+        if std::fs::read_dir(&a.dir)
+            .with_context(|| format!("mkfs: {d}"))?
+            .next()
+            .is_some()
+        {
+            bail!("mkfs: {d}: not empty, refusing to format");
+        }
+    }
+    std::fs::create_dir_all(&a.dir).with_context(|| format!("mkfs: {d}: cannot create"))?;
+    let key_hex = match &a.key_file {
+        Some(f) => {
+            let k = std::fs::read(f).with_context(|| format!("mkfs: key file {}", f.display()))?;
+            if k.is_empty() {
+                bail!("mkfs: key file {} is empty", f.display());
+            }
+            k.iter().map(|b| format!("{b:02x}")).collect()
+        }
+        None => String::new(),
+    };
+    let c = TargetConfig {
+        format: FORMAT_VERSION,
+        role,
+        fsname: a.fsname,
+        index: a.index,
+        uuid: uuid::Uuid::new_v4().to_string(),
+        mgsnode: if role == Role::Mgs {
+            String::new()
+        } else {
+            a.mgsnode
+        },
+        key_hex,
+    };
+    let tmp = a.dir.join(format!("{CONFIG_FILE}.tmp"));
+    std::fs::write(&tmp, c.render()).with_context(|| format!("mkfs: {d}"))?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("mkfs: {d}"))?;
+    std::fs::rename(&tmp, a.dir.join(CONFIG_FILE)).with_context(|| format!("mkfs: {d}"))?;
+    println!("formatted {} as {} ({})", d, c.name(), c.uuid);
+    Ok(())
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Mkfs(a) => mkfs(a),
+        Cmd::Mgs(a) => server::run(Role::Mgs, a),
+        Cmd::Mds(a) => server::run(Role::Mdt, a),
+        Cmd::Oss(a) => server::run(Role::Ost, a),
+        Cmd::GetParam(a) => params::get(a),
+        Cmd::SetParam(a) => params::set(a),
+    };
+    if let Err(e) = r {
+        eprintln!("lode: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,122 @@
+//! `lode get-param` / `set-param`: talk to the admin sockets of the servers running on
+//! this machine (one socket per target under the run directory).
+
+use anyhow::{bail, Result};
+use clap::Args;
+use std::path::PathBuf;
+
+/// Where servers put their admin sockets: `$LODE_RUN_DIR`, else `/run/lode`.
+pub fn run_dir() -> PathBuf {
+    std::env::var_os("LODE_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/lode"))
+}
+
+/// Arguments of get-param.
+#[derive(Args)]
+pub struct GetArgs {
+    /// Print values only.
+    #[arg(short = 'n', long = "no-name")]
+    no_name: bool,
+    /// Print names only.
+    #[arg(short = 'N', long = "only-name")]
+    only_name: bool,
+    /// Parameter names, `*` and `?` allowed (e.g. `mdt.*.stats`).
+    #[arg(required = true)]
+    names: Vec<String>,
+}
+
+/// Arguments of set-param.
+#[derive(Args)]
+pub struct SetArgs {
+    /// Do not echo what was set.
+    #[arg(short = 'n', long = "no-name")]
+    no_name: bool,
+    /// NAME=VALUE pairs.
+    #[arg(required = true)]
+    pairs: Vec<String>,
+}
+
+fn sockets() -> Result<Vec<PathBuf>> {
+    let dir = run_dir();
+    let mut v: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    v.sort();
+    if v.is_empty() {
+        bail!(
+            "no lode servers running here (no admin sockets in {})",
+            dir.display()
+        );
+    }
+    Ok(v)
+}
+
+fn ask(line: &str) -> Result<String> {
+    let mut out = String::new();
+    for s in sockets()? {
+        // A stale socket of a stopped server is skipped.
+        if let Ok(ans) = lode_rpc::admin::admin_request(&s, line) {
+            out.push_str(&ans);
+        }
+    }
+    Ok(out)
+}
+
+/// Runs get-param.
+pub fn get(a: GetArgs) -> Result<()> {
+    let mut failed = false;
+    for pat in &a.names {
+        let verb = if a.only_name {
+            "list"
+        } else if a.no_name {
+            "value"
+        } else {
+            "get"
+        };
+        let ans = ask(&format!("{verb} {pat}"))?;
+        if ans.is_empty() {
+            eprintln!("error: get_param: param_path '{pat}': No such file or directory");
+            failed = true;
+            continue;
+        }
+        print!("{ans}");
+    }
+    if failed {
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+/// Runs set-param.
+pub fn set(a: SetArgs) -> Result<()> {
+    let mut failed = false;
+    for pair in &a.pairs {
+        if !pair.contains('=') {
+            bail!("set-param: {pair:?}: expected NAME=VALUE");
+        }
+        let ans = ask(&format!("set {pair}"))?;
+        if ans.is_empty() {
+            let name = pair.split('=').next().unwrap_or(pair);
+            eprintln!("error: set_param: param_path '{name}': No such file or directory");
+            failed = true;
+        }
+        for l in ans.lines() {
+            if l.starts_with("error:") {
+                eprintln!("{l}");
+                failed = true;
+            } else if !a.no_name {
+                println!("{l}");
+            }
+        }
+    }
+    if failed {
+        std::process::exit(2);
+    }
+    Ok(())
+}

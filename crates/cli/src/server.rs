@@ -1,0 +1,250 @@
+//! Starting a server process: checks on the target directory (formatted, right role,
+//! not already running), the listening socket, then the service itself.
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use lode_base::config::{Role, TargetConfig};
+use lode_proto::{TargetInfo, TargetKind};
+use lode_rpc::admin::Params;
+use lode_rpc::{fail, ServerConfig, Service};
+use lode_store::{FaultPoint, Faulty, Injector, MdtStore, RocksEngine};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// Arguments every server takes.
+#[derive(Args)]
+pub struct ServerArgs {
+    /// Address to serve on (default: 127.0.0.1 and the role's default port).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Serve Prometheus metrics on this address.
+    #[arg(long)]
+    metrics: Option<String>,
+    /// Service threads.
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// RocksDB block cache for metadata, MiB (MDS only).
+    #[arg(long, default_value_t = 256)]
+    cache_mb: usize,
+    /// Formatted target directory.
+    dir: PathBuf,
+}
+
+/// Store faults driven by `fail_loc`.
+struct FailLocInjector;
+
+impl Injector for FailLocInjector {
+    fn fail(&self, point: FaultPoint) -> bool {
+        match point {
+            FaultPoint::Sync => fail::check(fail::STORE_SYNC_FAIL),
+            FaultPoint::Write => fail::check(fail::STORE_WRITE_FAIL),
+        }
+    }
+}
+
+fn default_port(role: Role, index: u32) -> u32 {
+    match role {
+        Role::Mgs => 9880,
+        Role::Mdt => 9900 + index,
+        Role::Ost => 9950 + index,
+    }
+}
+
+/// Takes the target's lock file; a second server on the same directory is refused.
+fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = dir.join("lock");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("{}", path.display()))?;
+    let mut f = match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(l) => l,
+        Err((_, _)) => {
+            let pid = std::fs::read_to_string(&path).unwrap_or_default();
+            bail!(
+                "{}: already in use by a running server (pid {})",
+                dir.display(),
+                pid.trim()
+            );
+        }
+    };
+    f.set_len(0)?;
+    write!(f, "{}", std::process::id())?;
+    Ok(f)
+}
+
+/// Runs a server until killed.
+pub fn run(role: Role, a: ServerArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LODE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cfg = TargetConfig::load(&a.dir, role).map_err(|e| anyhow!("{e}"))?;
+    let _lock = lock_dir(&a.dir)?;
+    let listen = a
+        .listen
+        .clone()
+        .unwrap_or_else(|| format!("127.0.0.1:{}", default_port(role, cfg.index)));
+    let std_listener = std::net::TcpListener::bind(&listen)
+        .map_err(|e| anyhow!("{}: cannot listen on {listen}: {e}", cfg.name()))?;
+    std_listener.set_nonblocking(true)?;
+    let metrics = match &a.metrics {
+        Some(m) => {
+            let l = std::net::TcpListener::bind(m)
+                .map_err(|e| anyhow!("cannot serve metrics on {m}: {e}"))?;
+            l.set_nonblocking(true)?;
+            Some(l)
+        }
+        None => None,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name(cfg.name())
+        .build()
+        .context("runtime")?;
+    let _guard = rt.enter();
+    let (svc, params): (Arc<dyn Service>, Arc<dyn Params>) = match role {
+        Role::Mgs => {
+            let mgs = Arc::new(lode_mgs::Mgs::open(&a.dir, cfg.fsname.clone(), cfg.key())?);
+            (mgs.clone(), Arc::new(lode_mgs::MgsParams(mgs)))
+        }
+        Role::Mdt => start_mdt(&cfg, &a, &listen, rt.handle())?,
+        Role::Ost => {
+            let ost = Arc::new(lode_oss::Ost::open(lode_oss::OstConfig {
+                fsname: cfg.fsname.clone(),
+                index: cfg.index,
+                uuid: cfg.uuid.clone(),
+                dir: a.dir.clone(),
+                key: cfg.key(),
+            })?);
+            spawn_register(&cfg, TargetKind::Ost, &listen, rt.handle());
+            (ost.clone(), Arc::new(lode_oss::OstParams(ost)))
+        }
+    };
+    let run_dir = crate::params::run_dir();
+    if std::fs::create_dir_all(&run_dir).is_ok() {
+        rt.spawn(lode_rpc::admin::serve_admin(
+            run_dir.join(format!("{}.sock", cfg.name())),
+            params.clone(),
+        ));
+    } else {
+        warn!(
+            "cannot create {}: get-param will not reach this server",
+            run_dir.display()
+        );
+    }
+    if let Some(m) = metrics {
+        let l = tokio::net::TcpListener::from_std(m)?;
+        rt.spawn(lode_rpc::admin::serve_metrics(l, params.clone()));
+    }
+    info!(target_name = %cfg.name(), %listen, "serving");
+    let listener = tokio::net::TcpListener::from_std(std_listener)?;
+    rt.block_on(lode_rpc::serve(
+        listener,
+        svc,
+        ServerConfig {
+            threads: a.threads,
+            ..Default::default()
+        },
+    ));
+    Ok(())
+}
+
+fn start_mdt(
+    cfg: &TargetConfig,
+    a: &ServerArgs,
+    listen: &str,
+    rt: &tokio::runtime::Handle,
+) -> Result<(Arc<dyn Service>, Arc<dyn Params>)> {
+    let engine = RocksEngine::open(&a.dir.join("db"), a.cache_mb)
+        .map_err(|e| anyhow!("{}: {e}", cfg.name()))?;
+    let engine = Arc::new(Faulty::new(engine, Arc::new(FailLocInjector)));
+    let store = MdtStore::open(engine).map_err(|e| anyhow!("{}: {e}", cfg.name()))?;
+    let name = cfg.name();
+    store.set_on_stop(Box::new(move |e| {
+        // Never acknowledge anything after a failed write or sync: stop the process.
+        error!("{name}: store failure ({e}); target stopped");
+        eprintln!("lode: {name}: store failure ({e}); target stopped");
+        std::process::exit(70);
+    }));
+    store.start_commit_thread()?;
+    let mdt = lode_mds::Mdt::open(
+        lode_mds::MdtConfig {
+            fsname: cfg.fsname.clone(),
+            index: cfg.index,
+            uuid: cfg.uuid.clone(),
+            dir: a.dir.clone(),
+            key: cfg.key(),
+        },
+        store,
+    )
+    .map_err(|e| anyhow!("{}: {e}", cfg.name()))?;
+    let mgs = lode_mgs::client::mgs_import(
+        &cfg.mgsnode,
+        &cfg.fsname,
+        &format!("{}_UUID", cfg.name()),
+        cfg.key(),
+        Duration::from_secs(10),
+        rt.clone(),
+    );
+    mdt.start_background(rt.clone(), mgs);
+    spawn_register(cfg, TargetKind::Mdt, listen, rt);
+    Ok((mdt.clone(), Arc::new(lode_mds::params::MdtParams(mdt))))
+}
+
+/// Registers with the MGS, retrying until it answers.
+fn spawn_register(cfg: &TargetConfig, kind: TargetKind, listen: &str, rt: &tokio::runtime::Handle) {
+    let info = TargetInfo {
+        kind,
+        index: cfg.index,
+        name: cfg.name(),
+        addr: listen.to_string(),
+        uuid: cfg.uuid.clone(),
+    };
+    let mgs = lode_mgs::client::mgs_import(
+        &cfg.mgsnode,
+        &cfg.fsname,
+        &format!("{}_UUID", cfg.name()),
+        cfg.key(),
+        Duration::from_secs(5),
+        rt.clone(),
+    );
+    let fsname = cfg.fsname.clone();
+    rt.spawn(async move {
+        let mut warned = false;
+        loop {
+            match lode_mgs::client::register(&mgs, &fsname, info.clone()).await {
+                Ok(()) => {
+                    info!("registered with the MGS");
+                    return;
+                }
+                Err(e)
+                    if e == lode_base::Errno::EEXIST
+                        || e == lode_base::Errno::EINVAL
+                        || e == lode_base::Errno::EACCES =>
+                {
+                    error!("the MGS refused registration of {}: {e}", info.name);
+                    eprintln!("lode: {}: the MGS refused registration: {e}", info.name);
+                    std::process::exit(1);
+                }
+                Err(e) => {
+                    if !warned {
+                        warn!("MGS not reachable yet ({e}); retrying");
+                        warned = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,242 @@
+//! The command line: mkfs and server start-up refusals, get-param / set-param.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::Command;
+
+fn lode() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_lode"))
+}
+
+fn fails_with(cmd: &mut Command, words: &str) {
+    let out = cmd.output().expect("run lode");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {err}"
+    );
+    assert!(
+        err.contains(words),
+        "stderr {err:?} should mention {words:?}"
+    );
+    assert!(
+        err.lines().filter(|l| l.starts_with("lode: ")).count() == 1,
+        "one error line: {err:?}"
+    );
+}
+
+#[test]
+fn mkfs_refuses_bad_input_and_non_empty_directories() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("mdt");
+    fails_with(
+        lode()
+            .args(["mkfs", "--mdt", "--fsname", "toolongname"])
+            .arg(&d),
+        "must be 1 to 8",
+    );
+    fails_with(
+        lode().args(["mkfs", "--mdt", "--fsname", "a-b"]).arg(&d),
+        "may only contain",
+    );
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("junk"), b"x").unwrap();
+    fails_with(
+        lode().args(["mkfs", "--mdt", "--fsname", "fs"]).arg(&d),
+        "not empty, refusing to format",
+    );
+    let ok = t.path().join("ok");
+    assert!(lode()
+        .args(["mkfs", "--mdt", "--fsname", "fs"])
+        .arg(&ok)
+        .status()
+        .unwrap()
+        .success());
+    fails_with(
+        lode().args(["mkfs", "--mdt", "--fsname", "fs"]).arg(&ok),
+        "already formatted",
+    );
+}
+
+#[test]
+fn servers_refuse_unformatted_foreign_and_busy_directories() {
+    let t = tempfile::tempdir().unwrap();
+    let run = t.path().join("run");
+    let empty = t.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    fails_with(
+        lode()
+            .env("LODE_RUN_DIR", &run)
+            .args(["mds", "--listen", "127.0.0.1:0"])
+            .arg(&empty),
+        "not formatted",
+    );
+    let ost = t.path().join("ost");
+    assert!(lode()
+        .args(["mkfs", "--ost", "--fsname", "fs"])
+        .arg(&ost)
+        .status()
+        .unwrap()
+        .success());
+    fails_with(
+        lode()
+            .env("LODE_RUN_DIR", &run)
+            .args(["mds", "--listen", "127.0.0.1:0"])
+            .arg(&ost),
+        "formatted as ost",
+    );
+    std::fs::write(
+        ost.join("CONFIG"),
+        std::fs::read_to_string(ost.join("CONFIG"))
+            .unwrap()
+            .replace("format=1", "format=99"),
+    )
+    .unwrap();
+    fails_with(
+        lode()
+            .env("LODE_RUN_DIR", &run)
+            .args(["oss", "--listen", "127.0.0.1:0"])
+            .arg(&ost),
+        "newer",
+    );
+}
+
+#[test]
+fn a_second_server_on_a_running_target_or_a_busy_port_is_refused() {
+    let c = cluster(1);
+    fails_with(
+        c.lode()
+            .args(["oss", "--listen", "127.0.0.1:0"])
+            .arg(c.target_dir("ost0")),
+        "already in use",
+    );
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("ost9");
+    assert!(lode()
+        .args(["mkfs", "--ost", "--fsname", "testfs", "--index", "9"])
+        .arg(&d)
+        .status()
+        .unwrap()
+        .success());
+    fails_with(
+        c.lode().args(["oss", "--listen", &c.addr("mdt0")]).arg(&d),
+        "cannot listen on",
+    );
+}
+
+#[test]
+fn get_param_and_set_param_speak_lctl() {
+    let c = cluster(1);
+    let out = c
+        .lode()
+        .args(["get-param", "mdt.*.max_mod_rpcs_in_flight"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "mdt.testfs-MDT0000.max_mod_rpcs_in_flight=8\n"
+    );
+    let out = c
+        .lode()
+        .args(["set-param", "mdt.*.max_mod_rpcs_in_flight=16"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "mdt.testfs-MDT0000.max_mod_rpcs_in_flight=16\n"
+    );
+    assert_eq!(
+        c.get_param("mdt.testfs-MDT0000.max_mod_rpcs_in_flight"),
+        "16"
+    );
+    let out = c
+        .lode()
+        .args(["set-param", "mdt.*.max_mod_rpcs_in_flight=0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("error: set_param: setting"));
+    let out = c
+        .lode()
+        .args(["get-param", "no.such.param"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No such file or directory"));
+    // Stats in Lustre's format, after some traffic.
+    let s = c.client();
+    s.run(
+        s.client
+            .create(&root(), lode_base::Fid::ROOT, b"f", 0o644, None),
+    )
+    .unwrap();
+    let stats = c
+        .lode()
+        .args(["get-param", "mdt.*.stats"])
+        .output()
+        .unwrap();
+    let stats = String::from_utf8_lossy(&stats.stdout);
+    assert!(
+        stats.starts_with("mdt.testfs-MDT0000.stats=\nsnapshot_time"),
+        "{stats}"
+    );
+    assert!(
+        stats
+            .lines()
+            .any(|l| l.starts_with("mds_reint_create") && l.contains("samples [usecs]")),
+        "{stats}"
+    );
+    let names = c
+        .lode()
+        .args(["get-param", "-N", "*.fail_loc"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&names.stdout).lines().count(),
+        2,
+        "MDT and OST have fail_loc"
+    );
+    assert!(Path::new(&c.run_dir()).join("testfs-MDT0000.sock").exists());
+}
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("mgs");
+    assert!(lode()
+        .args(["mkfs", "--mgs", "--fsname", "fs"])
+        .arg(&d)
+        .status()
+        .unwrap()
+        .success());
+    let port = lode_testkit::free_port();
+    let mport = lode_testkit::free_port();
+    let mut child = lode()
+        .env("LODE_RUN_DIR", t.path().join("run"))
+        .args([
+            "mgs",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--metrics",
+            &format!("127.0.0.1:{mport}"),
+        ])
+        .arg(&d)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut body = String::new();
+    lode_testkit::wait_for("metrics", std::time::Duration::from_secs(10), || {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", mport)) else {
+            return false;
+        };
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        body.clear();
+        s.read_to_string(&mut body).is_ok() && body.contains("lode_mgs_targets 0")
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(body.starts_with("HTTP/1.1 200 OK"));
+}

@@ -1,0 +1,217 @@
+//! Namespace behaviour through the client library against real servers.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use lode_base::hash::END_COOKIE;
+use lode_base::{Errno, Fid};
+use std::collections::{HashMap, HashSet};
+
+#[test]
+fn tree_of_10000_entries_lists_renames_links_and_unlinks() {
+    let c = cluster(2);
+    let s = c.client();
+    let cl = s.client.clone();
+    s.run(async {
+        let dir = mkdir_p(&cl, "/tree").await;
+        // 10,000 files, created 64 at a time.
+        futures::stream::iter(0..10_000)
+            .map(|i| {
+                let cl = cl.clone();
+                async move {
+                    cl.create(&root(), dir, format!("f{i:05}").as_bytes(), 0o644, None)
+                        .await
+                }
+            })
+            .buffer_unordered(64)
+            .for_each(|r| async {
+                r.expect("create");
+            })
+            .await;
+        let all = cl.readdir_all(&root(), dir, false).await.expect("readdir");
+        assert_eq!(all.len(), 10_002, "10,000 entries plus . and ..");
+        let names: HashSet<Vec<u8>> = all.iter().map(|e| e.name.clone()).collect();
+        assert_eq!(names.len(), 10_002, "no entry listed twice");
+        assert!(names.contains(&b"f00000".to_vec()) && names.contains(&b"f09999".to_vec()));
+    });
+
+    // List page by page while another task deletes f0xxxx and creates new names:
+    // every entry that exists throughout (f01000..f09999) is listed exactly once.
+    let dir = fid(&s, "/tree").unwrap();
+    let churn = {
+        let cl = cl.clone();
+        s.handle().spawn(async move {
+            for i in 0..1000 {
+                cl.unlink(&root(), dir, format!("f{i:05}").as_bytes())
+                    .await
+                    .expect("unlink");
+                cl.create(&root(), dir, format!("n{i:05}").as_bytes(), 0o644, None)
+                    .await
+                    .expect("create");
+            }
+        })
+    };
+    let mut seen: HashMap<Vec<u8>, u32> = HashMap::new();
+    let mut cookie = 0;
+    let mut pages = 0;
+    loop {
+        let page = s
+            .run(cl.readdir(&root(), dir, cookie, false))
+            .expect("readdir page");
+        pages += 1;
+        for e in page.entries {
+            *seen.entry(e.name).or_insert(0) += 1;
+        }
+        if page.next == END_COOKIE {
+            break;
+        }
+        cookie = page.next;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    s.run(churn).expect("churn task");
+    assert!(pages > 5, "the listing spanned several pages ({pages})");
+    for i in 1000..10_000 {
+        assert_eq!(
+            seen.get(format!("f{i:05}").as_bytes()),
+            Some(&1),
+            "f{i:05} listed exactly once"
+        );
+    }
+    assert!(seen.values().all(|n| *n == 1), "no name repeated");
+
+    s.run(async {
+        // Rename half into a second directory, hard-link a few, then unlink everything.
+        let d2 = mkdir_p(&cl, "/tree2").await;
+        for i in 1000..6000 {
+            let n = format!("f{i:05}");
+            cl.rename(&root(), dir, n.as_bytes(), d2, n.as_bytes(), 0)
+                .await
+                .expect("rename");
+        }
+        for i in 6000..6100 {
+            let n = format!("f{i:05}");
+            let b = cl.lookup(&root(), dir, n.as_bytes()).await.unwrap();
+            let l = cl
+                .link(&root(), b.attr.fid, d2, format!("l{i}").as_bytes())
+                .await
+                .expect("link");
+            assert_eq!(l.attr.nlink, 2);
+        }
+        assert_eq!(
+            cl.readdir_all(&root(), d2, false).await.unwrap().len(),
+            5000 + 100 + 2
+        );
+        assert_eq!(
+            cl.readdir_all(&root(), dir, false).await.unwrap().len(),
+            4000 + 1000 + 2
+        );
+        for d in [dir, d2] {
+            let names: Vec<Vec<u8>> = cl
+                .readdir_all(&root(), d, false)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| e.name)
+                .filter(|n| n != b"." && n != b"..")
+                .collect();
+            for n in names {
+                cl.unlink(&root(), d, &n).await.expect("unlink");
+            }
+        }
+        assert_eq!(cl.readdir_all(&root(), dir, false).await.unwrap().len(), 2);
+        cl.rmdir(&root(), Fid::ROOT, b"tree")
+            .await
+            .expect("rmdir empty");
+        cl.rmdir(&root(), Fid::ROOT, b"tree2")
+            .await
+            .expect("rmdir empty");
+        let rootattr = cl.getattr(&root(), Fid::ROOT).await.unwrap();
+        assert_eq!(rootattr.nlink, 2, "root lost its two subdirectories");
+    });
+}
+
+#[test]
+fn unlinked_open_file_stays_readable_until_close() {
+    let c = cluster(2);
+    let s = c.client();
+    let cl = &s.client;
+    let file = s.run(async {
+        let fh = cl
+            .create_open(&root(), Fid::ROOT, b"tmp", 0o644, libc::O_RDWR, None)
+            .await
+            .unwrap();
+        cl.write(&fh, 0, b"still here").await.unwrap();
+        cl.unlink(&root(), Fid::ROOT, b"tmp").await.unwrap();
+        assert_eq!(
+            cl.lookup(&root(), Fid::ROOT, b"tmp").await.unwrap_err(),
+            Errno::ENOENT
+        );
+        assert_eq!(cl.read(&fh, 0, 100).await.unwrap(), b"still here");
+        let a = cl.getattr(&root(), fh.fid).await.unwrap();
+        assert_eq!((a.nlink, a.size), (0, 10));
+        cl.close(&fh).await.unwrap();
+        assert_eq!(
+            cl.getattr(&root(), fh.fid).await.unwrap_err(),
+            Errno::ENOENT
+        );
+        fh.fid
+    });
+    // The OST objects go once the unlink is committed.
+    let fh_seq = format!("{:x}", file.seq);
+    lode_testkit::wait_for(
+        "objects destroyed",
+        std::time::Duration::from_secs(20),
+        || {
+            (0..2).all(|i| {
+                let d = c.target_dir(&format!("ost{i}")).join("O").join(&fh_seq);
+                walk_files(&d) == 0
+            })
+        },
+    );
+}
+
+fn walk_files(d: &std::path::Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(d) else {
+        return 0;
+    };
+    rd.filter_map(|e| e.ok())
+        .map(|e| {
+            if e.path().is_dir() {
+                walk_files(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+#[test]
+fn concurrent_creates_in_one_directory_from_many_threads() {
+    let c = cluster(1);
+    let s = c.client();
+    let dir = s.run(mkdir_p(&s.client, "/shared"));
+    std::thread::scope(|sc| {
+        for t in 0..8 {
+            let s = &s;
+            sc.spawn(move || {
+                for i in 0..300 {
+                    s.run(s.client.create(
+                        &root(),
+                        dir,
+                        format!("t{t}-{i}").as_bytes(),
+                        0o644,
+                        None,
+                    ))
+                    .expect("create");
+                }
+            });
+        }
+    });
+    let n = s.run(s.client.readdir_all(&root(), dir, true)).unwrap();
+    assert_eq!(n.len(), 8 * 300 + 2);
+    assert!(
+        n.iter().all(|e| e.body.is_some()),
+        "readdir+ returns attributes"
+    );
+}

@@ -1,0 +1,184 @@
+//! Striped files: random writes, truncates and reads checked against an in-memory model.
+
+mod common;
+
+use common::*;
+use lode_base::{Fid, Layout};
+use rand::{Rng, SeedableRng};
+
+fn run_model(count: i32, seed: u64) {
+    let c = cluster(3);
+    let s = c.client();
+    let cl = &s.client;
+    let r = root();
+    println!("stripe count {count}, seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut model: Vec<u8> = Vec::new();
+    s.run(async {
+        let layout = Layout::plain(count, 65536, -1);
+        let fh = cl
+            .create_open(&r, Fid::ROOT, b"striped", 0o644, libc::O_RDWR, Some(layout))
+            .await
+            .unwrap();
+        let want = if count < 0 { 3 } else { count as usize };
+        match &fh.layout.as_ref().unwrap().components[0].pattern {
+            lode_base::Pattern::Raid0 { osts, .. } => assert_eq!(osts.len(), want),
+            p => panic!("unexpected pattern {p:?}"),
+        }
+        for step in 0..120 {
+            match rng.random_range(0..10) {
+                0..=5 => {
+                    let off = rng.random_range(0..1_200_000u64);
+                    let len = rng.random_range(1..300_000usize);
+                    let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+                    assert_eq!(cl.write(&fh, off, &data).await.unwrap(), len, "step {step}");
+                    let end = off as usize + len;
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[off as usize..end].copy_from_slice(&data);
+                }
+                6 | 7 => {
+                    let size = rng.random_range(0..1_500_000u64);
+                    cl.truncate_open(&r, &fh, size).await.unwrap();
+                    model.resize(size as usize, 0);
+                }
+                _ => {
+                    let off = rng.random_range(0..1_600_000u64);
+                    let len = rng.random_range(0..400_000usize);
+                    let got = cl.read(&fh, off, len).await.unwrap();
+                    let from = (off as usize).min(model.len());
+                    let to = (off as usize + len).min(model.len());
+                    assert_eq!(got.len(), to - from, "read length at step {step}");
+                    assert!(
+                        got == model[from..to],
+                        "read bytes differ at step {step} (seed {seed})"
+                    );
+                }
+            }
+            let a = cl.getattr(&r, fh.fid).await.unwrap();
+            assert_eq!(
+                a.size,
+                model.len() as u64,
+                "size after step {step} (seed {seed})"
+            );
+        }
+        let all = cl.read(&fh, 0, model.len() + 10).await.unwrap();
+        assert!(all == model, "final contents differ (seed {seed})");
+        cl.fsync(&fh).await.unwrap();
+        cl.close(&fh).await.unwrap();
+    });
+}
+
+fn seed() -> u64 {
+    std::env::var("LODE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random)
+}
+
+#[test]
+fn stripe_count_1_matches_model() {
+    run_model(1, seed());
+}
+
+#[test]
+fn stripe_count_2_matches_model() {
+    run_model(2, seed());
+}
+
+#[test]
+fn stripe_count_all_matches_model() {
+    run_model(-1, seed());
+}
+
+#[test]
+fn default_layout_is_one_stripe_of_1mib_and_directories_pass_theirs_on() {
+    let c = cluster(2);
+    let s = c.client();
+    let cl = &s.client;
+    let r = root();
+    s.run(async {
+        let f = cl
+            .create(&r, Fid::ROOT, b"plain", 0o644, None)
+            .await
+            .unwrap();
+        let l = f.layout.unwrap();
+        assert!(l.is_plain());
+        match &l.components[0].pattern {
+            lode_base::Pattern::Raid0 {
+                stripe_size, osts, ..
+            } => {
+                assert_eq!((*stripe_size, osts.len()), (1 << 20, 1));
+            }
+            p => panic!("{p:?}"),
+        }
+        let d = cl
+            .mkdir(
+                &r,
+                Fid::ROOT,
+                b"wide",
+                0o755,
+                Some(Layout::plain(-1, 131072, -1)),
+            )
+            .await
+            .unwrap();
+        let f = cl.create(&r, d.attr.fid, b"f", 0o644, None).await.unwrap();
+        match &f.layout.unwrap().components[0].pattern {
+            lode_base::Pattern::Raid0 {
+                stripe_size, osts, ..
+            } => assert_eq!((*stripe_size, osts.len()), (131072, 2)),
+            p => panic!("{p:?}"),
+        }
+        let sub = cl.mkdir(&r, d.attr.fid, b"sub", 0o755, None).await.unwrap();
+        assert_eq!(
+            sub.layout, d.layout,
+            "subdirectories inherit the default layout"
+        );
+        // Bad layouts are refused.
+        let bad = Layout::plain(1, 1000, -1);
+        assert_eq!(
+            cl.create(&r, Fid::ROOT, b"bad", 0o644, Some(bad))
+                .await
+                .unwrap_err(),
+            lode_base::Errno::EINVAL
+        );
+        let bad = Layout::plain(1, 65536, 7);
+        assert_eq!(
+            cl.create(&r, Fid::ROOT, b"bad", 0o644, Some(bad))
+                .await
+                .unwrap_err(),
+            lode_base::Errno::EINVAL
+        );
+        // Round robin spreads single-stripe files over both OSTs.
+        let mut used = std::collections::HashSet::new();
+        for i in 0..6 {
+            let f = cl
+                .create(&r, Fid::ROOT, format!("rr{i}").as_bytes(), 0o644, None)
+                .await
+                .unwrap();
+            if let lode_base::Pattern::Raid0 { osts, .. } = &f.layout.unwrap().components[0].pattern
+            {
+                used.insert(osts[0]);
+            }
+        }
+        assert_eq!(used.len(), 2);
+    });
+}
+
+#[test]
+fn statfs_sums_the_osts() {
+    let c = cluster(2);
+    let s = c.client();
+    let st = s.run(s.client.statfs()).unwrap();
+    let one = lode_base::sys::statvfs(&c.target_dir("ost0")).unwrap();
+    // Both OSTs share this machine's disk: the sum is twice one of them.
+    let want = 2 * one.blocks * u64::from(one.bsize) / 4096;
+    assert!(
+        st.blocks.abs_diff(want) <= want / 100,
+        "blocks {} vs {want}",
+        st.blocks
+    );
+    assert!(st.files > 0 && st.ffree > 0);
+    assert_eq!(s.run(s.client.statfs_targets()).len(), 3);
+}

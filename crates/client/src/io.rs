@@ -1,0 +1,439 @@
+//! Open files and striped I/O: requests are split by component and stripe, cut to the
+//! bulk size, and sent to the OSTs concurrently; sizes come from glimpses.
+
+use crate::Client;
+use lode_base::layout::{file_size_from_object, object_size_for_file, Chunk};
+use lode_base::limits::FILE_SIZE_MAX;
+use lode_base::{Attr, Cred, Errno, Fid, Layout, Pattern, SetAttr};
+use lode_proto::{
+    CloseReq, MdtBody, ObjId, ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply, Request,
+    SetattrReq,
+};
+
+/// Largest piece of one stripe chunk sent in one RPC.
+const PIECE: usize = 1 << 20;
+
+/// An open file.
+#[derive(Clone, Debug)]
+pub struct FileHandle {
+    /// The file.
+    pub fid: Fid,
+    /// The MDT's open handle.
+    pub handle: u64,
+    /// `O_*` flags it was opened with.
+    pub flags: i32,
+    /// The layout at open time.
+    pub layout: Option<Layout>,
+    /// Attributes at open time.
+    pub attr: Attr,
+}
+
+impl FileHandle {
+    /// True if opened for writing.
+    pub fn writable(&self) -> bool {
+        let acc = self.flags & libc::O_ACCMODE;
+        acc == libc::O_WRONLY || acc == libc::O_RDWR
+    }
+}
+
+fn objects(fid: Fid, layout: &Layout) -> Vec<(usize, u32, u32, ObjId)> {
+    let mut out = Vec::new();
+    for (ci, c) in layout.components.iter().enumerate() {
+        if let Pattern::Raid0 { osts, .. } = &c.pattern {
+            for (i, o) in osts.iter().enumerate() {
+                out.push((
+                    ci,
+                    i as u32,
+                    *o,
+                    ObjId {
+                        fid,
+                        comp: c.id,
+                        stripe: i as u32,
+                    },
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn raid0_geometry(layout: &Layout, ci: usize) -> Option<(u64, u64, u32, &[u32])> {
+    let c = layout.components.get(ci)?;
+    match &c.pattern {
+        Pattern::Raid0 {
+            stripe_size, osts, ..
+        } if !osts.is_empty() => Some((c.start, *stripe_size, osts.len() as u32, osts.as_slice())),
+        _ => None,
+    }
+}
+
+impl Client {
+    /// Opens `fid`. `O_TRUNC` truncates (MDT size and OST objects).
+    pub async fn open(&self, cred: &Cred, fid: Fid, flags: i32) -> Result<FileHandle, Errno> {
+        let rep = match self
+            .md(Request::Open(lode_proto::OpenReq {
+                cred: cred.clone(),
+                fid,
+                flags: flags as u32,
+            }))
+            .await?
+        {
+            Reply::Open(r) => r,
+            _ => return Err(Errno::EPROTO),
+        };
+        let fh = FileHandle {
+            fid,
+            handle: rep.handle.ok_or(Errno::EPROTO)?,
+            flags,
+            layout: rep.body.layout.clone(),
+            attr: rep.body.attr.clone(),
+        };
+        if flags & libc::O_TRUNC != 0 && fh.attr.ftype() == lode_base::FileType::Regular {
+            if let Err(e) = self.truncate_open(cred, &fh, 0).await {
+                let _ = self.close(&fh).await;
+                return Err(e);
+            }
+        }
+        Ok(fh)
+    }
+
+    /// Creates and opens a regular file in one RPC (open intent); without `O_EXCL` an
+    /// existing file is opened instead.
+    pub async fn create_open(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        layout: Option<Layout>,
+    ) -> Result<FileHandle, Errno> {
+        let fid = self.alloc_fid().await?;
+        let rep = match self
+            .md(Request::Create(lode_proto::CreateReq {
+                cred: cred.clone(),
+                parent,
+                name: name.to_vec(),
+                fid,
+                mode: libc::S_IFREG | (mode & 0o7777),
+                rdev: 0,
+                target: Vec::new(),
+                layout,
+                open_flags: Some((flags | libc::O_CREAT) as u32),
+            }))
+            .await?
+        {
+            Reply::Create(r) => r,
+            _ => return Err(Errno::EPROTO),
+        };
+        let fh = FileHandle {
+            fid: rep.body.attr.fid,
+            handle: rep.handle.ok_or(Errno::EPROTO)?,
+            flags,
+            layout: rep.body.layout.clone(),
+            attr: rep.body.attr.clone(),
+        };
+        if rep.body.attr.fid != fid && flags & libc::O_TRUNC != 0 {
+            // An existing file was opened: O_TRUNC applies to it.
+            if let Err(e) = self.truncate_open(cred, &fh, 0).await {
+                let _ = self.close(&fh).await;
+                return Err(e);
+            }
+        }
+        Ok(fh)
+    }
+
+    /// Closes an open file.
+    pub async fn close(&self, fh: &FileHandle) -> Result<(), Errno> {
+        self.md(Request::Close(CloseReq { handle: fh.handle }))
+            .await
+            .map(|_| ())
+    }
+
+    /// Writes `data` at `off`. Bytes past the end of the layout fail with ENODATA
+    /// (nothing before that point is lost).
+    pub async fn write(&self, fh: &FileHandle, off: u64, data: &[u8]) -> Result<usize, Errno> {
+        if !fh.writable() {
+            return Err(Errno::EBADF);
+        }
+        let off = if fh.flags & libc::O_APPEND != 0 {
+            self.size_of(fh.fid, fh.layout.as_ref()).await?
+        } else {
+            off
+        };
+        if off
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > FILE_SIZE_MAX)
+        {
+            return Err(Errno::EFBIG);
+        }
+        let layout = fh.layout.as_ref().ok_or(Errno::EINVAL)?;
+        let chunks = layout.map(off, data.len());
+        let covered: usize = chunks.iter().map(|c| c.len).sum();
+        let mut reqs = Vec::new();
+        for c in &chunks {
+            for p in pieces(c) {
+                let (ost, obj) = self.obj_for(fh.fid, layout, &p)?;
+                let data = data[p.buf_off..p.buf_off + p.len].to_vec();
+                reqs.push(async move {
+                    let osc = self.osc(ost).await?;
+                    osc.call(Request::OstWrite(OstWriteReq {
+                        obj,
+                        offset: p.obj_off,
+                        data,
+                    }))
+                    .await
+                    .map(|_| ())
+                });
+            }
+        }
+        for r in futures::future::join_all(reqs).await {
+            r?;
+        }
+        if covered < data.len() {
+            return if covered == 0 {
+                Err(Errno::ENODATA)
+            } else {
+                Ok(covered)
+            };
+        }
+        Ok(data.len())
+    }
+
+    fn obj_for(&self, fid: Fid, layout: &Layout, c: &Chunk) -> Result<(u32, ObjId), Errno> {
+        let comp = &layout.components[c.comp_idx];
+        match &comp.pattern {
+            Pattern::Raid0 { osts, .. } => {
+                let ost = *osts.get(c.stripe as usize).ok_or(Errno::EIO)?;
+                Ok((
+                    ost,
+                    ObjId {
+                        fid,
+                        comp: comp.id,
+                        stripe: c.stripe,
+                    },
+                ))
+            }
+            Pattern::Mdt => Err(Errno::EOPNOTSUPP),
+        }
+    }
+
+    /// Reads up to `len` bytes at `off`; short at end of file.
+    pub async fn read(&self, fh: &FileHandle, off: u64, len: usize) -> Result<Vec<u8>, Errno> {
+        let Some(layout) = fh.layout.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let len = len.min(lode_base::limits::BULK_MAX * 4);
+        let mut buf = vec![0u8; len];
+        let chunks = layout.map(off, len);
+        let mut reqs = Vec::new();
+        for c in &chunks {
+            for p in pieces(c) {
+                let (ost, obj) = self.obj_for(fh.fid, layout, &p)?;
+                reqs.push(async move {
+                    let osc = self.osc(ost).await?;
+                    match osc
+                        .call(Request::OstRead(OstReadReq {
+                            obj,
+                            offset: p.obj_off,
+                            len: p.len as u32,
+                        }))
+                        .await?
+                        .reply
+                    {
+                        Reply::OstRead(d) if d.data.len() <= p.len => Ok((p, d.data)),
+                        _ => Err(Errno::EPROTO),
+                    }
+                });
+            }
+        }
+        let mut short = false;
+        for r in futures::future::join_all(reqs).await {
+            let (p, data) = r?;
+            short |= data.len() < p.len;
+            buf[p.buf_off..p.buf_off + data.len()].copy_from_slice(&data);
+        }
+        if short || chunks.iter().map(|c| c.len).sum::<usize>() < len {
+            // Some object ended early: a hole or the end of the file. The size decides.
+            let size = self.size_of(fh.fid, Some(layout)).await?;
+            let end = size.saturating_sub(off).min(len as u64) as usize;
+            buf.truncate(end);
+        }
+        Ok(buf)
+    }
+
+    /// The file size: the MDT's size or what the OST objects imply, whichever is larger
+    /// (every truncate sets both, writes only grow objects).
+    pub(crate) async fn size_of(&self, fid: Fid, layout: Option<&Layout>) -> Result<u64, Errno> {
+        let body = self.getattr_md(&Cred::root(), fid).await?;
+        let layout = layout.or(body.layout.as_ref());
+        let (size, _, _) = self.glimpse(fid, layout, &body.attr).await?;
+        Ok(size)
+    }
+
+    /// Size, blocks and mtime from the OST objects, merged with the MDT's view.
+    pub(crate) async fn glimpse(
+        &self,
+        fid: Fid,
+        layout: Option<&Layout>,
+        md: &Attr,
+    ) -> Result<(u64, u64, i64), Errno> {
+        let Some(layout) = layout else {
+            return Ok((md.size, md.blocks, md.mtime));
+        };
+        let objs = objects(fid, layout);
+        let mut per_ost: std::collections::HashMap<u32, Vec<(usize, u32, ObjId)>> =
+            Default::default();
+        for (ci, stripe, ost, obj) in objs {
+            per_ost.entry(ost).or_default().push((ci, stripe, obj));
+        }
+        let futs = per_ost.into_iter().map(|(ost, objs)| async move {
+            let osc = self.osc(ost).await?;
+            let req = ObjsReq {
+                objs: objs.iter().map(|o| o.2).collect(),
+            };
+            match osc.call(Request::OstGetattr(req)).await?.reply {
+                Reply::OstGetattr(a) if a.attrs.len() == objs.len() => Ok((objs, a.attrs)),
+                _ => Err(Errno::EPROTO),
+            }
+        });
+        let (mut size, mut blocks, mut mtime) = (md.size, 0u64, md.mtime);
+        for r in futures::future::join_all(futs).await {
+            let (objs, attrs) = r?;
+            for ((ci, stripe, _), a) in objs.iter().zip(attrs) {
+                if let Some((start, ss, count, _)) = raid0_geometry(layout, *ci) {
+                    size = size.max(file_size_from_object(start, ss, count, *stripe, a.size));
+                }
+                blocks += a.blocks;
+                if a.size > 0 || a.blocks > 0 {
+                    mtime = mtime.max(a.mtime);
+                }
+            }
+        }
+        Ok((size, blocks, mtime))
+    }
+
+    /// Truncates an open file (ftruncate): the caller's open handle grants the right.
+    pub async fn truncate_open(
+        &self,
+        cred: &Cred,
+        fh: &FileHandle,
+        size: u64,
+    ) -> Result<(), Errno> {
+        self.truncate_inner(
+            cred,
+            fh.fid,
+            size,
+            fh.writable() || fh.flags & libc::O_TRUNC != 0,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Sets attributes; a size change truncates the OST objects too.
+    pub async fn setattr(&self, cred: &Cred, fid: Fid, sa: SetAttr) -> Result<MdtBody, Errno> {
+        let body = match self
+            .md(Request::Setattr(SetattrReq {
+                cred: cred.clone(),
+                fid,
+                attr: sa.clone(),
+                opened_for_write: false,
+            }))
+            .await?
+        {
+            Reply::Setattr(b) => b,
+            _ => return Err(Errno::EPROTO),
+        };
+        if let Some(size) = sa.size {
+            self.punch_objects(fid, body.layout.as_ref(), size).await?;
+        }
+        Ok(body)
+    }
+
+    async fn truncate_inner(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        size: u64,
+        opened: bool,
+    ) -> Result<MdtBody, Errno> {
+        let sa = SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        let body = match self
+            .md(Request::Setattr(SetattrReq {
+                cred: cred.clone(),
+                fid,
+                attr: sa,
+                opened_for_write: opened,
+            }))
+            .await?
+        {
+            Reply::Setattr(b) => b,
+            _ => return Err(Errno::EPROTO),
+        };
+        self.punch_objects(fid, body.layout.as_ref(), size).await?;
+        Ok(body)
+    }
+
+    async fn punch_objects(
+        &self,
+        fid: Fid,
+        layout: Option<&Layout>,
+        size: u64,
+    ) -> Result<(), Errno> {
+        let Some(layout) = layout else { return Ok(()) };
+        let mut futs = Vec::new();
+        for (ci, stripe, ost, obj) in objects(fid, layout) {
+            let Some((start, ss, count, _)) = raid0_geometry(layout, ci) else {
+                continue;
+            };
+            let end = layout.components[ci].end;
+            let rel = size.min(end).saturating_sub(start);
+            let osize = object_size_for_file(ss, count, stripe, rel);
+            futs.push(async move {
+                let osc = self.osc(ost).await?;
+                osc.call(Request::Punch(PunchReq { obj, size: osize }))
+                    .await
+                    .map(|_| ())
+            });
+        }
+        for r in futures::future::join_all(futs).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Makes the file's data durable (its OST objects) and the MDT's metadata.
+    pub async fn fsync(&self, fh: &FileHandle) -> Result<(), Errno> {
+        if let Some(layout) = &fh.layout {
+            let mut per_ost: std::collections::HashMap<u32, Vec<ObjId>> = Default::default();
+            for (_, _, ost, obj) in objects(fh.fid, layout) {
+                per_ost.entry(ost).or_default().push(obj);
+            }
+            let futs = per_ost.into_iter().map(|(ost, objs)| async move {
+                let osc = self.osc(ost).await?;
+                osc.call(Request::OstSync(ObjsReq { objs }))
+                    .await
+                    .map(|_| ())
+            });
+            for r in futures::future::join_all(futs).await {
+                r?;
+            }
+        }
+        self.md(Request::Sync(lode_proto::Empty {}))
+            .await
+            .map(|_| ())
+    }
+}
+
+/// Cuts a chunk into pieces of at most [`PIECE`] bytes.
+fn pieces(c: &Chunk) -> impl Iterator<Item = Chunk> + '_ {
+    (0..c.len).step_by(PIECE).map(move |o| Chunk {
+        obj_off: c.obj_off + o as u64,
+        buf_off: c.buf_off + o,
+        len: (c.len - o).min(PIECE),
+        ..*c
+    })
+}

@@ -1,0 +1,349 @@
+//! The lode client library: the MGS config, one import per target (MDC for the MDT,
+//! OSC per OST), FID allocation from granted sequences, path resolution, namespace
+//! operations, and striped I/O split by component and stripe and sent concurrently.
+//!
+//! Every method is `async` and safe to call from many tasks and threads at once; there
+//! is no client-wide lock on the request path. Sync callers use [`Session`].
+
+mod fids;
+mod io;
+mod ns;
+
+use lode_base::{Errno, Fid};
+use lode_proto::{Reply, Request, StatfsRep, TargetKind, CONNECT_SUPPORTED};
+use lode_rpc::{Import, ImportConfig};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+
+pub use io::FileHandle;
+pub use lode_proto::{DirEntry, MdtBody};
+
+/// Client settings; the names follow Lustre's tunables.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// MGS address, `host:port`.
+    pub mgs: String,
+    /// File system name.
+    pub fsname: String,
+    /// Shared key (empty: none).
+    pub key: Vec<u8>,
+    /// `timeout`: how long a request waits for a server before EIO.
+    pub timeout: Duration,
+    /// `mdc.*.max_rpcs_in_flight`.
+    pub mdc_max_rpcs_in_flight: usize,
+    /// `mdc.*.max_mod_rpcs_in_flight`.
+    pub max_mod_rpcs_in_flight: u16,
+    /// `osc.*.max_rpcs_in_flight`.
+    pub osc_max_rpcs_in_flight: usize,
+    /// How long resolved directory names are trusted (`--entry-timeout`).
+    pub entry_timeout: Duration,
+    /// Resend an unanswered request after this long (same xid).
+    pub resend_interval: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults for a file system at `mgs`.
+    pub fn new(mgs: &str, fsname: &str) -> ClientConfig {
+        ClientConfig {
+            mgs: mgs.to_string(),
+            fsname: fsname.to_string(),
+            key: Vec::new(),
+            timeout: Duration::from_secs(100),
+            mdc_max_rpcs_in_flight: lode_base::limits::MAX_RPCS_IN_FLIGHT_DEFAULT,
+            max_mod_rpcs_in_flight: lode_base::limits::MAX_MOD_RPCS_DEFAULT,
+            osc_max_rpcs_in_flight: lode_base::limits::MAX_RPCS_IN_FLIGHT_DEFAULT,
+            entry_timeout: Duration::from_secs(1),
+            resend_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A connected client.
+pub struct Client {
+    cfg: ClientConfig,
+    uuid: String,
+    mdc: Arc<Import>,
+    oscs: RwLock<HashMap<u32, Arc<Import>>>,
+    mgs: Arc<Import>,
+    fids: fids::FidPool,
+    dcache: Mutex<HashMap<(Fid, Vec<u8>), (Fid, Instant)>>,
+    rt: Handle,
+}
+
+impl Client {
+    /// Fetches the config from the MGS and connects to every target. Connection
+    /// refusals (wrong fsname, key, version) come back as errors with a message.
+    pub async fn connect(cfg: ClientConfig) -> Result<Arc<Client>, ConnectError> {
+        let rt = Handle::current();
+        let uuid = uuid::Uuid::new_v4().to_string();
+        let mgs = lode_mgs::client::mgs_import(
+            &cfg.mgs,
+            &cfg.fsname,
+            &uuid,
+            cfg.key.clone(),
+            cfg.timeout,
+            rt.clone(),
+        );
+        let conf = lode_mgs::client::fetch_config(&mgs)
+            .await
+            .map_err(|e| ConnectError(format!("MGS {}: {}", cfg.mgs, refusal(e))))?;
+        let mdt = conf
+            .targets
+            .iter()
+            .find(|t| t.kind == TargetKind::Mdt && t.index == 0)
+            .ok_or_else(|| {
+                ConnectError(format!(
+                    "MGS {}: no MDT0000 registered for {}",
+                    cfg.mgs, cfg.fsname
+                ))
+            })?;
+        let mdc = Import::new(
+            mdt.addr.clone(),
+            ImportConfig {
+                fsname: cfg.fsname.clone(),
+                target: mdt.name.clone(),
+                client_uuid: uuid.clone(),
+                key: cfg.key.clone(),
+                flags: CONNECT_SUPPORTED,
+                max_rpcs_in_flight: cfg.mdc_max_rpcs_in_flight,
+                max_mod_rpcs: cfg.max_mod_rpcs_in_flight,
+                timeout: cfg.timeout,
+                resend_interval: cfg.resend_interval,
+            },
+            rt.clone(),
+        );
+        mdc.connect()
+            .await
+            .map_err(|e| ConnectError(format!("{} at {}: {}", mdt.name, mdt.addr, refusal(e))))?;
+        let client = Arc::new(Client {
+            fids: fids::FidPool::default(),
+            oscs: RwLock::new(HashMap::new()),
+            dcache: Mutex::new(HashMap::new()),
+            cfg,
+            uuid,
+            mdc,
+            mgs,
+            rt,
+        });
+        client.apply_targets(&conf.targets);
+        Ok(client)
+    }
+
+    fn apply_targets(&self, targets: &[lode_proto::TargetInfo]) {
+        let mut oscs = self.oscs.write();
+        for t in targets.iter().filter(|t| t.kind == TargetKind::Ost) {
+            match oscs.get(&t.index) {
+                Some(imp) if imp.addr() != t.addr => imp.set_addr(t.addr.clone()),
+                Some(_) => {}
+                None => {
+                    oscs.insert(
+                        t.index,
+                        Import::new(
+                            t.addr.clone(),
+                            ImportConfig {
+                                fsname: self.cfg.fsname.clone(),
+                                target: t.name.clone(),
+                                client_uuid: self.uuid.clone(),
+                                key: self.cfg.key.clone(),
+                                flags: CONNECT_SUPPORTED,
+                                max_rpcs_in_flight: self.cfg.osc_max_rpcs_in_flight,
+                                max_mod_rpcs: 1,
+                                timeout: self.cfg.timeout,
+                                resend_interval: self.cfg.resend_interval,
+                            },
+                            self.rt.clone(),
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Re-reads the target list from the MGS (new OSTs, moved targets).
+    pub async fn refresh_config(&self) -> Result<(), Errno> {
+        let conf = lode_mgs::client::fetch_config(&self.mgs).await?;
+        self.apply_targets(&conf.targets);
+        if let Some(m) = conf
+            .targets
+            .iter()
+            .find(|t| t.kind == TargetKind::Mdt && t.index == 0)
+        {
+            if m.addr != self.mdc.addr() {
+                self.mdc.set_addr(m.addr.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// This client's UUID.
+    pub fn uuid(&self) -> &str {
+        &self.uuid
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ClientConfig {
+        &self.cfg
+    }
+
+    /// The MDC import (for tunables and statistics).
+    pub fn mdc(&self) -> &Arc<Import> {
+        &self.mdc
+    }
+
+    /// The OSC import of OST `index`, looking the OST up at the MGS if unknown.
+    pub(crate) async fn osc(&self, index: u32) -> Result<Arc<Import>, Errno> {
+        if let Some(i) = self.oscs.read().get(&index) {
+            return Ok(i.clone());
+        }
+        self.refresh_config().await?;
+        self.oscs.read().get(&index).cloned().ok_or(Errno::EIO)
+    }
+
+    /// Number of OSTs known.
+    pub fn ost_count(&self) -> usize {
+        self.oscs.read().len()
+    }
+
+    /// Sends one request to the MDT.
+    pub(crate) async fn md(&self, req: Request) -> Result<Reply, Errno> {
+        Ok(self.mdc.call(req).await?.reply)
+    }
+
+    /// statfs of the file system: space summed over OSTs, inodes from the MDT.
+    pub async fn statfs(&self) -> Result<StatfsRep, Errno> {
+        let Reply::Statfs(md) = self.md(Request::Statfs(lode_proto::Empty {})).await? else {
+            return Err(Errno::EPROTO);
+        };
+        let oscs: Vec<Arc<Import>> = self.oscs.read().values().cloned().collect();
+        let replies = futures::future::join_all(
+            oscs.iter()
+                .map(|o| o.call(Request::Statfs(lode_proto::Empty {}))),
+        )
+        .await;
+        let mut out = StatfsRep {
+            bsize: 4096,
+            files: md.files,
+            ffree: md.ffree,
+            namelen: md.namelen,
+            ..Default::default()
+        };
+        for r in replies {
+            if let Reply::Statfs(s) = r?.reply {
+                let scale = u64::from(s.bsize) / 4096;
+                let conv = |v: u64| {
+                    if scale >= 1 {
+                        v * scale
+                    } else {
+                        v * u64::from(s.bsize) / 4096
+                    }
+                };
+                out.blocks += conv(s.blocks);
+                out.bfree += conv(s.bfree);
+                out.bavail += conv(s.bavail);
+            }
+        }
+        Ok(out)
+    }
+
+    /// statfs of each target, for `lode df`: (target name, statfs).
+    pub async fn statfs_targets(&self) -> Vec<(String, Result<StatfsRep, Errno>)> {
+        let mut out = Vec::new();
+        let md = self
+            .md(Request::Statfs(lode_proto::Empty {}))
+            .await
+            .and_then(|r| match r {
+                Reply::Statfs(s) => Ok(s),
+                _ => Err(Errno::EPROTO),
+            });
+        out.push((self.mdc.target().to_string(), md));
+        let mut oscs: Vec<(u32, Arc<Import>)> = self
+            .oscs
+            .read()
+            .iter()
+            .map(|(i, o)| (*i, o.clone()))
+            .collect();
+        oscs.sort_by_key(|(i, _)| *i);
+        for (_, o) in oscs {
+            let r = o
+                .call(Request::Statfs(lode_proto::Empty {}))
+                .await
+                .and_then(|r| match r.reply {
+                    Reply::Statfs(s) => Ok(s),
+                    _ => Err(Errno::EPROTO),
+                });
+            out.push((o.target().to_string(), r));
+        }
+        out
+    }
+
+    /// Makes everything durable on every target: MDT commit and OST syncs.
+    pub async fn sync(&self) -> Result<(), Errno> {
+        self.md(Request::Sync(lode_proto::Empty {})).await?;
+        let oscs: Vec<Arc<Import>> = self.oscs.read().values().cloned().collect();
+        for r in futures::future::join_all(
+            oscs.iter()
+                .map(|o| o.call(Request::OstSync(lode_proto::ObjsReq { objs: Vec::new() }))),
+        )
+        .await
+        {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Disconnects from the MDT: open handles are closed there.
+    pub async fn disconnect(&self) {
+        let _ = self.md(Request::Disconnect(lode_proto::Empty {})).await;
+    }
+}
+
+/// A connection failure, with a message for the user.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConnectError(pub String);
+
+fn refusal(e: Errno) -> String {
+    match e {
+        Errno::EINVAL => "refused: wrong file system name".into(),
+        Errno::EACCES => "refused: wrong or missing key".into(),
+        Errno::ENODEV => "refused: no such target there".into(),
+        Errno::EPROTO => "refused: protocol version mismatch".into(),
+        Errno::EIO => "no answer (is it running?)".into(),
+        e => e.to_string(),
+    }
+}
+
+/// A client with its own runtime, for synchronous callers (tests, tools).
+pub struct Session {
+    rt: tokio::runtime::Runtime,
+    /// The client.
+    pub client: Arc<Client>,
+}
+
+impl Session {
+    /// Starts a runtime and connects.
+    pub fn connect(cfg: ClientConfig) -> Result<Session, ConnectError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("lode-client")
+            .build()
+            .map_err(|e| ConnectError(format!("runtime: {e}")))?;
+        let client = rt.block_on(Client::connect(cfg))?;
+        Ok(Session { rt, client })
+    }
+
+    /// Runs a future to completion; callable from many threads at once.
+    pub fn run<F: Future>(&self, f: F) -> F::Output {
+        self.rt.handle().block_on(f)
+    }
+
+    /// The runtime handle.
+    pub fn handle(&self) -> &Handle {
+        self.rt.handle()
+    }
+}

@@ -1,0 +1,488 @@
+//! Namespace operations and path resolution.
+
+use crate::Client;
+use lode_base::limits::{NAME_MAX, PATH_MAX};
+use lode_base::{Attr, Cred, Errno, Fid, FileType, Layout};
+use lode_proto::{
+    CreateReq, DirEntry, GetattrReq, GetxattrReq, LinkReq, LookupReq, MdtBody, ReaddirRep,
+    ReaddirReq, RenameReq, Reply, Request, SetxattrReq, UnlinkReq,
+};
+use std::time::Instant;
+
+/// Symlinks followed while resolving one path (Linux MAXSYMLINKS).
+const MAX_SYMLINKS: usize = 40;
+
+impl Client {
+    /// Attributes as the MDT has them (no glimpse).
+    pub async fn getattr_md(&self, cred: &Cred, fid: Fid) -> Result<MdtBody, Errno> {
+        match self
+            .md(Request::Getattr(GetattrReq {
+                cred: cred.clone(),
+                fid,
+            }))
+            .await?
+        {
+            Reply::Getattr(b) => Ok(b),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Completes a body with the size, blocks and mtime from OST glimpses if needed.
+    pub async fn complete(&self, mut body: MdtBody) -> Result<MdtBody, Errno> {
+        if body.glimpse {
+            let (size, blocks, mtime) = self
+                .glimpse(body.attr.fid, body.layout.as_ref(), &body.attr)
+                .await?;
+            body.attr.size = size;
+            body.attr.blocks = blocks;
+            body.attr.mtime = mtime;
+        }
+        Ok(body)
+    }
+
+    /// `stat` by FID: MDT attributes plus OST size.
+    pub async fn getattr(&self, cred: &Cred, fid: Fid) -> Result<Attr, Errno> {
+        let b = self.getattr_md(cred, fid).await?;
+        Ok(self.complete(b).await?.attr)
+    }
+
+    /// Looks `name` up in `parent` (the MDT checks search permission).
+    pub async fn lookup(&self, cred: &Cred, parent: Fid, name: &[u8]) -> Result<MdtBody, Errno> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        match self
+            .md(Request::Lookup(LookupReq {
+                cred: cred.clone(),
+                parent,
+                name: name.to_vec(),
+            }))
+            .await?
+        {
+            Reply::Lookup(b) => Ok(b),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    async fn lookup_dir_cached(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+    ) -> Result<MdtBody, Errno> {
+        let b = self.lookup(cred, parent, name).await?;
+        if b.attr.is_dir() {
+            self.dcache
+                .lock()
+                .insert((parent, name.to_vec()), (b.attr.fid, Instant::now()));
+        }
+        Ok(b)
+    }
+
+    /// Resolves an absolute path (relative to the file system root). Intermediate
+    /// symlinks are followed; the last component is followed only if `follow`.
+    pub async fn resolve(&self, cred: &Cred, path: &str, follow: bool) -> Result<MdtBody, Errno> {
+        if path.len() >= PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let mut todo: Vec<Vec<u8>> = components(path.as_bytes())
+            .rev()
+            .map(|c| c.to_vec())
+            .collect();
+        let mut dirs: Vec<Fid> = vec![Fid::ROOT];
+        let mut cur = self.getattr_md(cred, Fid::ROOT).await?;
+        let mut links = 0;
+        while let Some(name) = todo.pop() {
+            if !cur.attr.is_dir() {
+                return Err(Errno::ENOTDIR);
+            }
+            let here = cur.attr.fid;
+            if name == b".." {
+                if dirs.len() > 1 {
+                    dirs.pop();
+                }
+                let up = *dirs.last().unwrap_or(&Fid::ROOT);
+                cur = self.lookup(cred, here, b"..").await.map(|b| {
+                    if up == Fid::ROOT {
+                        b
+                    } else {
+                        b
+                    }
+                })?;
+                continue;
+            }
+            if name == b"." {
+                continue;
+            }
+            let last = todo.is_empty();
+            let cached = if last {
+                None
+            } else {
+                let hit = self.dcache.lock().get(&(here, name.clone())).copied();
+                hit.filter(|(_, t)| t.elapsed() < self.cfg.entry_timeout)
+                    .map(|(f, _)| f)
+            };
+            let b = match cached {
+                Some(f) => match self.getattr_md(cred, f).await {
+                    Ok(b) => b,
+                    Err(_) => self.lookup_dir_cached(cred, here, &name).await?,
+                },
+                None => self.lookup_dir_cached(cred, here, &name).await?,
+            };
+            if b.attr.ftype() == FileType::Symlink && (!last || follow) {
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return Err(Errno::ELOOP);
+                }
+                let target = b.symlink.clone();
+                if target.first() == Some(&b'/') {
+                    // Absolute targets are taken relative to the file system root.
+                    cur = self.getattr_md(cred, Fid::ROOT).await?;
+                    dirs.truncate(1);
+                }
+                for c in components(&target).rev() {
+                    todo.push(c.to_vec());
+                }
+                continue;
+            }
+            if b.attr.is_dir() {
+                dirs.push(b.attr.fid);
+            }
+            cur = b;
+        }
+        Ok(cur)
+    }
+
+    /// Resolves the parent directory of `path` and returns it with the last name.
+    pub async fn resolve_parent(&self, cred: &Cred, path: &str) -> Result<(Fid, Vec<u8>), Errno> {
+        let p = path.trim_end_matches('/');
+        let (dir, name) = match p.rfind('/') {
+            Some(i) => (&p[..i], &p[i + 1..]),
+            None => ("", p),
+        };
+        if name.is_empty() {
+            return Err(Errno::EEXIST);
+        }
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let d = self
+            .resolve(cred, if dir.is_empty() { "/" } else { dir }, true)
+            .await?;
+        if !d.attr.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok((d.attr.fid, name.as_bytes().to_vec()))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create_node(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        target: &[u8],
+        layout: Option<Layout>,
+    ) -> Result<MdtBody, Errno> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let fid = self.alloc_fid().await?;
+        let req = CreateReq {
+            cred: cred.clone(),
+            parent,
+            name: name.to_vec(),
+            fid,
+            mode,
+            rdev,
+            target: target.to_vec(),
+            layout,
+            open_flags: None,
+        };
+        match self.md(Request::Create(req)).await? {
+            Reply::Create(r) => Ok(r.body),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// mkdir, optionally with a default layout for files created inside.
+    pub async fn mkdir(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        default_layout: Option<Layout>,
+    ) -> Result<MdtBody, Errno> {
+        self.create_node(
+            cred,
+            parent,
+            name,
+            libc::S_IFDIR | (mode & 0o7777),
+            0,
+            &[],
+            default_layout,
+        )
+        .await
+    }
+
+    /// Creates a regular file (not opened), with an explicit layout if given.
+    pub async fn create(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        layout: Option<Layout>,
+    ) -> Result<MdtBody, Errno> {
+        self.create_node(
+            cred,
+            parent,
+            name,
+            libc::S_IFREG | (mode & 0o7777),
+            0,
+            &[],
+            layout,
+        )
+        .await
+    }
+
+    /// mknod: fifo, socket, char or block device (`mode` carries the type).
+    pub async fn mknod(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+    ) -> Result<MdtBody, Errno> {
+        if FileType::from_mode(mode)
+            .is_none_or(|t| t == FileType::Directory || t == FileType::Symlink)
+        {
+            return Err(Errno::EINVAL);
+        }
+        self.create_node(cred, parent, name, mode, rdev, &[], None)
+            .await
+    }
+
+    /// symlink `name` → `target`.
+    pub async fn symlink(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<MdtBody, Errno> {
+        self.create_node(cred, parent, name, libc::S_IFLNK | 0o777, 0, target, None)
+            .await
+    }
+
+    /// The target of a symlink.
+    pub async fn readlink(&self, cred: &Cred, fid: Fid) -> Result<Vec<u8>, Errno> {
+        let b = self.getattr_md(cred, fid).await?;
+        if b.attr.ftype() != FileType::Symlink {
+            return Err(Errno::EINVAL);
+        }
+        Ok(b.symlink)
+    }
+
+    /// unlink.
+    pub async fn unlink(&self, cred: &Cred, parent: Fid, name: &[u8]) -> Result<(), Errno> {
+        self.remove(cred, parent, name, false).await
+    }
+
+    /// rmdir.
+    pub async fn rmdir(&self, cred: &Cred, parent: Fid, name: &[u8]) -> Result<(), Errno> {
+        self.dcache.lock().remove(&(parent, name.to_vec()));
+        self.remove(cred, parent, name, true).await
+    }
+
+    async fn remove(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        rmdir: bool,
+    ) -> Result<(), Errno> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        self.md(Request::Unlink(UnlinkReq {
+            cred: cred.clone(),
+            parent,
+            name: name.to_vec(),
+            rmdir,
+        }))
+        .await
+        .map(|_| ())
+    }
+
+    /// rename with `renameat2` flags.
+    pub async fn rename(
+        &self,
+        cred: &Cred,
+        sp: Fid,
+        sn: &[u8],
+        dp: Fid,
+        dn: &[u8],
+        flags: u32,
+    ) -> Result<(), Errno> {
+        if sn.len() > NAME_MAX || dn.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        {
+            let mut dc = self.dcache.lock();
+            dc.remove(&(sp, sn.to_vec()));
+            dc.remove(&(dp, dn.to_vec()));
+        }
+        let req = RenameReq {
+            cred: cred.clone(),
+            src_parent: sp,
+            src_name: sn.to_vec(),
+            dst_parent: dp,
+            dst_name: dn.to_vec(),
+            flags,
+        };
+        self.md(Request::Rename(req)).await.map(|_| ())
+    }
+
+    /// Hard link.
+    pub async fn link(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        parent: Fid,
+        name: &[u8],
+    ) -> Result<MdtBody, Errno> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        match self
+            .md(Request::Link(LinkReq {
+                cred: cred.clone(),
+                fid,
+                parent,
+                name: name.to_vec(),
+            }))
+            .await?
+        {
+            Reply::Link(b) => Ok(b),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// One readdir page from `cookie`.
+    pub async fn readdir(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        cookie: u64,
+        plus: bool,
+    ) -> Result<ReaddirRep, Errno> {
+        match self
+            .md(Request::Readdir(ReaddirReq {
+                cred: cred.clone(),
+                fid,
+                cookie,
+                plus,
+            }))
+            .await?
+        {
+            Reply::Readdir(r) => {
+                // Cookies must advance, or a malicious server could loop us forever.
+                if r.next <= cookie && r.next != lode_base::hash::END_COOKIE {
+                    return Err(Errno::EPROTO);
+                }
+                Ok(r)
+            }
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Every entry of a directory (including `.` and `..`).
+    pub async fn readdir_all(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        plus: bool,
+    ) -> Result<Vec<DirEntry>, Errno> {
+        let mut out = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let page = self.readdir(cred, fid, cookie, plus).await?;
+            out.extend(page.entries);
+            if page.next == lode_base::hash::END_COOKIE {
+                return Ok(out);
+            }
+            cookie = page.next;
+        }
+    }
+
+    /// getxattr; `size` 0 asks for the length only.
+    pub async fn getxattr(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        name: &[u8],
+        size: u32,
+    ) -> Result<(Vec<u8>, u32), Errno> {
+        match self
+            .md(Request::Getxattr(GetxattrReq {
+                cred: cred.clone(),
+                fid,
+                name: name.to_vec(),
+                size,
+            }))
+            .await?
+        {
+            Reply::Getxattr(x) => Ok((x.value, x.size)),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// listxattr: NUL-separated names.
+    pub async fn listxattr(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        size: u32,
+    ) -> Result<(Vec<u8>, u32), Errno> {
+        match self
+            .md(Request::Listxattr(GetxattrReq {
+                cred: cred.clone(),
+                fid,
+                name: Vec::new(),
+                size,
+            }))
+            .await?
+        {
+            Reply::Listxattr(x) => Ok((x.value, x.size)),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// setxattr (`value` Some) or removexattr (`None`).
+    pub async fn setxattr(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        name: &[u8],
+        value: Option<&[u8]>,
+        flags: u32,
+    ) -> Result<(), Errno> {
+        let req = SetxattrReq {
+            cred: cred.clone(),
+            fid,
+            name: name.to_vec(),
+            value: value.map(|v| serde_bytes::ByteBuf::from(v.to_vec())),
+            flags,
+        };
+        self.md(Request::Setxattr(req)).await.map(|_| ())
+    }
+}
+
+fn components(p: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
+    p.split(|b| *b == b'/').filter(|c| !c.is_empty())
+}

@@ -1,0 +1,241 @@
+//! Work the MDS does outside requests: keeping the OST table current from the MGS,
+//! polling OST free space, destroying OST objects of unlinked files once the unlink is
+//! committed, and watching its own free space.
+
+use crate::layout::OstState;
+use crate::Mdt;
+use lode_base::limits::MDT_RESERVED_BYTES;
+use lode_proto::{ObjId, ObjsReq, Reply, Request, TargetKind};
+use lode_rpc::{Import, ImportConfig};
+use lode_store::records::{self, DestroyRec};
+use lode_store::{Batch, Cf};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+use tracing::{debug, info, warn};
+
+/// Cached "is the disk nearly full" answer, refreshed at most every 500 ms.
+#[derive(Default)]
+pub(crate) struct SpaceCheck {
+    checked_ms: AtomicU64,
+    low: AtomicBool,
+}
+
+impl SpaceCheck {
+    pub(crate) fn low(&self, dir: &Path) -> bool {
+        let now = START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1000;
+        let last = self.checked_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 500
+            && self
+                .checked_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let low = match lode_base::sys::statvfs(dir) {
+                Ok(s) => s.bavail.saturating_mul(u64::from(s.bsize)) < MDT_RESERVED_BYTES,
+                Err(_) => false,
+            };
+            self.low.store(low, Ordering::Relaxed);
+        }
+        self.low.load(Ordering::Relaxed)
+    }
+}
+
+static START: OnceLock<Instant> = OnceLock::new();
+
+/// The MDS's own connections: the MGS and every OST.
+pub struct Links {
+    rt: Handle,
+    mgs: Arc<Import>,
+    osts: Mutex<HashMap<u32, Arc<Import>>>,
+    fsname: String,
+    uuid: String,
+    key: Vec<u8>,
+}
+
+impl Mdt {
+    /// Starts the background work: OST table refresh, OST statfs, object destroy.
+    pub fn start_background(self: &Arc<Self>, rt: Handle, mgs: Arc<Import>) {
+        let links = Arc::new(Links {
+            rt: rt.clone(),
+            mgs,
+            osts: Mutex::new(HashMap::new()),
+            fsname: self.cfg.fsname.clone(),
+            uuid: format!("{}-mdtlov_UUID", self.cfg.target_name()),
+            key: self.cfg.key.clone(),
+        });
+        let _ = self.links.set(links.clone());
+        let me = self.clone();
+        rt.spawn(async move {
+            loop {
+                me.refresh(&links).await;
+                me.destroy_round(&links).await;
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+            }
+        });
+    }
+
+    /// Refreshes the OST table now, from a service thread (used when a create finds
+    /// no OSTs yet).
+    pub(crate) fn refresh_osts_now(&self) {
+        let Some(links) = self.links.get().cloned() else {
+            return;
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let me_links = links.clone();
+        // The MDT itself is not 'static here; refresh only the table via a snapshot.
+        links.rt.spawn(async move {
+            let r = lode_mgs::client::fetch_config(&me_links.mgs).await;
+            let _ = tx.send(r);
+        });
+        if let Ok(Ok(cfg)) = rx.recv_timeout(Duration::from_secs(5)) {
+            self.apply_config(&links, &cfg.targets);
+        }
+    }
+
+    fn apply_config(&self, links: &Links, targets: &[lode_proto::TargetInfo]) {
+        let old: HashMap<u32, OstState> =
+            self.osts.get().into_iter().map(|o| (o.index, o)).collect();
+        let mut new = Vec::new();
+        let mut imports = links.osts.lock();
+        for t in targets.iter().filter(|t| t.kind == TargetKind::Ost) {
+            let imp = imports.entry(t.index).or_insert_with(|| {
+                Import::new(
+                    t.addr.clone(),
+                    ImportConfig {
+                        fsname: links.fsname.clone(),
+                        target: t.name.clone(),
+                        client_uuid: links.uuid.clone(),
+                        key: links.key.clone(),
+                        flags: 0,
+                        max_rpcs_in_flight: 8,
+                        max_mod_rpcs: 1,
+                        timeout: Duration::from_secs(10),
+                        resend_interval: Duration::from_secs(5),
+                    },
+                    links.rt.clone(),
+                )
+            });
+            if imp.addr() != t.addr {
+                imp.set_addr(t.addr.clone());
+            }
+            let prev = old.get(&t.index);
+            new.push(OstState {
+                index: t.index,
+                name: t.name.clone(),
+                addr: t.addr.clone(),
+                free: prev.map_or(u64::MAX, |p| p.free),
+                active: prev.is_none_or(|p| p.active),
+            });
+        }
+        if new.len() != old.len() {
+            info!("{} OSTs known", new.len());
+        }
+        self.osts.set(new);
+    }
+
+    async fn refresh(&self, links: &Arc<Links>) {
+        match lode_mgs::client::fetch_config(&links.mgs).await {
+            Ok(cfg) => self.apply_config(links, &cfg.targets),
+            Err(e) => debug!("MGS config fetch failed: {e}"),
+        }
+        let imports: Vec<(u32, Arc<Import>)> = links
+            .osts
+            .lock()
+            .iter()
+            .map(|(i, imp)| (*i, imp.clone()))
+            .collect();
+        let mut osts = self.osts.get();
+        for (idx, imp) in imports {
+            let r = tokio::time::timeout(
+                Duration::from_secs(2),
+                imp.call(Request::Statfs(lode_proto::Empty {})),
+            )
+            .await;
+            if let Some(o) = osts.iter_mut().find(|o| o.index == idx) {
+                match r {
+                    Ok(Ok(resp)) => {
+                        if let Reply::Statfs(s) = resp.reply {
+                            o.free = s.bavail.saturating_mul(u64::from(s.bsize));
+                            o.active = true;
+                        }
+                    }
+                    _ => o.active = false,
+                }
+            }
+        }
+        self.osts.set(osts);
+    }
+
+    /// Destroys the OST objects of unlinked files whose unlink is committed.
+    async fn destroy_round(&self, links: &Arc<Links>) {
+        let mut recs: Vec<(Vec<u8>, DestroyRec)> = Vec::new();
+        let scan = self
+            .store
+            .engine()
+            .scan(Cf::Destroy, b"", b"", &mut |k, v| {
+                if let Ok(r) = records::decode::<DestroyRec>("destroy", v) {
+                    recs.push((k.to_vec(), r));
+                }
+                recs.len() < 1000
+            });
+        if scan.is_err() || recs.is_empty() {
+            return;
+        }
+        // Every record seen was written at or before this transno; act once it is durable.
+        let upto = self.store.last_transno();
+        if self.store.last_committed() < upto {
+            let store = self.store.clone();
+            if tokio::task::spawn_blocking(move || store.sync())
+                .await
+                .is_err()
+            {
+                return;
+            }
+            if self.store.last_committed() < upto {
+                return;
+            }
+        }
+        for (key, rec) in recs {
+            let Some(fid) = lode_base::Fid::from_bytes(&key) else {
+                continue;
+            };
+            let mut per_ost: HashMap<u32, Vec<ObjId>> = HashMap::new();
+            for c in &rec.layout.components {
+                if let lode_base::Pattern::Raid0 { osts, .. } = &c.pattern {
+                    for (i, o) in osts.iter().enumerate() {
+                        per_ost.entry(*o).or_default().push(ObjId {
+                            fid,
+                            comp: c.id,
+                            stripe: i as u32,
+                        });
+                    }
+                }
+            }
+            let mut ok = true;
+            for (ost, objs) in per_ost {
+                let imp = links.osts.lock().get(&ost).cloned();
+                let Some(imp) = imp else {
+                    ok = false;
+                    continue;
+                };
+                if let Err(e) = imp.call(Request::Destroy(ObjsReq { objs })).await {
+                    debug!(%fid, ost, "destroy failed, will retry: {e}");
+                    ok = false;
+                }
+            }
+            if ok {
+                let mut b = Batch::new();
+                b.delete(Cf::Destroy, key);
+                if let Err(e) = self.store.apply_untracked(&b) {
+                    warn!("clearing destroy record: {e}");
+                    return;
+                }
+            }
+        }
+    }
+}

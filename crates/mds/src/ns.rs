@@ -1,0 +1,577 @@
+//! Namespace reads (getattr, lookup, readdir) and create / open / close.
+
+use crate::inode::{check_name, del_dirent, dtype_of, is_dir, now_ns, put_dirent, put_inode};
+use crate::pdo::Mode;
+use crate::{Ctx, Mdt, OpResult, OpenHandle};
+use lode_base::hash::{name_hash, DOTDOT_COOKIE, DOT_COOKIE, END_COOKIE};
+use lode_base::limits::{
+    LINK_MAX, READDIR_GROUP_MAX, READDIR_PAGE_BYTES, READDIR_PAGE_ENTRIES, SYMLINK_MAX,
+};
+use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
+use lode_base::{Cred, Errno, Fid, FileType};
+use lode_proto::{BatchGetattrRep, CreateRep, CreateReq, DirEntry, MdtBody, ReaddirRep, Reply};
+use lode_store::records::{self, destroy_key, parse_dirent_key, DestroyRec, InodeRec, INODE_DATA};
+use lode_store::{Batch, Cf};
+use tracing::info;
+
+/// Size reported for directories (ldiskfs reports block multiples too).
+const DIR_SIZE: u64 = 4096;
+
+impl Mdt {
+    pub(crate) fn body(&self, fid: Fid, rec: &InodeRec) -> MdtBody {
+        let has_objects = rec.layout.as_ref().is_some_and(|l| {
+            l.components.iter().any(|c| matches!(&c.pattern, lode_base::Pattern::Raid0 { osts, .. } if !osts.is_empty()))
+        });
+        MdtBody {
+            attr: rec.attr(fid),
+            layout: rec.layout.clone(),
+            glimpse: !is_dir(rec.mode) && rec.flags & INODE_DATA != 0 && has_objects,
+            symlink: rec.symlink.clone(),
+        }
+    }
+
+    /// Creates the root directory on a new MDT.
+    pub(crate) fn format_root(&self) -> OpResult<()> {
+        if self
+            .store
+            .engine()
+            .get(Cf::Inode, &Fid::ROOT.to_bytes())?
+            .is_some()
+        {
+            return Ok(());
+        }
+        let now = now_ns();
+        let root = InodeRec {
+            mode: libc::S_IFDIR | 0o755,
+            uid: 0,
+            gid: 0,
+            nlink: 2,
+            size: DIR_SIZE,
+            blocks: 8,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            rdev: 0,
+            flags: 0,
+            version: 0,
+            parent: Fid::ROOT,
+            layout: None,
+            symlink: Vec::new(),
+        };
+        let mut b = Batch::new();
+        put_inode(&mut b, Fid::ROOT, &root);
+        self.store.apply(b, None)?;
+        self.store.sync()?;
+        info!("formatted root directory {}", Fid::ROOT);
+        Ok(())
+    }
+
+    /// Open-unlinked files of a previous life are destroyed: their handles did not
+    /// survive the restart (open replay comes with recovery).
+    pub(crate) fn clean_orphans(&self) -> OpResult<()> {
+        let mut fids = Vec::new();
+        self.store
+            .engine()
+            .scan(Cf::Orphan, b"", b"", &mut |k, _| {
+                if let Some(f) = Fid::from_bytes(k) {
+                    fids.push(f);
+                }
+                true
+            })?;
+        for fid in fids {
+            let mut b = Batch::new();
+            b.delete(Cf::Orphan, fid.to_bytes().to_vec());
+            if let Ok(rec) = self.inode(fid) {
+                self.drop_inode(&mut b, fid, &rec)?;
+            }
+            self.store.apply(b, None)?;
+            info!(%fid, "removed orphan left by a restart");
+        }
+        Ok(())
+    }
+
+    /// Adds to `b` the removal of inode `fid` (its last link is gone and nobody has it
+    /// open): inode, xattrs, and a destroy record for its OST objects.
+    pub(crate) fn drop_inode(&self, b: &mut Batch, fid: Fid, rec: &InodeRec) -> OpResult<()> {
+        b.delete(Cf::Inode, fid.to_bytes().to_vec());
+        let mut keys = Vec::new();
+        self.store
+            .engine()
+            .scan(Cf::Xattr, &fid.to_bytes(), b"", &mut |k, _| {
+                keys.push(k.to_vec());
+                keys.len() < 100_000
+            })?;
+        for k in keys {
+            b.delete(Cf::Xattr, k);
+        }
+        if rec.flags & INODE_DATA != 0 {
+            if let Some(layout) = &rec.layout {
+                b.put(
+                    Cf::Destroy,
+                    destroy_key(fid),
+                    records::encode(&DestroyRec {
+                        layout: layout.clone(),
+                    }),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn getattr(&self, fid: Fid) -> OpResult<MdtBody> {
+        let rec = self.inode(fid)?;
+        Ok(self.body(fid, &rec))
+    }
+
+    pub(crate) fn batch_getattr(&self, fids: &[Fid]) -> OpResult<BatchGetattrRep> {
+        if fids.len() > READDIR_PAGE_ENTRIES {
+            return Err(Errno::E2BIG.into());
+        }
+        let mut results = Vec::with_capacity(fids.len());
+        for f in fids {
+            results.push(match self.getattr(*f) {
+                Ok(b) => Ok(b),
+                Err(crate::OpError::Errno(e)) => Err(e.status()),
+                Err(e) => return Err(e),
+            });
+        }
+        Ok(BatchGetattrRep { results })
+    }
+
+    pub(crate) fn lookup(&self, cred: &Cred, parent: Fid, name: &[u8]) -> OpResult<MdtBody> {
+        let dir = self.dir_inode(parent)?;
+        if !may_access(&dir.attr(parent), cred, MAY_EXEC) {
+            return Err(Errno::EACCES.into());
+        }
+        let child = match name {
+            b"." => parent,
+            b".." => dir.parent,
+            _ => {
+                check_name(name)?;
+                self.dirent(parent, name)?.ok_or(Errno::ENOENT)?.fid
+            }
+        };
+        self.getattr(child)
+    }
+
+    pub(crate) fn readdir(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        cookie: u64,
+        plus: bool,
+    ) -> OpResult<ReaddirRep> {
+        let dir = self.dir_inode(fid)?;
+        if !may_access(&dir.attr(fid), cred, MAY_READ) {
+            return Err(Errno::EACCES.into());
+        }
+        let mut entries = Vec::new();
+        let body = |f: Fid| if plus { self.getattr(f).ok() } else { None };
+        if cookie == DOT_COOKIE {
+            entries.push(DirEntry {
+                name: b".".to_vec(),
+                fid,
+                dtype: libc::DT_DIR,
+                cookie: DOT_COOKIE,
+                body: body(fid),
+            });
+        }
+        if cookie <= DOTDOT_COOKIE {
+            let p = dir.parent;
+            entries.push(DirEntry {
+                name: b"..".to_vec(),
+                fid: p,
+                dtype: libc::DT_DIR,
+                cookie: DOTDOT_COOKIE,
+                body: body(p),
+            });
+        }
+        if cookie >= END_COOKIE {
+            return Ok(ReaddirRep {
+                entries: Vec::new(),
+                next: END_COOKIE,
+            });
+        }
+        let prefix = fid.to_bytes();
+        let mut start = prefix.to_vec();
+        start.extend_from_slice(&cookie.max(2).to_be_bytes());
+        let mut bytes = 0usize;
+        let mut last_hash = None;
+        let mut group = 0usize;
+        let mut cut = false;
+        let mut bad = None;
+        self.store
+            .engine()
+            .scan(Cf::Dirent, &prefix, &start, &mut |k, v| {
+                let Some((hash, name)) = parse_dirent_key(k) else {
+                    return true;
+                };
+                let full = bytes >= READDIR_PAGE_BYTES || entries.len() >= READDIR_PAGE_ENTRIES;
+                if full {
+                    // Never split a hash group across pages: a resumed readdir starts at a
+                    // hash, so a split group would be skipped or repeated.
+                    if last_hash != Some(hash) || group >= READDIR_GROUP_MAX {
+                        cut = true;
+                        return false;
+                    }
+                }
+                if last_hash == Some(hash) {
+                    group += 1;
+                } else {
+                    group = 0;
+                }
+                match crate::inode::decode_dirent(v) {
+                    Ok(d) => {
+                        bytes += name.len() + 32;
+                        last_hash = Some(hash);
+                        entries.push(DirEntry {
+                            name: name.to_vec(),
+                            fid: d.fid,
+                            dtype: d.dtype,
+                            cookie: hash,
+                            body: None,
+                        });
+                    }
+                    Err(e) => {
+                        bad = Some(e);
+                        return false;
+                    }
+                }
+                true
+            })?;
+        if let Some(e) = bad {
+            return Err(e.into());
+        }
+        if plus {
+            for e in entries.iter_mut().filter(|e| e.body.is_none()) {
+                e.body = self.getattr(e.fid).ok();
+            }
+        }
+        let next = match (cut, last_hash) {
+            (true, Some(h)) => h + 1,
+            _ => END_COOKIE,
+        };
+        Ok(ReaddirRep { entries, next })
+    }
+
+    pub(crate) fn create(&self, ctx: &Ctx, slot: u32, r: CreateReq) -> OpResult<(CreateRep, u64)> {
+        check_name(&r.name)?;
+        let ftype = FileType::from_mode(r.mode).ok_or(Errno::EINVAL)?;
+        if !r.fid.is_normal() {
+            return Err(Errno::EINVAL.into());
+        }
+        if ftype == FileType::Symlink {
+            if r.target.is_empty() {
+                return Err(Errno::ENOENT.into());
+            }
+            if r.target.len() >= SYMLINK_MAX {
+                return Err(Errno::ENAMETOOLONG.into());
+            }
+        }
+        self.check_space()?;
+        let hash = name_hash(&r.name);
+        let mut held = self
+            .pdo
+            .lock(&[(r.parent, Mode::Shared)], &[(r.parent, hash)]);
+        let parent = self.dir_inode(r.parent)?;
+        if parent.nlink == 0 {
+            return Err(Errno::ENOENT.into());
+        }
+        if !may_access(&parent.attr(r.parent), &r.cred, MAY_WRITE | MAY_EXEC) {
+            // An existing name is reported before the permission problem only if the
+            // caller could search the directory (as Linux's lookup would).
+            if may_access(&parent.attr(r.parent), &r.cred, MAY_EXEC)
+                && self.dirent(r.parent, &r.name)?.is_some()
+            {
+                if r.open_flags.is_some_and(|f| f as i32 & libc::O_EXCL == 0) {
+                    drop(held);
+                    return self.open_existing(ctx, slot, &r);
+                }
+                return Err(Errno::EEXIST.into());
+            }
+            return Err(Errno::EACCES.into());
+        }
+        if self.dirent(r.parent, &r.name)?.is_some() {
+            if r.open_flags.is_some_and(|f| f as i32 & libc::O_EXCL == 0) {
+                drop(held);
+                return self.open_existing(ctx, slot, &r);
+            }
+            return Err(Errno::EEXIST.into());
+        }
+        if matches!(ftype, FileType::CharDev | FileType::BlockDev) && r.cred.uid != 0 {
+            return Err(Errno::EPERM.into());
+        }
+        if self
+            .store
+            .engine()
+            .get(Cf::Inode, &r.fid.to_bytes())?
+            .is_some()
+        {
+            return Err(Errno::EEXIST.into());
+        }
+        let dir = ftype == FileType::Directory;
+        let mut mode = ftype.mode_bits() | (r.mode & 0o7777);
+        let gid = if parent.mode & libc::S_ISGID != 0 {
+            if dir {
+                mode |= libc::S_ISGID;
+            }
+            parent.gid
+        } else {
+            r.cred.gid
+        };
+        if !dir && mode & libc::S_ISGID != 0 && r.cred.uid != 0 && !r.cred.in_group(gid) {
+            mode &= !libc::S_ISGID;
+        }
+        let layout = match ftype {
+            FileType::Regular => Some(self.new_layout(r.layout.as_ref(), parent.layout.as_ref())?),
+            FileType::Directory => match &r.layout {
+                Some(l) => {
+                    l.validate(self.osts.count().max(1))?;
+                    Some(l.clone())
+                }
+                None => parent.layout.clone(),
+            },
+            _ => None,
+        };
+        let now = now_ns();
+        let write = r.open_flags.is_some_and(|f| wants_write(f as i32));
+        let rec = InodeRec {
+            mode,
+            uid: r.cred.uid,
+            gid,
+            nlink: if dir { 2 } else { 1 },
+            size: match ftype {
+                FileType::Directory => DIR_SIZE,
+                FileType::Symlink => r.target.len() as u64,
+                _ => 0,
+            },
+            blocks: if dir { 8 } else { 0 },
+            atime: now,
+            mtime: now,
+            ctime: now,
+            rdev: if matches!(ftype, FileType::CharDev | FileType::BlockDev) {
+                r.rdev
+            } else {
+                0
+            },
+            flags: if write { INODE_DATA } else { 0 },
+            version: 0,
+            parent: if dir { r.parent } else { Fid::ZERO },
+            layout,
+            symlink: if ftype == FileType::Symlink {
+                r.target.clone()
+            } else {
+                Vec::new()
+            },
+        };
+        let mut b = Batch::new();
+        put_dirent(&mut b, r.parent, &r.name, r.fid, dtype_of(mode));
+        put_inode(&mut b, r.fid, &rec);
+        let handle = r.open_flags.map(|_| self.next_handle());
+        let rep = CreateRep {
+            body: self.body(r.fid, &rec),
+            handle,
+        };
+        self.pdo.lock_inodes(&mut held, &[r.parent]);
+        let mut parent = self.dir_inode(r.parent)?;
+        if dir {
+            if parent.nlink >= LINK_MAX {
+                return Err(Errno::EMLINK.into());
+            }
+            parent.nlink += 1;
+        }
+        parent.mtime = now;
+        parent.ctime = now;
+        put_inode(&mut b, r.parent, &parent);
+        let transno = self.commit(ctx, b, &Reply::Create(rep.clone()))?;
+        if let Some(h) = handle {
+            self.register_open(h, r.fid, slot);
+        }
+        Ok((rep, transno))
+    }
+
+    fn open_existing(&self, ctx: &Ctx, slot: u32, r: &CreateReq) -> OpResult<(CreateRep, u64)> {
+        let child = self.dirent(r.parent, &r.name)?.ok_or(Errno::ENOENT)?;
+        let flags = r.open_flags.unwrap_or(0) & !(libc::O_CREAT as u32);
+        let (rep, t) = self.open_fid(ctx, slot, &r.cred, child.fid, flags)?;
+        Ok((rep, t))
+    }
+
+    fn next_handle(&self) -> u64 {
+        let mut o = self.opens.lock();
+        o.next += 1;
+        o.next
+    }
+
+    fn register_open(&self, handle: u64, fid: Fid, slot: u32) {
+        let mut o = self.opens.lock();
+        o.handles.insert(handle, OpenHandle { fid, slot });
+        *o.counts.entry(fid).or_insert(0) += 1;
+    }
+
+    /// True if some client holds `fid` open.
+    pub(crate) fn is_open(&self, fid: Fid) -> bool {
+        self.opens.lock().counts.get(&fid).is_some_and(|c| *c > 0)
+    }
+
+    pub(crate) fn open_fid(
+        &self,
+        ctx: &Ctx,
+        slot: u32,
+        cred: &Cred,
+        fid: Fid,
+        flags: u32,
+    ) -> OpResult<(CreateRep, u64)> {
+        let flags = flags as i32;
+        if self.opens.lock().handles.len() >= lode_base::limits::OPEN_HANDLES_PER_CLIENT_MAX * 4 {
+            return Err(Errno::ENFILE.into());
+        }
+        let mut held = self.pdo.lock(&[], &[]);
+        self.pdo.lock_inodes(&mut held, &[fid]);
+        let mut rec = self.inode(fid)?;
+        if rec.nlink == 0 {
+            return Err(Errno::ENOENT.into());
+        }
+        let acc = flags & libc::O_ACCMODE;
+        let ft = FileType::from_mode(rec.mode).ok_or(Errno::EIO)?;
+        if ft == FileType::Directory && (acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0) {
+            return Err(Errno::EISDIR.into());
+        }
+        if flags & libc::O_DIRECTORY != 0 && ft != FileType::Directory {
+            return Err(Errno::ENOTDIR.into());
+        }
+        if ft == FileType::Symlink {
+            return Err(Errno::ELOOP.into());
+        }
+        let mut want = 0;
+        if acc == libc::O_RDONLY || acc == libc::O_RDWR {
+            want |= MAY_READ;
+        }
+        let write = wants_write(flags);
+        if write {
+            want |= MAY_WRITE;
+        }
+        if !may_access(&rec.attr(fid), cred, want) {
+            return Err(Errno::EACCES.into());
+        }
+        let mut b = Batch::new();
+        if write && ft == FileType::Regular && rec.flags & INODE_DATA == 0 {
+            rec.flags |= INODE_DATA;
+            put_inode(&mut b, fid, &rec);
+        }
+        let handle = self.next_handle();
+        let rep = CreateRep {
+            body: self.body(fid, &rec),
+            handle: Some(handle),
+        };
+        let transno = if b.is_empty() && ctx.slot.is_none() {
+            0
+        } else {
+            self.commit(ctx, b, &Reply::Open(rep.clone()))?
+        };
+        self.register_open(handle, fid, slot);
+        Ok((rep, transno))
+    }
+
+    pub(crate) fn close(&self, ctx: &Ctx, slot: u32, handle: u64) -> OpResult<u64> {
+        match self.opens.lock().handles.get(&handle) {
+            Some(h) if h.slot == slot => {}
+            _ => return Err(Errno::EBADF.into()),
+        }
+        self.close_inner(ctx, handle)
+    }
+
+    /// Closes a handle outside any request (client disconnect).
+    pub(crate) fn close_handle(&self, handle: u64) -> OpResult<u64> {
+        self.close_inner(&Ctx { slot: None }, handle)
+    }
+
+    /// Closes every handle of a client that disconnected on purpose.
+    pub(crate) fn close_all_of(&self, slot: u32) {
+        let handles: Vec<u64> = self
+            .opens
+            .lock()
+            .handles
+            .iter()
+            .filter(|(_, h)| h.slot == slot)
+            .map(|(k, _)| *k)
+            .collect();
+        for h in handles {
+            if let Err(e) = self.close_handle(h) {
+                tracing::warn!("closing handle of a departing client: {e:?}");
+            }
+        }
+    }
+
+    fn close_inner(&self, ctx: &Ctx, handle: u64) -> OpResult<u64> {
+        let Some(fid) = self.opens.lock().handles.get(&handle).map(|h| h.fid) else {
+            return Err(Errno::EBADF.into());
+        };
+        let mut held = self.pdo.lock(&[], &[]);
+        self.pdo.lock_inodes(&mut held, &[fid]);
+        let last = {
+            let mut o = self.opens.lock();
+            if o.handles.remove(&handle).is_none() {
+                return Err(Errno::EBADF.into());
+            }
+            let c = o.counts.entry(fid).or_insert(1);
+            *c -= 1;
+            let last = *c == 0;
+            if last {
+                o.counts.remove(&fid);
+            }
+            last
+        };
+        let mut b = Batch::new();
+        if last {
+            if let Ok(rec) = self.inode(fid) {
+                if rec.nlink == 0 {
+                    b.delete(Cf::Orphan, fid.to_bytes().to_vec());
+                    self.drop_inode(&mut b, fid, &rec)?;
+                }
+            }
+        }
+        if b.is_empty() && ctx.slot.is_none() {
+            return Ok(0);
+        }
+        self.commit(ctx, b, &Reply::Close(lode_proto::Empty {}))
+    }
+
+    /// Removes one link of `child` inside batch `b` (unlink, rmdir, rename over it).
+    /// Directories lose both links. The inode goes, becomes an orphan (still open), or
+    /// is rewritten with one link less.
+    pub(crate) fn unlink_inode(
+        &self,
+        b: &mut Batch,
+        child: Fid,
+        rec: &mut InodeRec,
+        now: i64,
+    ) -> OpResult<()> {
+        if is_dir(rec.mode) {
+            rec.nlink = 0;
+        } else {
+            rec.nlink = rec.nlink.saturating_sub(1);
+        }
+        rec.ctime = now;
+        if rec.nlink > 0 {
+            put_inode(b, child, rec);
+        } else if self.is_open(child) {
+            put_inode(b, child, rec);
+            b.put(Cf::Orphan, child.to_bytes().to_vec(), Vec::new());
+        } else {
+            self.drop_inode(b, child, rec)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the entry `name` from `parent` in batch `b` (helper for unlink paths).
+    pub(crate) fn remove_entry(b: &mut Batch, parent: Fid, name: &[u8]) {
+        del_dirent(b, parent, name);
+    }
+}
+
+/// True if `O_*` flags ask for write access (or truncation).
+pub(crate) fn wants_write(flags: i32) -> bool {
+    let acc = flags & libc::O_ACCMODE;
+    acc == libc::O_WRONLY || acc == libc::O_RDWR || flags & libc::O_TRUNC != 0
+}

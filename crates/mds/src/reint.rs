@@ -1,0 +1,410 @@
+//! Namespace changes: unlink/rmdir, rename, link, setattr.
+
+use crate::inode::{check_name, dtype_of, is_dir, now_ns, put_dirent, put_inode};
+use crate::pdo::Mode;
+use crate::{Ctx, Mdt, OpResult};
+use lode_base::hash::name_hash;
+use lode_base::limits::{FILE_SIZE_MAX, LINK_MAX};
+use lode_base::perm::{is_owner_or_root, may_access, may_delete_in_sticky, MAY_EXEC, MAY_WRITE};
+use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
+use lode_proto::{Empty, MdtBody, RenameReq, Reply};
+use lode_store::records::INODE_DATA;
+use lode_store::Batch;
+
+/// `renameat2` flags.
+const RENAME_NOREPLACE: u32 = 1;
+const RENAME_EXCHANGE: u32 = 2;
+
+impl Mdt {
+    pub(crate) fn unlink(
+        &self,
+        ctx: &Ctx,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        rmdir: bool,
+    ) -> OpResult<u64> {
+        match name {
+            b"." if rmdir => return Err(Errno::EINVAL.into()),
+            b".." if rmdir => return Err(Errno::ENOTEMPTY.into()),
+            b"." | b".." => return Err(Errno::EISDIR.into()),
+            _ => check_name(name)?,
+        }
+        let hash = name_hash(name);
+        // Peek at the child to know whether its directory must be locked too.
+        let peek = self.dirent(parent, name)?.ok_or(Errno::ENOENT)?;
+        let mut dirs = vec![(parent, Mode::Shared)];
+        if rmdir {
+            dirs.push((peek.fid, Mode::Exclusive));
+        }
+        let mut held = self.pdo.lock(&dirs, &[(parent, hash)]);
+        let pdir = self.dir_inode(parent)?;
+        if !may_access(&pdir.attr(parent), cred, MAY_WRITE | MAY_EXEC) {
+            return Err(Errno::EACCES.into());
+        }
+        let ent = self.dirent(parent, name)?.ok_or(Errno::ENOENT)?;
+        if ent.fid != peek.fid {
+            // Replaced between peek and lock; the caller retries as Linux would see ENOENT.
+            return Err(Errno::ENOENT.into());
+        }
+        let child_rec = self.inode(ent.fid)?;
+        if !may_delete_in_sticky(&pdir.attr(parent), &child_rec.attr(ent.fid), cred) {
+            return Err(Errno::EPERM.into());
+        }
+        let child_dir = is_dir(child_rec.mode);
+        if rmdir && !child_dir {
+            return Err(Errno::ENOTDIR.into());
+        }
+        if !rmdir && child_dir {
+            return Err(Errno::EISDIR.into());
+        }
+        if child_dir && ent.fid == Fid::ROOT {
+            return Err(Errno::EBUSY.into());
+        }
+        if child_dir && !self.dir_is_empty(ent.fid)? {
+            return Err(Errno::ENOTEMPTY.into());
+        }
+        self.pdo.lock_inodes(&mut held, &[parent, ent.fid]);
+        let now = now_ns();
+        let mut b = Batch::new();
+        Mdt::remove_entry(&mut b, parent, name);
+        let mut child_rec = self.inode(ent.fid)?;
+        self.unlink_inode(&mut b, ent.fid, &mut child_rec, now)?;
+        let mut p = self.dir_inode(parent)?;
+        if child_dir {
+            p.nlink = p.nlink.saturating_sub(1);
+        }
+        p.mtime = now;
+        p.ctime = now;
+        put_inode(&mut b, parent, &p);
+        self.commit(ctx, b, &Reply::Unlink(Empty {}))
+    }
+
+    pub(crate) fn link(
+        &self,
+        ctx: &Ctx,
+        cred: &Cred,
+        fid: Fid,
+        parent: Fid,
+        name: &[u8],
+    ) -> OpResult<(MdtBody, u64)> {
+        check_name(name)?;
+        self.check_space()?;
+        let hash = name_hash(name);
+        let mut held = self.pdo.lock(&[(parent, Mode::Shared)], &[(parent, hash)]);
+        let pdir = self.dir_inode(parent)?;
+        if pdir.nlink == 0 {
+            return Err(Errno::ENOENT.into());
+        }
+        if !may_access(&pdir.attr(parent), cred, MAY_WRITE | MAY_EXEC) {
+            return Err(Errno::EACCES.into());
+        }
+        if self.dirent(parent, name)?.is_some() {
+            return Err(Errno::EEXIST.into());
+        }
+        self.pdo.lock_inodes(&mut held, &[parent, fid]);
+        let mut rec = self.inode(fid)?;
+        if is_dir(rec.mode) {
+            return Err(Errno::EPERM.into());
+        }
+        if rec.nlink == 0 {
+            return Err(Errno::ENOENT.into());
+        }
+        if rec.nlink >= LINK_MAX {
+            return Err(Errno::EMLINK.into());
+        }
+        let now = now_ns();
+        rec.nlink += 1;
+        rec.ctime = now;
+        let mut b = Batch::new();
+        put_dirent(&mut b, parent, name, fid, dtype_of(rec.mode));
+        put_inode(&mut b, fid, &rec);
+        let mut p = self.dir_inode(parent)?;
+        p.mtime = now;
+        p.ctime = now;
+        put_inode(&mut b, parent, &p);
+        let body = self.body(fid, &rec);
+        let t = self.commit(ctx, b, &Reply::Link(body.clone()))?;
+        Ok((body, t))
+    }
+
+    /// True if `dir` is `anc` or lies below it (walks `..` pointers up to the root).
+    fn is_under(&self, mut dir: Fid, anc: Fid) -> OpResult<bool> {
+        for _ in 0..4096 {
+            if dir == anc {
+                return Ok(true);
+            }
+            if dir == Fid::ROOT {
+                return Ok(false);
+            }
+            dir = self.dir_inode(dir)?.parent;
+        }
+        Err(Errno::ELOOP.into())
+    }
+
+    pub(crate) fn rename(&self, ctx: &Ctx, r: &RenameReq) -> OpResult<u64> {
+        let cred = &r.cred;
+        if r.flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || r.flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            return Err(Errno::EINVAL.into());
+        }
+        for n in [&r.src_name, &r.dst_name] {
+            if n.as_slice() == b"." || n.as_slice() == b".." {
+                return Err(Errno::EBUSY.into());
+            }
+            check_name(n)?;
+        }
+        let exchange = r.flags & RENAME_EXCHANGE != 0;
+        let (sp, dp) = (r.src_parent, r.dst_parent);
+        let cross = sp != dp;
+        let _rename_guard = cross.then(|| self.pdo.rename.lock());
+        let mode = if cross { Mode::Exclusive } else { Mode::Shared };
+        let (sh, dh) = (name_hash(&r.src_name), name_hash(&r.dst_name));
+        let mut held = self
+            .pdo
+            .lock(&[(sp, mode), (dp, mode)], &[(sp, sh), (dp, dh)]);
+        let sdir = self.dir_inode(sp)?;
+        let ddir = self.dir_inode(dp)?;
+        if ddir.nlink == 0 {
+            return Err(Errno::ENOENT.into());
+        }
+        for (f, d) in [(sp, &sdir), (dp, &ddir)] {
+            if !may_access(&d.attr(f), cred, MAY_WRITE | MAY_EXEC) {
+                return Err(Errno::EACCES.into());
+            }
+        }
+        let src = self.dirent(sp, &r.src_name)?.ok_or(Errno::ENOENT)?;
+        let dst = self.dirent(dp, &r.dst_name)?;
+        if exchange && dst.is_none() {
+            return Err(Errno::ENOENT.into());
+        }
+        if dst.is_some() && r.flags & RENAME_NOREPLACE != 0 {
+            return Err(Errno::EEXIST.into());
+        }
+        let src_rec = self.inode(src.fid)?;
+        let src_is_dir = is_dir(src_rec.mode);
+        if !may_delete_in_sticky(&sdir.attr(sp), &src_rec.attr(src.fid), cred) {
+            return Err(Errno::EPERM.into());
+        }
+        if let Some(d) = &dst {
+            if d.fid == src.fid {
+                // Two links to one inode: POSIX says do nothing.
+                return self.commit(ctx, Batch::new(), &Reply::Rename(Empty {}));
+            }
+            let drec = self.inode(d.fid)?;
+            if !may_delete_in_sticky(&ddir.attr(dp), &drec.attr(d.fid), cred) {
+                return Err(Errno::EPERM.into());
+            }
+            let dst_is_dir = is_dir(drec.mode);
+            if !exchange {
+                if src_is_dir && !dst_is_dir {
+                    return Err(Errno::ENOTDIR.into());
+                }
+                if !src_is_dir && dst_is_dir {
+                    return Err(Errno::EISDIR.into());
+                }
+                if dst_is_dir && !self.dir_is_empty(d.fid)? {
+                    return Err(Errno::ENOTEMPTY.into());
+                }
+            } else if cross && dst_is_dir {
+                if !may_access(&drec.attr(d.fid), cred, MAY_WRITE) {
+                    return Err(Errno::EACCES.into());
+                }
+                if self.is_under(sp, d.fid)? {
+                    return Err(Errno::EINVAL.into());
+                }
+            }
+        }
+        if cross && src_is_dir {
+            // Moving a directory rewrites its `..`: needs write permission on it, and it
+            // can never move below itself.
+            if !may_access(&src_rec.attr(src.fid), cred, MAY_WRITE) {
+                return Err(Errno::EACCES.into());
+            }
+            if self.is_under(dp, src.fid)? {
+                return Err(Errno::EINVAL.into());
+            }
+        }
+        let mut fids = vec![sp, dp, src.fid];
+        if let Some(d) = &dst {
+            fids.push(d.fid);
+        }
+        self.pdo.lock_inodes(&mut held, &fids);
+        let now = now_ns();
+        let mut b = Batch::new();
+        let mut srec = self.inode(src.fid)?;
+        let mut sdir = self.dir_inode(sp)?;
+        let mut ddir = if cross {
+            self.dir_inode(dp)?
+        } else {
+            sdir.clone()
+        };
+        put_dirent(&mut b, dp, &r.dst_name, src.fid, src.dtype);
+        srec.ctime = now;
+        if src_is_dir && cross {
+            srec.parent = dp;
+            sdir.nlink = sdir.nlink.saturating_sub(1);
+            if ddir.nlink >= LINK_MAX {
+                return Err(Errno::EMLINK.into());
+            }
+            ddir.nlink += 1;
+        }
+        match &dst {
+            Some(d) if exchange => {
+                let mut drec = self.inode(d.fid)?;
+                put_dirent(&mut b, sp, &r.src_name, d.fid, d.dtype);
+                drec.ctime = now;
+                if is_dir(drec.mode) && cross {
+                    drec.parent = sp;
+                    ddir.nlink = ddir.nlink.saturating_sub(1);
+                    sdir.nlink += 1;
+                }
+                put_inode(&mut b, d.fid, &drec);
+            }
+            Some(d) => {
+                Mdt::remove_entry(&mut b, sp, &r.src_name);
+                let mut drec = self.inode(d.fid)?;
+                if is_dir(drec.mode) {
+                    ddir.nlink = ddir.nlink.saturating_sub(1);
+                }
+                self.unlink_inode(&mut b, d.fid, &mut drec, now)?;
+            }
+            None => Mdt::remove_entry(&mut b, sp, &r.src_name),
+        }
+        put_inode(&mut b, src.fid, &srec);
+        for d in [&mut sdir, &mut ddir] {
+            d.mtime = now;
+            d.ctime = now;
+        }
+        if cross {
+            put_inode(&mut b, sp, &sdir);
+            put_inode(&mut b, dp, &ddir);
+        } else {
+            // One directory: every nlink change above was made on `ddir`.
+            put_inode(&mut b, dp, &ddir);
+        }
+        self.commit(ctx, b, &Reply::Rename(Empty {}))
+    }
+
+    pub(crate) fn setattr(
+        &self,
+        ctx: &Ctx,
+        cred: &Cred,
+        fid: Fid,
+        sa: &SetAttr,
+        opened_for_write: bool,
+    ) -> OpResult<(MdtBody, u64)> {
+        let mut held = self.pdo.lock(&[], &[]);
+        self.pdo.lock_inodes(&mut held, &[fid]);
+        let mut rec = self.inode(fid)?;
+        let attr = rec.attr(fid);
+        let now = now_ns();
+        let root = cred.uid == 0;
+        let owner = is_owner_or_root(&attr, cred);
+        let dir = is_dir(rec.mode);
+        if let Some(size) = sa.size {
+            if dir {
+                return Err(Errno::EISDIR.into());
+            }
+            if rec.mode & libc::S_IFMT != libc::S_IFREG {
+                return Err(Errno::EINVAL.into());
+            }
+            if size > FILE_SIZE_MAX {
+                return Err(Errno::EFBIG.into());
+            }
+            if !opened_for_write && !may_access(&attr, cred, MAY_WRITE) {
+                return Err(Errno::EACCES.into());
+            }
+        }
+        if sa.mode.is_some() && !owner {
+            return Err(Errno::EPERM.into());
+        }
+        if let Some(uid) = sa.uid {
+            if uid != rec.uid && !root {
+                return Err(Errno::EPERM.into());
+            }
+        }
+        if let Some(gid) = sa.gid {
+            if gid != rec.gid && !root && !(cred.uid == rec.uid && cred.in_group(gid)) {
+                return Err(Errno::EPERM.into());
+            }
+        }
+        for t in [sa.atime, sa.mtime].into_iter().flatten() {
+            match t {
+                TimeSet::Now => {
+                    if !owner && !may_access(&attr, cred, MAY_WRITE) {
+                        return Err(Errno::EACCES.into());
+                    }
+                }
+                TimeSet::At(_) => {
+                    if !owner {
+                        return Err(Errno::EPERM.into());
+                    }
+                }
+            }
+        }
+        let mut changed = false;
+        if let Some(m) = sa.mode {
+            let mut m = m & 0o7777;
+            let gid = sa.gid.unwrap_or(rec.gid);
+            if !root && !cred.in_group(gid) {
+                m &= !libc::S_ISGID;
+            }
+            rec.mode = (rec.mode & libc::S_IFMT) | m;
+            changed = true;
+        }
+        let chown = sa.uid.is_some_and(|u| u != rec.uid) || sa.gid.is_some_and(|g| g != rec.gid);
+        if let Some(u) = sa.uid {
+            rec.uid = u;
+            changed = true;
+        }
+        if let Some(g) = sa.gid {
+            rec.gid = g;
+            changed = true;
+        }
+        if (chown || sa.uid.is_some() || sa.gid.is_some()) && !dir && sa.mode.is_none() {
+            // chown clears set-user-ID, and set-group-ID when group-executable.
+            rec.mode &= !libc::S_ISUID;
+            if rec.mode & libc::S_IXGRP != 0 {
+                rec.mode &= !libc::S_ISGID;
+            }
+        }
+        if let Some(size) = sa.size {
+            if size != rec.size || rec.flags & INODE_DATA != 0 {
+                rec.mtime = now;
+            }
+            rec.size = size;
+            rec.flags |= INODE_DATA;
+            if !root {
+                rec.mode &= !libc::S_ISUID;
+                if rec.mode & libc::S_IXGRP != 0 {
+                    rec.mode &= !libc::S_ISGID;
+                }
+            }
+            changed = true;
+        }
+        if let Some(t) = sa.atime {
+            rec.atime = match t {
+                TimeSet::Now => now,
+                TimeSet::At(ns) => ns,
+            };
+            changed = true;
+        }
+        if let Some(t) = sa.mtime {
+            rec.mtime = match t {
+                TimeSet::Now => now,
+                TimeSet::At(ns) => ns,
+            };
+            changed = true;
+        }
+        if changed {
+            rec.ctime = now;
+        }
+        let mut b = Batch::new();
+        put_inode(&mut b, fid, &rec);
+        let body = self.body(fid, &rec);
+        let t = self.commit(ctx, b, &Reply::Setattr(body.clone()))?;
+        Ok((body, t))
+    }
+}

@@ -1,0 +1,249 @@
+//! Extended attributes with Linux's namespace rules, and the `lustre.lov` virtual
+//! xattr through which layouts are read and set (so `getfattr`/`setfattr` work too).
+
+use crate::inode::{is_dir, now_ns, put_inode};
+use crate::{Ctx, Mdt, OpResult};
+use lode_base::limits::{XATTR_LIST_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use lode_base::perm::{is_owner_or_root, may_access, MAY_READ, MAY_WRITE};
+use lode_base::{Cred, Errno, Fid, Layout};
+use lode_proto::{Empty, Reply, XattrRep};
+use lode_store::records::{xattr_key, InodeRec, INODE_DATA};
+use lode_store::{Batch, Cf};
+
+/// The virtual xattr holding a file's layout (a directory's default layout).
+pub const LOV_XATTR: &[u8] = b"lustre.lov";
+
+const XATTR_CREATE: u32 = 1;
+const XATTR_REPLACE: u32 = 2;
+
+enum Ns {
+    User,
+    Trusted,
+    Security,
+    Lov,
+}
+
+fn namespace(name: &[u8]) -> Result<Ns, Errno> {
+    if name.is_empty() {
+        return Err(Errno::EINVAL);
+    }
+    if name.len() > XATTR_NAME_MAX {
+        return Err(Errno::ERANGE);
+    }
+    if name == LOV_XATTR {
+        return Ok(Ns::Lov);
+    }
+    if name.starts_with(b"user.") && name.len() > 5 {
+        Ok(Ns::User)
+    } else if name.starts_with(b"trusted.") && name.len() > 8 {
+        Ok(Ns::Trusted)
+    } else if name.starts_with(b"security.") && name.len() > 9 {
+        Ok(Ns::Security)
+    } else {
+        // system.* (ACLs) and unknown namespaces are not supported.
+        Err(Errno::EOPNOTSUPP)
+    }
+}
+
+impl Mdt {
+    fn check_xattr_access(
+        &self,
+        ns: &Ns,
+        rec: &InodeRec,
+        fid: Fid,
+        cred: &Cred,
+        want: u32,
+    ) -> Result<(), Errno> {
+        let attr = rec.attr(fid);
+        match ns {
+            Ns::User => {
+                let ft = rec.mode & libc::S_IFMT;
+                if ft != libc::S_IFREG && ft != libc::S_IFDIR {
+                    return Err(if want == MAY_WRITE {
+                        Errno::EPERM
+                    } else {
+                        Errno::ENODATA
+                    });
+                }
+                if !may_access(&attr, cred, want) {
+                    return Err(Errno::EACCES);
+                }
+                if want == MAY_WRITE
+                    && is_dir(rec.mode)
+                    && rec.mode & libc::S_ISVTX != 0
+                    && !is_owner_or_root(&attr, cred)
+                {
+                    return Err(Errno::EPERM);
+                }
+            }
+            Ns::Trusted => {
+                if cred.uid != 0 {
+                    return Err(if want == MAY_WRITE {
+                        Errno::EPERM
+                    } else {
+                        Errno::ENODATA
+                    });
+                }
+            }
+            Ns::Security => {
+                if want == MAY_WRITE && !is_owner_or_root(&attr, cred) {
+                    return Err(Errno::EPERM);
+                }
+            }
+            Ns::Lov => {
+                if want == MAY_WRITE && !is_owner_or_root(&attr, cred) {
+                    return Err(Errno::EPERM);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn getxattr(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        name: &[u8],
+        size: u32,
+    ) -> OpResult<XattrRep> {
+        let ns = namespace(name)?;
+        let rec = self.inode(fid)?;
+        self.check_xattr_access(&ns, &rec, fid, cred, MAY_READ)?;
+        let value = match ns {
+            Ns::Lov => match &rec.layout {
+                Some(l) => lode_base::layout::encode_xattr(l),
+                None => return Err(Errno::ENODATA.into()),
+            },
+            _ => self
+                .store
+                .engine()
+                .get(Cf::Xattr, &xattr_key(fid, name))?
+                .ok_or(Errno::ENODATA)?,
+        };
+        size_reply(value, size)
+    }
+
+    pub(crate) fn listxattr(&self, cred: &Cred, fid: Fid, size: u32) -> OpResult<XattrRep> {
+        let rec = self.inode(fid)?;
+        let mut out = Vec::new();
+        let mut over = false;
+        self.store
+            .engine()
+            .scan(Cf::Xattr, &fid.to_bytes(), b"", &mut |k, _| {
+                let name = &k[16..];
+                if name.starts_with(b"trusted.") && cred.uid != 0 {
+                    return true;
+                }
+                out.extend_from_slice(name);
+                out.push(0);
+                if out.len() > XATTR_LIST_MAX {
+                    over = true;
+                    return false;
+                }
+                true
+            })?;
+        if over {
+            return Err(Errno::E2BIG.into());
+        }
+        if rec.layout.is_some() && (rec.mode & libc::S_IFMT == libc::S_IFREG) {
+            out.extend_from_slice(LOV_XATTR);
+            out.push(0);
+        }
+        size_reply(out, size)
+    }
+
+    pub(crate) fn setxattr(
+        &self,
+        ctx: &Ctx,
+        cred: &Cred,
+        fid: Fid,
+        name: &[u8],
+        value: Option<Vec<u8>>,
+        flags: u32,
+    ) -> OpResult<u64> {
+        let ns = namespace(name)?;
+        if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 || flags == XATTR_CREATE | XATTR_REPLACE {
+            return Err(Errno::EINVAL.into());
+        }
+        if value.as_ref().is_some_and(|v| v.len() > XATTR_SIZE_MAX) {
+            return Err(Errno::E2BIG.into());
+        }
+        if value.is_some() {
+            self.check_space()?;
+        }
+        let mut held = self.pdo.lock(&[], &[]);
+        self.pdo.lock_inodes(&mut held, &[fid]);
+        let mut rec = self.inode(fid)?;
+        self.check_xattr_access(&ns, &rec, fid, cred, MAY_WRITE)?;
+        let now = now_ns();
+        let mut b = Batch::new();
+        if let Ns::Lov = ns {
+            self.set_layout_xattr(&mut rec, value)?;
+        } else {
+            let key = xattr_key(fid, name);
+            let exists = self.store.engine().get(Cf::Xattr, &key)?.is_some();
+            if flags & XATTR_CREATE != 0 && exists {
+                return Err(Errno::EEXIST.into());
+            }
+            if (flags & XATTR_REPLACE != 0 || value.is_none()) && !exists {
+                return Err(Errno::ENODATA.into());
+            }
+            match value {
+                Some(v) => b.put(Cf::Xattr, key, v),
+                None => b.delete(Cf::Xattr, key),
+            }
+        }
+        rec.ctime = now;
+        put_inode(&mut b, fid, &rec);
+        self.commit(ctx, b, &Reply::Setxattr(Empty {}))
+    }
+
+    /// setstripe through the xattr: a directory's default layout (removed with an
+    /// empty value), or a regular file's layout while it has no data yet.
+    fn set_layout_xattr(&self, rec: &mut InodeRec, value: Option<Vec<u8>>) -> OpResult<()> {
+        let ft = rec.mode & libc::S_IFMT;
+        let parsed = match &value {
+            Some(v) if !v.is_empty() => {
+                Some(lode_base::layout::decode_xattr(v).ok_or(Errno::EINVAL)?)
+            }
+            _ => None,
+        };
+        if ft == libc::S_IFDIR {
+            if let Some(l) = &parsed {
+                l.validate(self.osts.count().max(1))?;
+            }
+            rec.layout = parsed;
+            return Ok(());
+        }
+        if ft != libc::S_IFREG {
+            return Err(Errno::EINVAL.into());
+        }
+        let Some(l) = parsed else {
+            return Err(Errno::EINVAL.into());
+        };
+        if rec.flags & INODE_DATA != 0 || rec.size != 0 {
+            // Lustre refuses to change the layout of a file that has objects with data.
+            return Err(Errno::EBUSY.into());
+        }
+        let new: Layout = self.new_layout(Some(&l), None)?;
+        rec.layout = Some(Layout {
+            gen: rec.layout.as_ref().map_or(0, |o| o.gen + 1),
+            ..new
+        });
+        Ok(())
+    }
+}
+
+fn size_reply(value: Vec<u8>, size: u32) -> OpResult<XattrRep> {
+    let len = value.len() as u32;
+    if size == 0 {
+        return Ok(XattrRep {
+            value: Vec::new(),
+            size: len,
+        });
+    }
+    if len > size {
+        return Err(Errno::ERANGE.into());
+    }
+    Ok(XattrRep { value, size: len })
+}

@@ -1,0 +1,228 @@
+//! The management service: the file system's config (targets and their addresses,
+//! persistent parameters), and the client calls servers and clients use to reach it.
+
+pub mod client;
+
+use lode_base::limits::TARGETS_MAX;
+use lode_base::Errno;
+use lode_proto::{
+    ConnectRep, Empty, MgsConfigRep, MgsRegisterReq, Opcode, Reply, Request, TargetInfo,
+    TargetKind, CONNECT_SUPPORTED,
+};
+use lode_rpc::{Incoming, OpStats, Outgoing, Service};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use tracing::{info, warn};
+
+/// File holding the registered targets.
+const TARGETS_FILE: &str = "targets";
+
+#[derive(Default, Serialize, Deserialize)]
+struct State {
+    targets: Vec<TargetInfo>,
+    params: Vec<(String, String)>,
+}
+
+/// The MGS.
+pub struct Mgs {
+    fsname: String,
+    key: Vec<u8>,
+    dir: PathBuf,
+    state: Mutex<State>,
+    stats: OpStats,
+}
+
+impl Mgs {
+    /// Opens the MGS state in `dir`.
+    pub fn open(dir: &Path, fsname: String, key: Vec<u8>) -> std::io::Result<Mgs> {
+        let state = match std::fs::read(dir.join(TARGETS_FILE)) {
+            Ok(b) => postcard::from_bytes(&b).map_err(|e| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("targets: {e}"))
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
+            Err(e) => return Err(e),
+        };
+        Ok(Mgs {
+            fsname,
+            key,
+            dir: dir.to_path_buf(),
+            state: Mutex::new(state),
+            stats: OpStats::default(),
+        })
+    }
+
+    /// Registered targets.
+    pub fn targets(&self) -> Vec<TargetInfo> {
+        self.state.lock().targets.clone()
+    }
+
+    /// Sets (or with `None` deletes) a persistent parameter.
+    pub fn set_param(&self, name: &str, value: Option<&str>) -> std::io::Result<()> {
+        let mut st = self.state.lock();
+        st.params.retain(|(n, _)| n != name);
+        if let Some(v) = value {
+            st.params.push((name.to_string(), v.to_string()));
+        }
+        self.save(&st)
+    }
+
+    fn save(&self, st: &State) -> std::io::Result<()> {
+        let bytes = postcard::to_stdvec(st).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let tmp = self.dir.join(format!("{TARGETS_FILE}.tmp"));
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, self.dir.join(TARGETS_FILE))?;
+        std::fs::File::open(&self.dir)?.sync_all()
+    }
+
+    fn register(&self, r: MgsRegisterReq) -> Result<(), Errno> {
+        if r.fsname != self.fsname {
+            return Err(Errno::EINVAL);
+        }
+        let t = r.target;
+        let want = match t.kind {
+            TargetKind::Mdt => format!("{}-MDT{:04x}", self.fsname, t.index),
+            TargetKind::Ost => format!("{}-OST{:04x}", self.fsname, t.index),
+        };
+        if t.name != want
+            || t.index as usize >= TARGETS_MAX
+            || t.addr.len() > 256
+            || t.uuid.len() > 64
+        {
+            return Err(Errno::EINVAL);
+        }
+        let mut st = self.state.lock();
+        match st.targets.iter_mut().find(|o| o.name == t.name) {
+            Some(o) if o.uuid != t.uuid => {
+                warn!(target = %t.name, "refusing registration: already registered with another UUID");
+                return Err(Errno::EEXIST);
+            }
+            Some(o) if *o == t => return Ok(()),
+            Some(o) => {
+                info!(target = %t.name, addr = %t.addr, "target moved");
+                *o = t;
+            }
+            None => {
+                if st.targets.len() >= TARGETS_MAX {
+                    return Err(Errno::ENOSPC);
+                }
+                info!(target = %t.name, addr = %t.addr, "target registered");
+                st.targets.push(t);
+            }
+        }
+        st.targets.sort_by(|a, b| a.name.cmp(&b.name));
+        self.save(&st).map_err(|e| Errno::from_io(&e))
+    }
+}
+
+impl Service for Mgs {
+    fn handle(&self, inc: &Incoming) -> Outgoing {
+        let req = match Request::decode(inc.header.opcode, &inc.body) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(peer = %inc.peer, "bad request: {e}");
+                return Outgoing::error(Errno::EPROTO);
+            }
+        };
+        let rep = match req {
+            Request::Connect(c) => {
+                if c.fsname != self.fsname {
+                    warn!(peer = %inc.peer, "refusing connect for file system {:?}", c.fsname);
+                    return Outgoing::error(Errno::EINVAL);
+                }
+                if !lode_rpc::auth::verify(&self.key, &c.client_uuid, &c.target, &c.auth) {
+                    warn!(peer = %inc.peer, "refusing connect: bad key");
+                    return Outgoing::error(Errno::EACCES);
+                }
+                Ok(Reply::Connect(ConnectRep {
+                    handle: rand::random::<u64>() | 1,
+                    flags: c.flags & CONNECT_SUPPORTED,
+                    max_mod_rpcs: 1,
+                    target_uuid: "MGS".into(),
+                    index: 0,
+                }))
+            }
+            Request::Ping(_) => Ok(Reply::Ping(Empty {})),
+            Request::MgsRegister(r) => self.register(r).map(|_| Reply::MgsRegister(Empty {})),
+            Request::MgsConfig(_) => {
+                let st = self.state.lock();
+                Ok(Reply::MgsConfig(MgsConfigRep {
+                    fsname: self.fsname.clone(),
+                    targets: st.targets.clone(),
+                    params: st.params.clone(),
+                }))
+            }
+            _ => Err(Errno::EOPNOTSUPP),
+        };
+        match rep {
+            Ok(r) => Outgoing {
+                body: r.encode(),
+                ..Default::default()
+            },
+            Err(e) => Outgoing::error(e),
+        }
+    }
+
+    fn stats(&self) -> Option<&OpStats> {
+        Some(&self.stats)
+    }
+}
+
+/// The opcodes the MGS serves (for documentation and tests).
+pub const MGS_OPCODES: &[Opcode] = &[
+    Opcode::Connect,
+    Opcode::Ping,
+    Opcode::MgsRegister,
+    Opcode::MgsConfig,
+];
+
+/// Parameters of the MGS process.
+pub struct MgsParams(pub std::sync::Arc<Mgs>);
+
+impl lode_rpc::admin::Params for MgsParams {
+    fn names(&self) -> Vec<String> {
+        vec![
+            "mgs.MGS.stats".into(),
+            "mgs.MGS.targets".into(),
+            "mgs.MGS.fsname".into(),
+        ]
+    }
+
+    fn get(&self, name: &str) -> Option<String> {
+        Some(match name {
+            "mgs.MGS.stats" => self.0.stats.render(),
+            "mgs.MGS.fsname" => self.0.fsname.clone(),
+            "mgs.MGS.targets" => {
+                let mut s = String::new();
+                for t in self.0.targets() {
+                    s.push_str(&format!("{} {} {}\n", t.name, t.addr, t.uuid));
+                }
+                s
+            }
+            _ => return None,
+        })
+    }
+
+    fn set(&self, name: &str, _value: &str) -> Result<(), String> {
+        match name {
+            "mgs.MGS.stats" => {
+                self.0.stats.clear();
+                Ok(())
+            }
+            _ => Err("read-only parameter".into()),
+        }
+    }
+
+    fn prometheus(&self) -> String {
+        let mut s = String::new();
+        self.0.stats.prometheus("lode_mgs", "MGS", &mut s);
+        s.push_str(&format!(
+            "# TYPE lode_mgs_targets gauge\nlode_mgs_targets {}\n",
+            self.0.targets().len()
+        ));
+        s
+    }
+}

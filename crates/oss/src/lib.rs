@@ -1,0 +1,337 @@
+//! The object service: one OST. Objects are named by (file FID, component, stripe),
+//! created on first write, and stored as plain files under the OST directory.
+
+use lode_base::limits::BULK_MAX;
+use lode_base::Errno;
+use lode_proto::{
+    ConnectRep, DataRep, Empty, ObjAttr, ObjAttrsRep, ObjId, Reply, Request, StatfsRep,
+    CONNECT_SUPPORTED,
+};
+use lode_rpc::{Incoming, OpStats, Outgoing, Service};
+use parking_lot::RwLock;
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::PathBuf;
+use tracing::{info, warn};
+
+/// Identity of an OST.
+#[derive(Clone, Debug)]
+pub struct OstConfig {
+    /// File system.
+    pub fsname: String,
+    /// OST index.
+    pub index: u32,
+    /// Target UUID.
+    pub uuid: String,
+    /// Target directory.
+    pub dir: PathBuf,
+    /// Shared key.
+    pub key: Vec<u8>,
+}
+
+impl OstConfig {
+    /// `FSNAME-OSTxxxx`.
+    pub fn target_name(&self) -> String {
+        format!("{}-OST{:04x}", self.fsname, self.index)
+    }
+}
+
+/// One object storage target.
+pub struct Ost {
+    cfg: OstConfig,
+    objects: PathBuf,
+    handles: RwLock<HashSet<u64>>,
+    stats: OpStats,
+}
+
+fn io_errno(e: &std::io::Error) -> Errno {
+    Errno::from_io(e)
+}
+
+impl Ost {
+    /// Opens the OST over its directory.
+    pub fn open(cfg: OstConfig) -> std::io::Result<Ost> {
+        let objects = cfg.dir.join("O");
+        std::fs::create_dir_all(&objects)?;
+        Ok(Ost {
+            cfg,
+            objects,
+            handles: RwLock::new(HashSet::new()),
+            stats: OpStats::default(),
+        })
+    }
+
+    /// The file of an object. Every part is a number, so no input can name a path
+    /// outside the OST directory.
+    pub fn object_path(&self, o: &ObjId) -> PathBuf {
+        self.objects
+            .join(format!("{:x}", o.fid.seq))
+            .join(format!("{:02x}", o.fid.oid & 0xff))
+            .join(format!(
+                "{:x}_{:x}_{}_{}",
+                o.fid.oid, o.fid.ver, o.comp, o.stripe
+            ))
+    }
+
+    fn open_obj(&self, o: &ObjId, create: bool) -> Result<Option<File>, Errno> {
+        let p = self.object_path(o);
+        let r = OpenOptions::new()
+            .read(true)
+            .write(create)
+            .create(create)
+            .truncate(false)
+            .open(&p);
+        match r {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == ErrorKind::NotFound && create => {
+                if let Some(parent) = p.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| io_errno(&e))?;
+                }
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&p)
+                    .map(Some)
+                    .map_err(|e| io_errno(&e))
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_errno(&e)),
+        }
+    }
+
+    fn read(&self, o: &ObjId, off: u64, len: u32) -> Result<Vec<u8>, Errno> {
+        if len as usize > BULK_MAX {
+            return Err(Errno::EINVAL);
+        }
+        let Some(f) = self.open_obj(o, false)? else {
+            return Ok(Vec::new());
+        };
+        let size = f.metadata().map_err(|e| io_errno(&e))?.len();
+        let n = size.saturating_sub(off).min(u64::from(len)) as usize;
+        let mut buf = vec![0u8; n];
+        f.read_exact_at(&mut buf, off).map_err(|e| io_errno(&e))?;
+        Ok(buf)
+    }
+
+    fn write(&self, o: &ObjId, off: u64, data: &[u8]) -> Result<(), Errno> {
+        if data.len() > BULK_MAX {
+            return Err(Errno::EINVAL);
+        }
+        if off
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > lode_base::limits::FILE_SIZE_MAX)
+        {
+            return Err(Errno::EFBIG);
+        }
+        let f = self.open_obj(o, true)?.ok_or(Errno::EIO)?;
+        if let Err(e) = f.write_all_at(data, off) {
+            let errno = io_errno(&e);
+            if errno == Errno::ENOSPC {
+                warn!(target = %self.cfg.target_name(), "out of space writing {:?}", o);
+            }
+            return Err(errno);
+        }
+        Ok(())
+    }
+
+    fn punch(&self, o: &ObjId, size: u64) -> Result<(), Errno> {
+        match self.open_obj(o, size > 0)? {
+            Some(f) => f.set_len(size).map_err(|e| io_errno(&e)),
+            None => Ok(()),
+        }
+    }
+
+    fn getattr(&self, objs: &[ObjId]) -> Result<ObjAttrsRep, Errno> {
+        let mut attrs = Vec::with_capacity(objs.len());
+        for o in objs {
+            attrs.push(match std::fs::metadata(self.object_path(o)) {
+                Ok(m) => ObjAttr {
+                    size: m.len(),
+                    blocks: m.blocks(),
+                    mtime: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                },
+                Err(e) if e.kind() == ErrorKind::NotFound => ObjAttr::default(),
+                Err(e) => return Err(io_errno(&e)),
+            });
+        }
+        Ok(ObjAttrsRep { attrs })
+    }
+
+    fn sync(&self, objs: &[ObjId]) -> Result<(), Errno> {
+        if objs.is_empty() {
+            let d = File::open(&self.objects).map_err(|e| io_errno(&e))?;
+            return nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d))
+                .map_err(|e| Errno(e as i32));
+        }
+        for o in objs {
+            if let Some(f) = self.open_obj(o, false)? {
+                f.sync_all().map_err(|e| io_errno(&e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn destroy(&self, objs: &[ObjId]) -> Result<(), Errno> {
+        for o in objs {
+            match std::fs::remove_file(self.object_path(o)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(io_errno(&e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn statfs(&self) -> Result<StatfsRep, Errno> {
+        lode_base::sys::statvfs(&self.cfg.dir)
+            .map(StatfsRep::from)
+            .map_err(|e| io_errno(&e))
+    }
+
+    fn dispatch(&self, inc: &Incoming, req: Request) -> Result<Reply, Errno> {
+        if let Request::Connect(c) = &req {
+            if c.fsname != self.cfg.fsname {
+                warn!(peer = %inc.peer, "refusing connect for file system {:?}", c.fsname);
+                return Err(Errno::EINVAL);
+            }
+            if c.target != self.cfg.target_name() {
+                return Err(Errno::ENODEV);
+            }
+            if !lode_rpc::auth::verify(&self.cfg.key, &c.client_uuid, &c.target, &c.auth) {
+                warn!(peer = %inc.peer, "refusing connect: bad key");
+                return Err(Errno::EACCES);
+            }
+            let handle = rand::random::<u64>() | 1;
+            self.handles.write().insert(handle);
+            info!(client = %c.client_uuid, peer = %inc.peer, "client connected");
+            return Ok(Reply::Connect(ConnectRep {
+                handle,
+                flags: c.flags & CONNECT_SUPPORTED,
+                max_mod_rpcs: 1,
+                target_uuid: self.cfg.uuid.clone(),
+                index: self.cfg.index,
+            }));
+        }
+        if !self.handles.read().contains(&inc.header.handle) {
+            return Err(Errno::ENOTCONN);
+        }
+        Ok(match req {
+            Request::Ping(_) => Reply::Ping(Empty {}),
+            Request::Disconnect(_) => {
+                self.handles.write().remove(&inc.header.handle);
+                Reply::Disconnect(Empty {})
+            }
+            Request::Statfs(_) => Reply::Statfs(self.statfs()?),
+            Request::OstRead(r) => Reply::OstRead(DataRep {
+                data: self.read(&r.obj, r.offset, r.len)?,
+            }),
+            Request::OstWrite(r) => {
+                self.write(&r.obj, r.offset, &r.data)?;
+                Reply::OstWrite(Empty {})
+            }
+            Request::Punch(r) => {
+                self.punch(&r.obj, r.size)?;
+                Reply::Punch(Empty {})
+            }
+            Request::OstGetattr(r) => Reply::OstGetattr(self.getattr(bounded(&r.objs)?)?),
+            Request::OstSync(r) => {
+                self.sync(bounded(&r.objs)?)?;
+                Reply::OstSync(Empty {})
+            }
+            Request::Destroy(r) => {
+                self.destroy(bounded(&r.objs)?)?;
+                Reply::Destroy(Empty {})
+            }
+            _ => return Err(Errno::EOPNOTSUPP),
+        })
+    }
+}
+
+fn bounded(objs: &[ObjId]) -> Result<&[ObjId], Errno> {
+    if objs.len() > 4096 {
+        return Err(Errno::E2BIG);
+    }
+    Ok(objs)
+}
+
+impl Service for Ost {
+    fn handle(&self, inc: &Incoming) -> Outgoing {
+        let req = match Request::decode(inc.header.opcode, &inc.body) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(peer = %inc.peer, "bad request: {e}");
+                return Outgoing::error(Errno::EPROTO);
+            }
+        };
+        match self.dispatch(inc, req) {
+            Ok(r) => Outgoing {
+                body: r.encode(),
+                ..Default::default()
+            },
+            Err(e) => Outgoing::error(e),
+        }
+    }
+
+    fn stats(&self) -> Option<&OpStats> {
+        Some(&self.stats)
+    }
+}
+
+/// Parameters of one OSS process (`obdfilter.FSNAME-OSTxxxx.*`, `fail_loc`).
+pub struct OstParams(pub std::sync::Arc<Ost>);
+
+impl lode_rpc::admin::Params for OstParams {
+    fn names(&self) -> Vec<String> {
+        let t = self.0.cfg.target_name();
+        vec![
+            format!("obdfilter.{t}.stats"),
+            format!("obdfilter.{t}.uuid"),
+            format!("obdfilter.{t}.num_exports"),
+            format!("obdfilter.{t}.fail_loc"),
+            format!("obdfilter.{t}.fail_val"),
+            format!("obdfilter.{t}.rpc_delay_us"),
+        ]
+    }
+
+    fn get(&self, name: &str) -> Option<String> {
+        let t = self.0.cfg.target_name();
+        let p = name.strip_prefix(&format!("obdfilter.{t}."))?;
+        Some(match p {
+            "stats" => self.0.stats.render(),
+            "uuid" => self.0.cfg.uuid.clone(),
+            "num_exports" => self.0.handles.read().len().to_string(),
+            "fail_loc" => format!("{:#x}", lode_rpc::fail::loc()),
+            "fail_val" => lode_rpc::fail::val().to_string(),
+            "rpc_delay_us" => lode_rpc::fail::rpc_delay_us().to_string(),
+            _ => return None,
+        })
+    }
+
+    fn set(&self, name: &str, value: &str) -> Result<(), String> {
+        let t = self.0.cfg.target_name();
+        let p = name
+            .strip_prefix(&format!("obdfilter.{t}."))
+            .ok_or("no such parameter")?;
+        let num = || lode_rpc::admin::parse_num(value);
+        match p {
+            "stats" => self.0.stats.clear(),
+            "fail_loc" => lode_rpc::fail::set_loc(num()? as u32),
+            "fail_val" => lode_rpc::fail::set_val(num()? as u32),
+            "rpc_delay_us" => lode_rpc::fail::set_rpc_delay_us(num()?),
+            _ => return Err("read-only parameter".into()),
+        }
+        Ok(())
+    }
+
+    fn prometheus(&self) -> String {
+        let mut s = String::new();
+        self.0
+            .stats
+            .prometheus("lode_ost", &self.0.cfg.target_name(), &mut s);
+        s
+    }
+}

@@ -1,0 +1,182 @@
+//! Frame and header encoding. Decoding never panics and never allocates more than the
+//! frame it was given.
+
+use lode_base::limits::RPC_SIZE_MAX;
+
+/// Frame magic, `LODE` in ASCII.
+pub const MAGIC: u32 = 0x4c4f_4445;
+/// Wire format version; bumped whenever a golden test has to change.
+pub const PROTO_VERSION: u16 = 1;
+/// Size of the fixed header.
+pub const HEADER_LEN: usize = 64;
+/// Size of the length and CRC fields before the header.
+pub const PREFIX_LEN: usize = 8;
+
+/// Request flag: this is a resend of a request that may have been executed.
+pub const FLAG_RESENT: u16 = 0x2;
+/// Request flag: this is a replay of a request whose reply was received.
+pub const FLAG_REPLAY: u16 = 0x4;
+/// Header flag: this frame is a reply.
+pub const FLAG_REPLY: u16 = 0x100;
+
+/// The fixed header of every request and reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Header {
+    /// Message opcode.
+    pub opcode: u16,
+    /// `FLAG_*` bits.
+    pub flags: u16,
+    /// Modify slot (1..=max_mod_rpcs); 0 for requests that modify nothing.
+    pub tag: u16,
+    /// Reply status: 0 or a negative errno.
+    pub status: i32,
+    /// Request id, unique and increasing per import; the reply echoes it.
+    pub xid: u64,
+    /// Connection handle granted at CONNECT.
+    pub handle: u64,
+    /// Requests: every xid at or below this was replied to (reply records may go).
+    pub last_xid: u64,
+    /// Replies: transaction number of the change (0 if none or on error).
+    pub transno: u64,
+    /// Replies: highest transno known durable on the target.
+    pub last_committed: u64,
+    /// Replies: microseconds the server spent on the request.
+    pub service_us: u32,
+    /// Connection generation, bumped on every reconnect.
+    pub conn_cnt: u32,
+}
+
+/// Why a frame was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FrameError {
+    /// The length field is below the minimum or above `rpc_size_max`.
+    #[error("frame length {0} out of bounds")]
+    Length(usize),
+    /// The CRC does not match the bytes.
+    #[error("frame checksum mismatch")]
+    Checksum,
+    /// The header magic is wrong: not a lode peer.
+    #[error("bad magic {0:#x}")]
+    Magic(u32),
+    /// The peer speaks another wire version.
+    #[error("protocol version {0} not supported (this is {PROTO_VERSION})")]
+    Version(u16),
+    /// Fewer bytes than the frame claims.
+    #[error("truncated frame")]
+    Truncated,
+}
+
+impl Header {
+    /// Writes the 64 header bytes.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&MAGIC.to_le_bytes());
+        out.extend_from_slice(&PROTO_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.opcode.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        out.extend_from_slice(&self.tag.to_le_bytes());
+        out.extend_from_slice(&self.status.to_le_bytes());
+        out.extend_from_slice(&self.xid.to_le_bytes());
+        out.extend_from_slice(&self.handle.to_le_bytes());
+        out.extend_from_slice(&self.last_xid.to_le_bytes());
+        out.extend_from_slice(&self.transno.to_le_bytes());
+        out.extend_from_slice(&self.last_committed.to_le_bytes());
+        out.extend_from_slice(&self.service_us.to_le_bytes());
+        out.extend_from_slice(&self.conn_cnt.to_le_bytes());
+    }
+
+    /// Parses a header from at least [`HEADER_LEN`] bytes.
+    pub fn read(b: &[u8]) -> Result<Header, FrameError> {
+        if b.len() < HEADER_LEN {
+            return Err(FrameError::Truncated);
+        }
+        let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[o..o + 8]);
+            u64::from_le_bytes(a)
+        };
+        let magic = u32_at(0);
+        if magic != MAGIC {
+            return Err(FrameError::Magic(magic));
+        }
+        let version = u16_at(4);
+        if version != PROTO_VERSION {
+            return Err(FrameError::Version(version));
+        }
+        Ok(Header {
+            opcode: u16_at(6),
+            flags: u16_at(8),
+            tag: u16_at(10),
+            status: u32_at(12) as i32,
+            xid: u64_at(16),
+            handle: u64_at(24),
+            last_xid: u64_at(32),
+            transno: u64_at(40),
+            last_committed: u64_at(48),
+            service_us: u32_at(56),
+            conn_cnt: u32_at(60),
+        })
+    }
+}
+
+/// A decoded frame: header plus body bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// The header.
+    pub header: Header,
+    /// The postcard body.
+    pub body: Vec<u8>,
+}
+
+/// Checks the length field of a frame before anything is allocated for it.
+pub fn check_len(len: u32) -> Result<usize, FrameError> {
+    let len = len as usize;
+    if !(4 + HEADER_LEN..=RPC_SIZE_MAX).contains(&len) {
+        return Err(FrameError::Length(len));
+    }
+    Ok(len)
+}
+
+impl Frame {
+    /// Encodes a whole frame (length, CRC, header, body) into one buffer.
+    pub fn encode(header: &Header, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(PREFIX_LEN + HEADER_LEN + body.len());
+        out.extend_from_slice(&[0u8; PREFIX_LEN]);
+        header.write(&mut out);
+        out.extend_from_slice(body);
+        let len = (out.len() - 4) as u32;
+        let crc = crc32c::crc32c(&out[PREFIX_LEN..]);
+        out[..4].copy_from_slice(&len.to_le_bytes());
+        out[4..8].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Decodes what follows the length field (`rest` = CRC, header, body), as read off a
+    /// stream after [`check_len`].
+    pub fn decode_rest(mut rest: Vec<u8>) -> Result<Frame, FrameError> {
+        if rest.len() < 4 + HEADER_LEN {
+            return Err(FrameError::Truncated);
+        }
+        let crc = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        if crc32c::crc32c(&rest[4..]) != crc {
+            return Err(FrameError::Checksum);
+        }
+        let header = Header::read(&rest[4..])?;
+        rest.drain(..4 + HEADER_LEN);
+        Ok(Frame { header, body: rest })
+    }
+
+    /// Decodes one frame from the start of `buf` (tests and tools; servers read streams).
+    pub fn decode(buf: &[u8]) -> Result<(Frame, usize), FrameError> {
+        if buf.len() < 4 {
+            return Err(FrameError::Truncated);
+        }
+        let len = check_len(u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]))?;
+        if buf.len() < 4 + len {
+            return Err(FrameError::Truncated);
+        }
+        let f = Frame::decode_rest(buf[4..4 + len].to_vec())?;
+        Ok((f, 4 + len))
+    }
+}

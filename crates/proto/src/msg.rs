@@ -1,0 +1,634 @@
+//! Opcodes and message bodies. Each opcode has one request and one reply struct; the
+//! [`Request`] and [`Reply`] enums tie them together and do the postcard coding.
+
+use lode_base::{Attr, Cred, Fid, Layout, SetAttr};
+use serde::{Deserialize, Serialize};
+
+/// Connect flag: several modify RPCs in flight, one reply record per tag.
+pub const CONNECT_MULTIMODRPCS: u64 = 0x1;
+/// Connect flag: Data-on-MDT.
+pub const CONNECT_DOM: u64 = 0x2;
+/// Connect flag: READDIR may return attributes (readdir+).
+pub const CONNECT_READDIR_PLUS: u64 = 0x4;
+/// Connect flag: BATCH_GETATTR.
+pub const CONNECT_BATCH_GETATTR: u64 = 0x8;
+/// Connect flag: lock callbacks (reserved).
+pub const CONNECT_LOCKS: u64 = 0x10;
+/// Flags this build understands; a server answers with the intersection.
+pub const CONNECT_SUPPORTED: u64 =
+    CONNECT_MULTIMODRPCS | CONNECT_READDIR_PLUS | CONNECT_BATCH_GETATTR;
+
+/// Readdir / getattr body for one inode: attributes plus layout, one read on the MDT.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdtBody {
+    /// Attributes.
+    pub attr: Attr,
+    /// The file's layout (regular files), or a directory's default layout.
+    pub layout: Option<Layout>,
+    /// True if OST objects may hold data, so the size needs a glimpse.
+    pub glimpse: bool,
+    /// Symlink target (empty for other types).
+    #[serde(with = "serde_bytes")]
+    pub symlink: Vec<u8>,
+}
+
+/// Who connects to what.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectReq {
+    /// File system name.
+    pub fsname: String,
+    /// Target name, e.g. `lode-MDT0000`.
+    pub target: String,
+    /// The client's UUID, stable for the client's life.
+    pub client_uuid: String,
+    /// `CONNECT_*` flags the client wants.
+    pub flags: u64,
+    /// Modify slots the client wants.
+    pub max_mod_rpcs: u16,
+    /// HMAC-SHA256 of the client UUID under the file system key (empty without a key).
+    #[serde(with = "serde_bytes")]
+    pub auth: Vec<u8>,
+}
+
+/// What the target granted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectRep {
+    /// Handle to put in every later header.
+    pub handle: u64,
+    /// Granted flags.
+    pub flags: u64,
+    /// Granted modify slots.
+    pub max_mod_rpcs: u16,
+    /// The target's UUID.
+    pub target_uuid: String,
+    /// Target index.
+    pub index: u32,
+}
+
+/// Nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Empty {}
+
+/// statfs of one target.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StatfsRep {
+    /// Block size.
+    pub bsize: u32,
+    /// Total blocks.
+    pub blocks: u64,
+    /// Free blocks.
+    pub bfree: u64,
+    /// Blocks available to users.
+    pub bavail: u64,
+    /// Total inodes.
+    pub files: u64,
+    /// Free inodes.
+    pub ffree: u64,
+    /// Longest name.
+    pub namelen: u32,
+}
+
+impl From<lode_base::sys::FsSpace> for StatfsRep {
+    fn from(s: lode_base::sys::FsSpace) -> StatfsRep {
+        StatfsRep {
+            bsize: s.bsize,
+            blocks: s.blocks,
+            bfree: s.bfree,
+            bavail: s.bavail,
+            files: s.files,
+            ffree: s.ffree,
+            namelen: lode_base::limits::NAME_MAX as u32,
+        }
+    }
+}
+
+/// A sequence grant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeqAllocRep {
+    /// The granted sequence.
+    pub seq: u64,
+    /// Object ids usable in it, from 1.
+    pub width: u32,
+}
+
+/// getattr by FID.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetattrReq {
+    /// Caller.
+    pub cred: Cred,
+    /// The inode.
+    pub fid: Fid,
+}
+
+/// lookup of a name in a directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupReq {
+    /// Caller (needs search permission on `parent`).
+    pub cred: Cred,
+    /// Directory.
+    pub parent: Fid,
+    /// Name.
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+}
+
+/// One readdir page request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReaddirReq {
+    /// Caller (needs read permission).
+    pub cred: Cred,
+    /// Directory.
+    pub fid: Fid,
+    /// First cookie wanted (0 = start).
+    pub cookie: u64,
+    /// Return attributes with each entry (readdir+).
+    pub plus: bool,
+}
+
+/// One directory entry in a readdir page.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// Name.
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    /// Child FID.
+    pub fid: Fid,
+    /// `d_type`.
+    pub dtype: u8,
+    /// Cookie of this entry (its name hash).
+    pub cookie: u64,
+    /// Attributes, in readdir+ pages.
+    pub body: Option<MdtBody>,
+}
+
+/// A readdir page.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReaddirRep {
+    /// Entries in cookie order; never a partial hash group.
+    pub entries: Vec<DirEntry>,
+    /// Cookie to ask for next; `END_COOKIE` at the end.
+    pub next: u64,
+}
+
+/// getattr of several inodes in one RPC.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchGetattrReq {
+    /// Caller.
+    pub cred: Cred,
+    /// Inodes.
+    pub fids: Vec<Fid>,
+}
+
+/// Per-FID results: a body or a negative errno.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchGetattrRep {
+    /// One per requested FID.
+    pub results: Vec<Result<MdtBody, i32>>,
+}
+
+/// create of any inode type, optionally opened (regular files).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateReq {
+    /// Caller.
+    pub cred: Cred,
+    /// Directory.
+    pub parent: Fid,
+    /// Name.
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    /// FID chosen by the client from its sequence.
+    pub fid: Fid,
+    /// Full mode (type and permissions, umask already applied).
+    pub mode: u32,
+    /// Device number for char/block nodes.
+    pub rdev: u64,
+    /// Symlink target.
+    #[serde(with = "serde_bytes")]
+    pub target: Vec<u8>,
+    /// Explicit layout (regular files) or default layout (directories).
+    pub layout: Option<Layout>,
+    /// Open the new file with these `O_*` flags (open intent); `O_EXCL` semantics apply.
+    pub open_flags: Option<u32>,
+}
+
+/// Result of a create or open.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateRep {
+    /// The inode.
+    pub body: MdtBody,
+    /// Open handle, if opened.
+    pub handle: Option<u64>,
+}
+
+/// open of an existing inode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenReq {
+    /// Caller.
+    pub cred: Cred,
+    /// Inode.
+    pub fid: Fid,
+    /// `O_*` flags.
+    pub flags: u32,
+}
+
+/// close of an open handle.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloseReq {
+    /// Handle from open/create.
+    pub handle: u64,
+}
+
+/// unlink or rmdir.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnlinkReq {
+    /// Caller.
+    pub cred: Cred,
+    /// Directory.
+    pub parent: Fid,
+    /// Name.
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    /// rmdir (the entry must be an empty directory) instead of unlink.
+    pub rmdir: bool,
+}
+
+/// rename, with Linux `renameat2` flags.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameReq {
+    /// Caller.
+    pub cred: Cred,
+    /// Source directory.
+    pub src_parent: Fid,
+    /// Source name.
+    #[serde(with = "serde_bytes")]
+    pub src_name: Vec<u8>,
+    /// Target directory.
+    pub dst_parent: Fid,
+    /// Target name.
+    #[serde(with = "serde_bytes")]
+    pub dst_name: Vec<u8>,
+    /// `RENAME_NOREPLACE` (1) / `RENAME_EXCHANGE` (2).
+    pub flags: u32,
+}
+
+/// Hard link `fid` as `parent/name`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkReq {
+    /// Caller.
+    pub cred: Cred,
+    /// Inode to link.
+    pub fid: Fid,
+    /// Directory.
+    pub parent: Fid,
+    /// New name.
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+}
+
+/// setattr.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetattrReq {
+    /// Caller.
+    pub cred: Cred,
+    /// Inode.
+    pub fid: Fid,
+    /// Changes.
+    pub attr: SetAttr,
+    /// True if the caller holds the file open for writing (ftruncate skips the
+    /// write-permission check, as Linux does).
+    pub opened_for_write: bool,
+}
+
+/// getxattr / listxattr.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetxattrReq {
+    /// Caller.
+    pub cred: Cred,
+    /// Inode.
+    pub fid: Fid,
+    /// Name (ignored by LISTXATTR).
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    /// Caller's buffer size; 0 asks for the size only.
+    pub size: u32,
+}
+
+/// getxattr / listxattr result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XattrRep {
+    /// Value (or NUL-separated names); empty when only the size was asked.
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
+    /// Full size of the value.
+    pub size: u32,
+}
+
+/// setxattr / removexattr.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetxattrReq {
+    /// Caller.
+    pub cred: Cred,
+    /// Inode.
+    pub fid: Fid,
+    /// Name.
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    /// Value; `None` removes.
+    pub value: Option<serde_bytes::ByteBuf>,
+    /// `XATTR_CREATE` (1) / `XATTR_REPLACE` (2).
+    pub flags: u32,
+}
+
+/// Data-on-MDT read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomReadReq {
+    /// Inode.
+    pub fid: Fid,
+    /// Offset.
+    pub offset: u64,
+    /// Length.
+    pub len: u32,
+}
+
+/// Data-on-MDT write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomWriteReq {
+    /// Inode.
+    pub fid: Fid,
+    /// Offset.
+    pub offset: u64,
+    /// Bytes.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// Bytes read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataRep {
+    /// Bytes; shorter than asked at end of object.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// Result of SYNC: what is now durable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncRep {
+    /// The target's last committed transno after the sync.
+    pub committed: u64,
+}
+
+/// Names one OST object: `(file FID, component id, stripe index)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ObjId {
+    /// The file.
+    pub fid: Fid,
+    /// Component id.
+    pub comp: u32,
+    /// Stripe index.
+    pub stripe: u32,
+}
+
+/// OST read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstReadReq {
+    /// Object.
+    pub obj: ObjId,
+    /// Offset in the object.
+    pub offset: u64,
+    /// Bytes wanted (≤ BULK_MAX).
+    pub len: u32,
+}
+
+/// OST write; creates the object on first write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstWriteReq {
+    /// Object.
+    pub obj: ObjId,
+    /// Offset in the object.
+    pub offset: u64,
+    /// Bytes (≤ BULK_MAX).
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// OST punch: set the object's size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PunchReq {
+    /// Object.
+    pub obj: ObjId,
+    /// New object size.
+    pub size: u64,
+}
+
+/// Object attributes (glimpse).
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ObjAttr {
+    /// Object size (0 if it does not exist).
+    pub size: u64,
+    /// 512-byte blocks.
+    pub blocks: u64,
+    /// Modification time, ns.
+    pub mtime: i64,
+}
+
+/// Glimpse or sync or destroy of several objects.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjsReq {
+    /// Objects.
+    pub objs: Vec<ObjId>,
+}
+
+/// Glimpse results, one per object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjAttrsRep {
+    /// One per requested object.
+    pub attrs: Vec<ObjAttr>,
+}
+
+/// What kind of target registers with the MGS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TargetKind {
+    /// Metadata target.
+    Mdt,
+    /// Object storage target.
+    Ost,
+}
+
+/// One target in the MGS config.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetInfo {
+    /// Kind.
+    pub kind: TargetKind,
+    /// Index.
+    pub index: u32,
+    /// Name, e.g. `lode-OST0001`.
+    pub name: String,
+    /// `host:port` it serves on.
+    pub addr: String,
+    /// Target UUID.
+    pub uuid: String,
+}
+
+/// A server registers its target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MgsRegisterReq {
+    /// File system.
+    pub fsname: String,
+    /// Target.
+    pub target: TargetInfo,
+}
+
+/// The file system config.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MgsConfigRep {
+    /// File system.
+    pub fsname: String,
+    /// Every registered target.
+    pub targets: Vec<TargetInfo>,
+    /// Persistent parameters (`set-param -P`), in order.
+    pub params: Vec<(String, String)>,
+}
+
+macro_rules! messages {
+    ($( $(#[$doc:meta])* $op:ident = $code:literal : $req:ty => $rep:ty ,)*) => {
+        /// Every opcode of every service.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u16)]
+        pub enum Opcode { $( $(#[$doc])* $op = $code, )* }
+
+        impl Opcode {
+            /// The opcode with this wire value.
+            pub fn from_u16(v: u16) -> Option<Opcode> {
+                match v { $( $code => Some(Opcode::$op), )* _ => None }
+            }
+
+            /// Lower-case name, as stats files print it.
+            pub fn name(self) -> &'static str {
+                match self { $( Opcode::$op => stringify!($op), )* }
+            }
+
+            /// Every opcode.
+            pub const ALL: &'static [Opcode] = &[ $( Opcode::$op, )* ];
+        }
+
+        /// A request body, tagged by its opcode.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum Request { $( $(#[$doc])* $op($req), )* }
+
+        /// A reply body, tagged by the opcode of its request.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum Reply { $( $(#[$doc])* $op($rep), )* }
+
+        impl Request {
+            /// The opcode.
+            pub fn opcode(&self) -> Opcode {
+                match self { $( Request::$op(_) => Opcode::$op, )* }
+            }
+
+            /// postcard bytes of the body.
+            pub fn encode(&self) -> Vec<u8> {
+                let r = match self { $( Request::$op(b) => postcard::to_stdvec(b), )* };
+                r.expect("encoding to a Vec cannot fail")
+            }
+
+            /// Decodes a body for `opcode`; errors on unknown opcodes or bad bytes.
+            pub fn decode(opcode: u16, body: &[u8]) -> Result<Request, DecodeError> {
+                let op = Opcode::from_u16(opcode).ok_or(DecodeError::Opcode(opcode))?;
+                Ok(match op { $( Opcode::$op => Request::$op(postcard::from_bytes(body)?), )* })
+            }
+        }
+
+        impl Reply {
+            /// The opcode of the request this answers.
+            pub fn opcode(&self) -> Opcode {
+                match self { $( Reply::$op(_) => Opcode::$op, )* }
+            }
+
+            /// postcard bytes of the body.
+            pub fn encode(&self) -> Vec<u8> {
+                let r = match self { $( Reply::$op(b) => postcard::to_stdvec(b), )* };
+                r.expect("encoding to a Vec cannot fail")
+            }
+
+            /// Decodes a body for `opcode`.
+            pub fn decode(opcode: u16, body: &[u8]) -> Result<Reply, DecodeError> {
+                let op = Opcode::from_u16(opcode).ok_or(DecodeError::Opcode(opcode))?;
+                Ok(match op { $( Opcode::$op => Reply::$op(postcard::from_bytes(body)?), )* })
+            }
+        }
+    };
+}
+
+messages! {
+    /// Connect to a target.
+    Connect = 1: ConnectReq => ConnectRep,
+    /// Disconnect.
+    Disconnect = 2: Empty => Empty,
+    /// Liveness.
+    Ping = 3: Empty => Empty,
+    /// Space and inodes of a target.
+    Statfs = 4: Empty => StatfsRep,
+    /// Grant a FID sequence.
+    SeqAlloc = 10: Empty => SeqAllocRep,
+    /// Attributes by FID.
+    Getattr = 11: GetattrReq => MdtBody,
+    /// Name to FID, attributes and layout.
+    Lookup = 12: LookupReq => MdtBody,
+    /// One page of a directory.
+    Readdir = 13: ReaddirReq => ReaddirRep,
+    /// Several getattrs.
+    BatchGetattr = 14: BatchGetattrReq => BatchGetattrRep,
+    /// Create (with optional open intent).
+    Create = 15: CreateReq => CreateRep,
+    /// Open by FID.
+    Open = 16: OpenReq => CreateRep,
+    /// Close a handle.
+    Close = 17: CloseReq => Empty,
+    /// Unlink or rmdir.
+    Unlink = 18: UnlinkReq => Empty,
+    /// Rename.
+    Rename = 19: RenameReq => Empty,
+    /// Hard link.
+    Link = 20: LinkReq => MdtBody,
+    /// Change attributes.
+    Setattr = 21: SetattrReq => MdtBody,
+    /// Read an xattr.
+    Getxattr = 22: GetxattrReq => XattrRep,
+    /// Set or remove an xattr.
+    Setxattr = 23: SetxattrReq => Empty,
+    /// List xattr names.
+    Listxattr = 24: GetxattrReq => XattrRep,
+    /// Read Data-on-MDT bytes.
+    DomRead = 25: DomReadReq => DataRep,
+    /// Write Data-on-MDT bytes.
+    DomWrite = 26: DomWriteReq => Empty,
+    /// Make everything so far durable.
+    Sync = 27: Empty => SyncRep,
+    /// Read from an OST object.
+    OstRead = 40: OstReadReq => DataRep,
+    /// Write to an OST object.
+    OstWrite = 41: OstWriteReq => Empty,
+    /// Truncate an OST object.
+    Punch = 42: PunchReq => Empty,
+    /// Glimpse OST objects.
+    OstGetattr = 43: ObjsReq => ObjAttrsRep,
+    /// fsync OST objects (all if empty).
+    OstSync = 44: ObjsReq => Empty,
+    /// Destroy OST objects.
+    Destroy = 45: ObjsReq => Empty,
+    /// Register a target with the MGS.
+    MgsRegister = 60: MgsRegisterReq => Empty,
+    /// Fetch the file system config.
+    MgsConfig = 61: Empty => MgsConfigRep,
+}
+
+/// A body that does not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The opcode is not known.
+    #[error("unknown opcode {0}")]
+    Opcode(u16),
+    /// The body bytes are malformed.
+    #[error("malformed body: {0}")]
+    Body(#[from] postcard::Error),
+}

@@ -1,0 +1,15 @@
+//! RPC over TCP: framed connections, the server's dispatch to a bounded pool of service
+//! threads, the client import (xids, modify tags, in-flight limits, reconnect and
+//! resend), per-opcode statistics and fault injection (`fail_loc`).
+
+pub mod admin;
+pub mod auth;
+pub mod fail;
+pub mod import;
+pub mod server;
+pub mod stats;
+mod wire;
+
+pub use import::{Import, ImportConfig, Response};
+pub use server::{serve, Incoming, Outgoing, ServerConfig, Service};
+pub use stats::OpStats;

@@ -1,0 +1,327 @@
+//! Transactions and commits: every change is one batch that also holds its reply
+//! record; transnos are assigned inside the batch-apply critical section so WAL order
+//! is transno order; a commit thread syncs the WAL and only then publishes
+//! `last_committed`.
+
+use crate::engine::{Batch, Cf, Engine, StoreError};
+use crate::records::{self, reply_key};
+use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::error;
+
+const LAST_TRANSNO: &[u8] = b"last_transno";
+
+/// What a resent request gets back: the stored outcome of its first execution.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplyRecord {
+    /// xid of the request.
+    pub xid: u64,
+    /// Its transno.
+    pub transno: u64,
+    /// Its status.
+    pub status: i32,
+    /// Its reply body.
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
+}
+
+/// Where a reply record goes: the client's slot and the request's tag.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplySlot {
+    /// Client slot.
+    pub slot: u32,
+    /// Modify tag.
+    pub tag: u16,
+    /// Request xid.
+    pub xid: u64,
+}
+
+struct CommitState {
+    requested: bool,
+}
+
+/// The MDT's transactional store.
+pub struct MdtStore {
+    engine: Arc<dyn Engine>,
+    apply_lock: Mutex<()>,
+    last_transno: AtomicU64,
+    last_committed: AtomicU64,
+    stopped: AtomicBool,
+    interval_ms: AtomicU64,
+    commit: Mutex<CommitState>,
+    commit_cv: Condvar,
+    committed_cv: Condvar,
+    on_stop: Mutex<Option<Box<dyn Fn(&StoreError) + Send>>>,
+}
+
+impl MdtStore {
+    /// Opens the store over `engine`. What the engine holds after a restart is what
+    /// was committed (or written and not lost), so it all counts as committed.
+    pub fn open(engine: Arc<dyn Engine>) -> Result<Arc<MdtStore>, StoreError> {
+        let last = match engine.get(Cf::Server, LAST_TRANSNO)? {
+            Some(b) if b.len() == 8 => u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])),
+            Some(_) => return Err(StoreError::Corrupt("server", "last_transno".into())),
+            None => 0,
+        };
+        engine.sync()?;
+        Ok(Arc::new(MdtStore {
+            engine,
+            apply_lock: Mutex::new(()),
+            last_transno: AtomicU64::new(last),
+            last_committed: AtomicU64::new(last),
+            stopped: AtomicBool::new(false),
+            interval_ms: AtomicU64::new(100),
+            commit: Mutex::new(CommitState { requested: false }),
+            commit_cv: Condvar::new(),
+            committed_cv: Condvar::new(),
+            on_stop: Mutex::new(None),
+        }))
+    }
+
+    /// The engine, for reads.
+    pub fn engine(&self) -> &dyn Engine {
+        &*self.engine
+    }
+
+    /// Called once if the store stops after a failed write or sync.
+    pub fn set_on_stop(&self, f: Box<dyn Fn(&StoreError) + Send>) {
+        *self.on_stop.lock() = Some(f);
+    }
+
+    /// Sets `commit_interval_ms`.
+    pub fn set_commit_interval_ms(&self, ms: u64) {
+        self.interval_ms.store(ms.max(1), Ordering::Relaxed);
+    }
+
+    /// `commit_interval_ms`.
+    pub fn commit_interval_ms(&self) -> u64 {
+        self.interval_ms.load(Ordering::Relaxed)
+    }
+
+    /// Highest transno assigned.
+    pub fn last_transno(&self) -> u64 {
+        self.last_transno.load(Ordering::Acquire)
+    }
+
+    /// Highest transno known durable.
+    pub fn last_committed(&self) -> u64 {
+        self.last_committed.load(Ordering::Acquire)
+    }
+
+    /// True once a write or sync has failed.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    fn stop(&self, e: &StoreError) {
+        if !self.stopped.swap(true, Ordering::AcqRel) {
+            error!("store failure, stopping target: {e}");
+            if let Some(f) = self.on_stop.lock().as_ref() {
+                f(e);
+            }
+        }
+        self.committed_cv.notify_all();
+    }
+
+    /// Applies `batch` atomically with a reply record for `reply` (if any), assigning
+    /// the next transno. Returns the transno. Nothing is synced here.
+    pub fn apply(
+        &self,
+        mut batch: Batch,
+        reply: Option<(ReplySlot, i32, Vec<u8>)>,
+    ) -> Result<u64, StoreError> {
+        let _g = self.apply_lock.lock();
+        if self.is_stopped() {
+            return Err(StoreError::Stopped);
+        }
+        let transno = self.last_transno.load(Ordering::Relaxed) + 1;
+        if let Some((slot, status, body)) = reply {
+            let rec = ReplyRecord {
+                xid: slot.xid,
+                transno,
+                status,
+                body,
+            };
+            batch.put(
+                Cf::Reply,
+                reply_key(slot.slot, slot.tag),
+                records::encode(&rec),
+            );
+        }
+        batch.put(Cf::Server, LAST_TRANSNO, transno.to_le_bytes().to_vec());
+        if let Err(e) = self.engine.write(&batch) {
+            self.stop(&e);
+            return Err(e);
+        }
+        assert!(
+            transno > self.last_transno.load(Ordering::Relaxed),
+            "transno never goes backwards"
+        );
+        self.last_transno.store(transno, Ordering::Release);
+        Ok(transno)
+    }
+
+    /// Applies a batch that needs no transno (bookkeeping such as destroy records
+    /// being cleared); still stops the target on failure.
+    pub fn apply_untracked(&self, batch: &Batch) -> Result<(), StoreError> {
+        let _g = self.apply_lock.lock();
+        if self.is_stopped() {
+            return Err(StoreError::Stopped);
+        }
+        self.engine.write(batch).inspect_err(|e| self.stop(e))
+    }
+
+    /// The reply record stored for `(slot, tag)`.
+    pub fn reply_record(&self, slot: u32, tag: u16) -> Result<Option<ReplyRecord>, StoreError> {
+        match self.engine.get(Cf::Reply, &reply_key(slot, tag))? {
+            Some(b) => Ok(Some(records::decode("reply", &b)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Commits now and waits until everything applied before the call is durable.
+    pub fn sync(&self) -> Result<u64, StoreError> {
+        let want = self.last_transno();
+        let mut st = self.commit.lock();
+        loop {
+            if self.is_stopped() {
+                return Err(StoreError::Stopped);
+            }
+            if self.last_committed() >= want {
+                return Ok(self.last_committed());
+            }
+            st.requested = true;
+            self.commit_cv.notify_one();
+            self.committed_cv
+                .wait_for(&mut st, Duration::from_millis(100));
+        }
+    }
+
+    /// Runs the commit loop on a new thread until the store stops.
+    pub fn start_commit_thread(self: &Arc<Self>) -> std::io::Result<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("commit".into())
+            .spawn(move || me.commit_loop())?;
+        Ok(())
+    }
+
+    fn commit_loop(&self) {
+        loop {
+            {
+                let mut st = self.commit.lock();
+                if !st.requested {
+                    let ms = self.interval_ms.load(Ordering::Relaxed);
+                    self.commit_cv.wait_for(&mut st, Duration::from_millis(ms));
+                }
+                st.requested = false;
+            }
+            if self.is_stopped() {
+                return;
+            }
+            // Everything written before the sync starts is covered by it.
+            let target = self.last_transno();
+            if target > self.last_committed() {
+                if let Err(e) = self.engine.sync() {
+                    self.stop(&e);
+                    return;
+                }
+                self.last_committed.store(target, Ordering::Release);
+            }
+            let _st = self.commit.lock();
+            self.committed_cv.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fault::{FailNth, FaultPoint, Faulty};
+    use crate::rocks::RocksEngine;
+
+    #[test]
+    fn transno_and_reply_record_are_written_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let eng = Arc::new(RocksEngine::open(dir.path(), 8).unwrap());
+        let s = MdtStore::open(eng).unwrap();
+        s.start_commit_thread().unwrap();
+        let mut b = Batch::new();
+        b.put(Cf::Inode, b"k".to_vec(), b"v".to_vec());
+        let t = s
+            .apply(
+                b,
+                Some((
+                    ReplySlot {
+                        slot: 3,
+                        tag: 1,
+                        xid: 42,
+                    },
+                    0,
+                    vec![9],
+                )),
+            )
+            .unwrap();
+        assert_eq!(t, 1);
+        let r = s.reply_record(3, 1).unwrap().unwrap();
+        assert_eq!((r.xid, r.transno, r.body), (42, 1, vec![9]));
+        assert_eq!(s.sync().unwrap(), 1);
+        assert_eq!(s.last_committed(), 1);
+    }
+
+    #[test]
+    fn failed_sync_stops_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let eng = RocksEngine::open(dir.path(), 8).unwrap();
+        // Sync #1 is the one in open(); fail the first commit.
+        let eng = Arc::new(Faulty::new(
+            eng,
+            Arc::new(FailNth::new(FaultPoint::Sync, 2)),
+        ));
+        let s = MdtStore::open(eng).unwrap();
+        s.start_commit_thread().unwrap();
+        s.apply(Batch::new(), None).unwrap();
+        assert!(s.sync().is_err());
+        assert!(s.is_stopped());
+        assert!(matches!(
+            s.apply(Batch::new(), None),
+            Err(StoreError::Stopped)
+        ));
+        assert_eq!(s.last_committed(), 0);
+    }
+
+    #[test]
+    fn failed_write_stops_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let eng = RocksEngine::open(dir.path(), 8).unwrap();
+        let eng = Arc::new(Faulty::new(
+            eng,
+            Arc::new(FailNth::new(FaultPoint::Write, 2)),
+        ));
+        let s = MdtStore::open(eng).unwrap();
+        s.apply(Batch::new(), None).unwrap();
+        assert!(s.apply(Batch::new(), None).is_err());
+        assert!(matches!(
+            s.apply(Batch::new(), None),
+            Err(StoreError::Stopped)
+        ));
+        assert_eq!(s.last_transno(), 1);
+    }
+
+    #[test]
+    fn restart_keeps_last_transno() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
+            for _ in 0..5 {
+                s.apply(Batch::new(), None).unwrap();
+            }
+        }
+        let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
+        assert_eq!(s.last_transno(), 5);
+        assert_eq!(s.apply(Batch::new(), None).unwrap(), 6);
+    }
+}

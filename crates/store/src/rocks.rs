@@ -1,0 +1,134 @@
+//! The RocksDB engine.
+
+use crate::engine::{Batch, Cf, Engine, Op, StoreError};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBWithThreadMode, MultiThreaded, Options,
+    ReadOptions, WriteBatch, WriteOptions,
+};
+use std::path::Path;
+
+type Db = DBWithThreadMode<MultiThreaded>;
+
+/// RocksDB with one column family per keyspace.
+pub struct RocksEngine {
+    db: Db,
+}
+
+fn err(e: rocksdb::Error) -> StoreError {
+    StoreError::Engine(e.into_string())
+}
+
+impl RocksEngine {
+    /// Opens (creating if needed) the store at `path`, with `cache_mb` of block cache
+    /// for metadata (index and filter blocks pinned).
+    pub fn open(path: &Path, cache_mb: usize) -> Result<RocksEngine, StoreError> {
+        let cache = Cache::new_lru_cache(cache_mb.max(8) << 20);
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_max_background_jobs(2);
+        db_opts.set_keep_log_file_num(4);
+        db_opts.set_max_total_wal_size(256 << 20);
+        let cfs = Cf::ALL.iter().map(|cf| {
+            let mut bo = BlockBasedOptions::default();
+            bo.set_block_cache(&cache);
+            bo.set_cache_index_and_filter_blocks(true);
+            bo.set_pin_l0_filter_and_index_blocks_in_cache(true);
+            if matches!(cf, Cf::Inode | Cf::Dirent | Cf::Xattr | Cf::Reply) {
+                bo.set_bloom_filter(10.0, false);
+            }
+            let mut o = Options::default();
+            o.set_block_based_table_factory(&bo);
+            o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+            o.set_write_buffer_size(64 << 20);
+            if *cf == Cf::Dirent {
+                // Point lookups by (parent, hash) prefix.
+                o.set_prefix_extractor(rocksdb::SliceTransform::create_fixed_prefix(16));
+                o.set_memtable_prefix_bloom_ratio(0.1);
+            }
+            ColumnFamilyDescriptor::new(cf.name(), o)
+        });
+        let db = Db::open_cf_descriptors(&db_opts, path, cfs).map_err(err)?;
+        Ok(RocksEngine { db })
+    }
+
+    fn cf(&self, cf: Cf) -> Result<std::sync::Arc<rocksdb::BoundColumnFamily<'_>>, StoreError> {
+        self.db
+            .cf_handle(cf.name())
+            .ok_or_else(|| StoreError::Engine(format!("missing column family {}", cf.name())))
+    }
+}
+
+impl Engine for RocksEngine {
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.db.get_cf(&self.cf(cf)?, key).map_err(err)
+    }
+
+    fn write(&self, batch: &Batch) -> Result<(), StoreError> {
+        let mut wb = WriteBatch::default();
+        for op in &batch.ops {
+            match op {
+                Op::Put(cf, k, v) => wb.put_cf(&self.cf(*cf)?, k, v),
+                Op::Delete(cf, k) => wb.delete_cf(&self.cf(*cf)?, k),
+            }
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(false);
+        self.db.write_opt(wb, &wo).map_err(err)
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        self.db.flush_wal(true).map_err(err)
+    }
+
+    fn scan(
+        &self,
+        cf: Cf,
+        prefix: &[u8],
+        start: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        let mut ro = ReadOptions::default();
+        ro.set_total_order_seek(true);
+        if let Some(upper) = prefix_upper_bound(prefix) {
+            ro.set_iterate_upper_bound(upper);
+        }
+        let handle = self.cf(cf)?;
+        let mut it = self.db.raw_iterator_cf_opt(&handle, ro);
+        it.seek(if start < prefix { prefix } else { start });
+        while it.valid() {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else {
+                break;
+            };
+            if !k.starts_with(prefix) || !f(k, v) {
+                return Ok(());
+            }
+            it.next();
+        }
+        it.status().map_err(err)
+    }
+
+    fn estimate_keys(&self, cf: Cf) -> u64 {
+        self.cf(cf)
+            .ok()
+            .and_then(|h| {
+                self.db
+                    .property_int_value_cf(&h, "rocksdb.estimate-num-keys")
+                    .ok()
+                    .flatten()
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// The smallest key greater than every key starting with `prefix`.
+fn prefix_upper_bound(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut up = prefix.to_vec();
+    while let Some(last) = up.pop() {
+        if last < 0xff {
+            up.push(last + 1);
+            return Some(up);
+        }
+    }
+    None
+}

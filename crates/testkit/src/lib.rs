@@ -1,0 +1,246 @@
+//! Real clusters for tests: `lode mkfs` and `lode mgs|mds|oss` as separate processes on
+//! 127.0.0.1 in a temporary directory, each with its own log, killed on drop.
+
+use lode_client::{ClientConfig, Session};
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running cluster: one MGS, one MDT, `osts` OSTs.
+pub struct Cluster {
+    /// Everything lives under here (target dirs, logs, admin sockets).
+    pub dir: tempfile::TempDir,
+    bin: PathBuf,
+    /// File system name.
+    pub fsname: String,
+    /// MGS address.
+    pub mgs_addr: String,
+    addrs: BTreeMap<String, String>,
+    procs: BTreeMap<String, Child>,
+    osts: u32,
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Waits until `f` holds or `deadline` passes; panics with `what` on timeout.
+pub fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+impl Cluster {
+    /// Formats and starts a cluster with `osts` OSTs using the `lode` binary at `bin`.
+    pub fn start(bin: &Path, osts: u32) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("lode-test-")
+            .tempdir()
+            .expect("temp dir");
+        let mgs_addr = format!("127.0.0.1:{}", free_port());
+        let mut c = Cluster {
+            dir,
+            bin: bin.to_path_buf(),
+            fsname: "testfs".into(),
+            mgs_addr,
+            addrs: BTreeMap::new(),
+            procs: BTreeMap::new(),
+            osts,
+        };
+        c.mkfs("--mgs", 0, "mgs");
+        c.mkfs("--mdt", 0, "mdt0");
+        for i in 0..osts {
+            c.mkfs("--ost", i, &format!("ost{i}"));
+        }
+        c.addrs.insert("mgs".into(), c.mgs_addr.clone());
+        c.addrs
+            .insert("mdt0".into(), format!("127.0.0.1:{}", free_port()));
+        for i in 0..osts {
+            c.addrs
+                .insert(format!("ost{i}"), format!("127.0.0.1:{}", free_port()));
+        }
+        c.start_target("mgs");
+        c.start_target("mdt0");
+        for i in 0..osts {
+            c.start_target(&format!("ost{i}"));
+        }
+        c.wait_ready();
+        c
+    }
+
+    fn mkfs(&self, role: &str, index: u32, name: &str) {
+        let out = Command::new(&self.bin)
+            .args([
+                "mkfs",
+                role,
+                "--fsname",
+                &self.fsname,
+                "--index",
+                &index.to_string(),
+                "--mgsnode",
+                &self.mgs_addr,
+            ])
+            .arg(self.dir.path().join(name))
+            .output()
+            .expect("run lode mkfs");
+        assert!(
+            out.status.success(),
+            "mkfs {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The directory of a target (`mgs`, `mdt0`, `ost1`).
+    pub fn target_dir(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Where this cluster's admin sockets live (`LODE_RUN_DIR`).
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    /// A `lode` command with this cluster's run directory.
+    pub fn lode(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.env("LODE_RUN_DIR", self.run_dir());
+        c
+    }
+
+    /// Starts (or restarts) the server of target `name`.
+    pub fn start_target(&mut self, name: &str) {
+        let role = match name {
+            "mgs" => "mgs",
+            n if n.starts_with("mdt") => "mds",
+            _ => "oss",
+        };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{name}.log")))
+            .expect("log file");
+        let child = self
+            .lode()
+            .args([
+                role,
+                "--listen",
+                &self.addrs[name],
+                "--threads",
+                "4",
+                "--cache-mb",
+                "64",
+            ])
+            .arg(self.target_dir(name))
+            .env("LODE_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start server");
+        self.procs.insert(name.to_string(), child);
+        let addr = self.addrs[name].clone();
+        wait_for(
+            &format!("{name} to listen on {addr}"),
+            Duration::from_secs(30),
+            || std::net::TcpStream::connect(&addr).is_ok(),
+        );
+    }
+
+    fn wait_ready(&self) {
+        wait_for("every target to register", Duration::from_secs(30), || {
+            let Ok(s) = Session::connect(self.client_config()) else {
+                return false;
+            };
+            s.run(async { s.client.refresh_config().await.is_ok() })
+                && s.client.ost_count() == self.osts as usize
+        });
+    }
+
+    /// The client settings for this cluster (short timeout so failure tests end fast).
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new(&self.mgs_addr, &self.fsname);
+        c.timeout = Duration::from_secs(30);
+        c
+    }
+
+    /// A connected client.
+    pub fn client(&self) -> Session {
+        Session::connect(self.client_config()).expect("client connects")
+    }
+
+    /// `kill -9` of a target's server; waits until it is gone.
+    pub fn kill9(&mut self, name: &str) {
+        if let Some(mut c) = self.procs.remove(name) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits for a target's server to exit by itself and returns its exit code.
+    pub fn wait_exit(&mut self, name: &str, within: Duration) -> Option<i32> {
+        let end = Instant::now() + within;
+        let child = self.procs.get_mut(name)?;
+        while Instant::now() < end {
+            if let Ok(Some(st)) = child.try_wait() {
+                self.procs.remove(name);
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// The address a target serves on.
+    pub fn addr(&self, name: &str) -> String {
+        self.addrs[name].clone()
+    }
+
+    /// `lode set-param NAME=VALUE` against this cluster's servers.
+    pub fn set_param(&self, pair: &str) {
+        let out = self
+            .lode()
+            .args(["set-param", pair])
+            .output()
+            .expect("run set-param");
+        assert!(
+            out.status.success(),
+            "set-param {pair}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `lode get-param -n NAME`.
+    pub fn get_param(&self, name: &str) -> String {
+        let out = self
+            .lode()
+            .args(["get-param", "-n", name])
+            .output()
+            .expect("run get-param");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// The log of a target so far.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, mut c) in std::mem::take(&mut self.procs) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
