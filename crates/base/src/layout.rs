@@ -142,12 +142,11 @@ impl Layout {
                     {
                         return Err(Errno::EINVAL);
                     }
-                    if !osts.is_empty() {
-                        if osts.len() as i64 != i64::from(*stripe_count)
-                            || osts.iter().any(|&o| o >= ost_count)
-                        {
-                            return Err(Errno::EINVAL);
-                        }
+                    if !osts.is_empty()
+                        && (osts.len() as i64 != i64::from(*stripe_count)
+                            || osts.iter().any(|&o| o >= ost_count))
+                    {
+                        return Err(Errno::EINVAL);
                     }
                     // An extent boundary inside a stripe chunk would split chunks across components.
                     if c.end != EOF && c.end % stripe_size != 0 {
@@ -263,6 +262,22 @@ pub fn object_size_for_file(stripe_size: u64, count: u32, stripe: u32, rel_size:
     size
 }
 
+/// Magic at the start of the `lustre.lov` xattr value (lode's own encoding).
+pub const LOV_XATTR_MAGIC: &[u8; 4] = b"LOV1";
+
+/// Encodes a layout as the `lustre.lov` xattr value: magic, then postcard.
+pub fn encode_xattr(l: &Layout) -> Vec<u8> {
+    let mut v = LOV_XATTR_MAGIC.to_vec();
+    v.extend_from_slice(&postcard::to_stdvec(l).unwrap_or_default());
+    v
+}
+
+/// Decodes a `lustre.lov` xattr value; `None` if it is not one.
+pub fn decode_xattr(v: &[u8]) -> Option<Layout> {
+    let rest = v.strip_prefix(LOV_XATTR_MAGIC.as_slice())?;
+    postcard::from_bytes(rest).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,20 +357,4 @@ mod tests {
             }
         }
     }
-}
-
-/// Magic at the start of the `lustre.lov` xattr value (lode's own encoding).
-pub const LOV_XATTR_MAGIC: &[u8; 4] = b"LOV1";
-
-/// Encodes a layout as the `lustre.lov` xattr value: magic, then postcard.
-pub fn encode_xattr(l: &Layout) -> Vec<u8> {
-    let mut v = LOV_XATTR_MAGIC.to_vec();
-    v.extend_from_slice(&postcard::to_stdvec(l).unwrap_or_default());
-    v
-}
-
-/// Decodes a `lustre.lov` xattr value; `None` if it is not one.
-pub fn decode_xattr(v: &[u8]) -> Option<Layout> {
-    let rest = v.strip_prefix(LOV_XATTR_MAGIC.as_slice())?;
-    postcard::from_bytes(rest).ok()
 }

@@ -585,7 +585,10 @@ fn link_max_gives_emlink() {
             .fid;
         let f = cl.create(&r, d, b"f", 0o644, None).await.unwrap().attr.fid;
         futures::stream::iter(1..lode_base::limits::LINK_MAX)
-            .map(|i| async move { cl.link(&r, f, d, format!("l{i}").as_bytes()).await })
+            .map(|i| {
+                let r = &r;
+                async move { cl.link(r, f, d, format!("l{i}").as_bytes()).await }
+            })
             .buffer_unordered(32)
             .for_each(|x| async {
                 x.expect("link");

@@ -132,7 +132,9 @@ fn a_failed_sync_stops_the_mdt() {
         .unwrap();
     s.run(cl.sync()).unwrap();
     c.set_param("mdt.*.fail_loc=0x201");
-    // The next commit fails: the MDT stops instead of acknowledging anything more.
+    // A change, then a commit that fails: the MDT stops instead of acknowledging more.
+    s.run(cl.create(&r, Fid::ROOT, b"pending", 0o644, None))
+        .unwrap();
     assert!(s.run(cl.sync()).is_err(), "sync must not succeed");
     assert_eq!(
         c.wait_exit("mdt0", Duration::from_secs(10)),
@@ -323,7 +325,7 @@ fn a_full_ost_gives_enospc_and_recovers_when_space_is_freed() {
 fn a_full_mdt_gives_enospc_and_stays_consistent() {
     let mut c = cluster(1);
     c.kill9("mdt0");
-    let _t = target_on_tmpfs(&c, "mdt0", "120m");
+    let _t = target_on_tmpfs(&c, "mdt0", "400m");
     c.start_target("mdt0");
     let s = c.client();
     let cl = &s.client;

@@ -33,7 +33,7 @@ fn tree_of_10000_entries_lists_renames_links_and_unlinks() {
         assert_eq!(all.len(), 10_002, "10,000 entries plus . and ..");
         let names: HashSet<Vec<u8>> = all.iter().map(|e| e.name.clone()).collect();
         assert_eq!(names.len(), 10_002, "no entry listed twice");
-        assert!(names.contains(&b"f00000".to_vec()) && names.contains(&b"f09999".to_vec()));
+        assert!(names.contains(b"f00000".as_slice()) && names.contains(b"f09999".as_slice()));
     });
 
     // List page by page while another task deletes f0xxxx and creates new names:

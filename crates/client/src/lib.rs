@@ -62,6 +62,9 @@ impl ClientConfig {
     }
 }
 
+/// Directory names resolved recently: (parent, name) → (directory, when).
+type DirCache = HashMap<(Fid, Vec<u8>), (Fid, Instant)>;
+
 /// A connected client.
 pub struct Client {
     cfg: ClientConfig,
@@ -70,7 +73,7 @@ pub struct Client {
     oscs: RwLock<HashMap<u32, Arc<Import>>>,
     mgs: Arc<Import>,
     fids: fids::FidPool,
-    dcache: Mutex<HashMap<(Fid, Vec<u8>), (Fid, Instant)>>,
+    dcache: Mutex<DirCache>,
     rt: Handle,
 }
 

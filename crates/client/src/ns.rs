@@ -89,7 +89,6 @@ impl Client {
             .rev()
             .map(|c| c.to_vec())
             .collect();
-        let mut dirs: Vec<Fid> = vec![Fid::ROOT];
         let mut cur = self.getattr_md(cred, Fid::ROOT).await?;
         let mut links = 0;
         while let Some(name) = todo.pop() {
@@ -98,17 +97,8 @@ impl Client {
             }
             let here = cur.attr.fid;
             if name == b".." {
-                if dirs.len() > 1 {
-                    dirs.pop();
-                }
-                let up = *dirs.last().unwrap_or(&Fid::ROOT);
-                cur = self.lookup(cred, here, b"..").await.map(|b| {
-                    if up == Fid::ROOT {
-                        b
-                    } else {
-                        b
-                    }
-                })?;
+                // Physical `..`, as Linux resolves it; the root's parent is the root.
+                cur = self.lookup(cred, here, b"..").await?;
                 continue;
             }
             if name == b"." {
@@ -138,15 +128,11 @@ impl Client {
                 if target.first() == Some(&b'/') {
                     // Absolute targets are taken relative to the file system root.
                     cur = self.getattr_md(cred, Fid::ROOT).await?;
-                    dirs.truncate(1);
                 }
                 for c in components(&target).rev() {
                     todo.push(c.to_vec());
                 }
                 continue;
-            }
-            if b.attr.is_dir() {
-                dirs.push(b.attr.fid);
             }
             cur = b;
         }

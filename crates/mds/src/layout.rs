@@ -86,7 +86,7 @@ impl Osts {
         let mut chosen: Vec<&OstState> = pool;
         if imbalanced {
             // Stable sort keeps round-robin order among equals.
-            chosen.sort_by(|a, b| b.free.cmp(&a.free));
+            chosen.sort_by_key(|o| std::cmp::Reverse(o.free));
         }
         chosen
             .iter()
@@ -105,7 +105,22 @@ impl Mdt {
         dir_default: Option<&Layout>,
     ) -> OpResult<Layout> {
         let mut n = self.osts.count();
-        if n == 0 {
+        let wanted = req.or(dir_default).map_or(0, |l| {
+            l.components
+                .iter()
+                .map(|c| match c.pattern {
+                    Pattern::Raid0 {
+                        stripe_count,
+                        stripe_offset,
+                        ..
+                    } => stripe_count.max(stripe_offset + 1).max(0) as u32,
+                    Pattern::Mdt => 0,
+                })
+                .max()
+                .unwrap_or(0)
+        });
+        if n == 0 || wanted > n {
+            // More stripes (or a higher OST index) than known: the MGS may know more OSTs.
             self.refresh_osts_now();
             n = self.osts.count();
             if n == 0 {

@@ -142,7 +142,7 @@ impl Params for MdtParams {
             (x, "stripesize") if x == self.lod() => {
                 let v: u64 = parse(value)?;
                 if v == 0
-                    || v % lode_base::limits::STRIPE_SIZE_UNIT != 0
+                    || !v.is_multiple_of(lode_base::limits::STRIPE_SIZE_UNIT)
                     || v > lode_base::limits::STRIPE_SIZE_MAX
                 {
                     return Err("stripe size must be a multiple of 65536".into());

@@ -75,11 +75,13 @@ impl Ost {
             ))
     }
 
+    /// Opens an object read-write (punch needs write access even when it only
+    /// shrinks), creating it and its directories if `create`.
     fn open_obj(&self, o: &ObjId, create: bool) -> Result<Option<File>, Errno> {
         let p = self.object_path(o);
         let r = OpenOptions::new()
             .read(true)
-            .write(create)
+            .write(true)
             .create(create)
             .truncate(false)
             .open(&p);

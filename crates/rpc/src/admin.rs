@@ -176,6 +176,16 @@ pub async fn serve_metrics(listener: TcpListener, params: Arc<dyn Params>) {
     }
 }
 
+/// Parses a decimal or `0x` hexadecimal number given to set-param.
+pub fn parse_num(v: &str) -> Result<u64, String> {
+    let v = v.trim();
+    let r = match v.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => v.parse(),
+    };
+    r.map_err(|_| format!("invalid value {v:?}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::glob_match;
@@ -188,14 +198,4 @@ mod tests {
         assert!(glob_match("osc.lode-OST000?.x", "osc.lode-OST0001.x"));
         assert!(!glob_match("a", "ab"));
     }
-}
-
-/// Parses a decimal or `0x` hexadecimal number given to set-param.
-pub fn parse_num(v: &str) -> Result<u64, String> {
-    let v = v.trim();
-    let r = match v.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => v.parse(),
-    };
-    r.map_err(|_| format!("invalid value {v:?}"))
 }

@@ -39,6 +39,9 @@ pub struct ReplySlot {
     pub xid: u64,
 }
 
+/// Called once when the store stops after a failure.
+pub type StopHook = Box<dyn Fn(&StoreError) + Send>;
+
 struct CommitState {
     requested: bool,
 }
@@ -54,7 +57,7 @@ pub struct MdtStore {
     commit: Mutex<CommitState>,
     commit_cv: Condvar,
     committed_cv: Condvar,
-    on_stop: Mutex<Option<Box<dyn Fn(&StoreError) + Send>>>,
+    on_stop: Mutex<Option<StopHook>>,
 }
 
 impl MdtStore {
@@ -87,7 +90,7 @@ impl MdtStore {
     }
 
     /// Called once if the store stops after a failed write or sync.
-    pub fn set_on_stop(&self, f: Box<dyn Fn(&StoreError) + Send>) {
+    pub fn set_on_stop(&self, f: StopHook) {
         *self.on_stop.lock() = Some(f);
     }
 

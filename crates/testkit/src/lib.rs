@@ -165,6 +165,11 @@ impl Cluster {
             s.run(async { s.client.refresh_config().await.is_ok() })
                 && s.client.ost_count() == self.osts as usize
         });
+        // The MDS learns OSTs from the MGS too; creates stripe over what it knows.
+        wait_for("the MDS to see every OST", Duration::from_secs(30), || {
+            let obd = self.get_param("lod.*.target_obd");
+            obd.lines().filter(|l| l.ends_with(" ACTIVE")).count() == self.osts as usize
+        });
     }
 
     /// The client settings for this cluster (short timeout so failure tests end fast).
