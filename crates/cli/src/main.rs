@@ -1,5 +1,6 @@
 //! The `lode` command: argument parsing and output only; the work is in the crates.
 
+mod bench;
 mod params;
 mod server;
 
@@ -30,6 +31,9 @@ enum Cmd {
     GetParam(params::GetArgs),
     /// Set parameters of the servers on this machine (like lctl set_param).
     SetParam(params::SetArgs),
+    /// Benchmarks (mdtest-like metadata phases).
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 #[derive(Args)]
@@ -132,6 +136,7 @@ fn main() {
         Cmd::Oss(a) => server::run(Role::Ost, a),
         Cmd::GetParam(a) => params::get(a),
         Cmd::SetParam(a) => params::set(a),
+        Cmd::Bench(b) => bench::run(b),
     };
     if let Err(e) = r {
         eprintln!("lode: {e:#}");

@@ -2,7 +2,7 @@
 //! the in-flight limit, reconnect after a lost connection and resend of every request
 //! still waiting for its reply (same xid, `RESENT` flag).
 
-use crate::wire::{read_frame, write_loop};
+use crate::wire::{read_frame, FrameSink};
 use lode_base::Errno;
 use lode_proto::frame::{FLAG_REPLY, FLAG_RESENT};
 use lode_proto::{ConnectRep, ConnectReq, Empty, Frame, Header, Opcode, Reply, Request};
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{oneshot, Semaphore};
 use tracing::{debug, info, warn};
 
 /// Settings of one import.
@@ -57,7 +57,7 @@ struct Pending {
 }
 
 struct ConnState {
-    tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    tx: Option<Arc<FrameSink>>,
     gen: u64,
     handle: u64,
     conn_cnt: u32,
@@ -309,7 +309,7 @@ impl Import {
             last_xid: self.last_xid(),
             ..header
         };
-        let _ = tx.send(Frame::encode(&header, body));
+        tx.send(Frame::encode(&header, body));
     }
 
     fn fail_pending(&self, _e: Errno) {
@@ -411,7 +411,7 @@ impl Import {
         let Ok(Reply::Connect(rep)) = Reply::decode(Opcode::Connect as u16, &frame.body) else {
             return Err(Some(Errno::EPROTO));
         };
-        let (tx, rx) = mpsc::unbounded_channel();
+        let tx = FrameSink::new(wr);
         let gen = {
             let mut st = self.state.lock();
             st.gen += 1;
@@ -429,7 +429,6 @@ impl Import {
             }
             st.gen
         };
-        tokio::spawn(write_loop(wr, rx));
         let me = self.clone();
         tokio::spawn(async move { me.read_loop(rd, gen).await });
         Ok(())

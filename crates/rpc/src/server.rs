@@ -3,7 +3,7 @@
 
 use crate::fail;
 use crate::stats::OpStats;
-use crate::wire::{read_frame, write_loop, ReadError};
+use crate::wire::{read_frame, FrameSink, ReadError};
 use lode_proto::frame::FLAG_REPLY;
 use lode_proto::{Frame, Header, Opcode};
 use std::net::SocketAddr;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
 
 /// One request as a service sees it.
@@ -85,7 +85,7 @@ impl Default for ServerConfig {
 
 struct Job {
     inc: Incoming,
-    reply: mpsc::UnboundedSender<Vec<u8>>,
+    reply: Arc<FrameSink>,
     start: Instant,
     _permit: OwnedSemaphorePermit,
 }
@@ -140,8 +140,7 @@ async fn connection(
 ) {
     let conn_id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     let (rd, wr) = sock.into_split();
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(write_loop(wr, rx));
+    let tx = FrameSink::new(wr);
     let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
     let inflight = Arc::new(Semaphore::new(max_inflight.max(1)));
     loop {
@@ -213,12 +212,12 @@ fn run_job(svc: &dyn Service, job: Job, rt: &Handle) {
         delay += u64::from(fail::val()) * 1000;
     }
     if delay == 0 {
-        let _ = job.reply.send(bytes);
+        job.reply.send(bytes);
     } else {
         let tx = job.reply.clone();
         rt.spawn(async move {
             tokio::time::sleep(Duration::from_micros(delay)).await;
-            let _ = tx.send(bytes);
+            tx.send(bytes);
         });
     }
 }

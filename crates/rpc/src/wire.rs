@@ -2,7 +2,7 @@
 
 use lode_proto::frame::check_len;
 use lode_proto::{Frame, FrameError};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
 /// Why a connection's reader stopped.
@@ -26,22 +26,80 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, ReadEr
     Ok(Frame::decode_rest(rest)?)
 }
 
-/// Drains encoded frames from `rx` onto `w`, flushing whenever the queue runs dry so
-/// that many small replies share one write system call.
-pub async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
-    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
-    while let Some(first) = rx.recv().await {
-        buf.clear();
-        buf.extend_from_slice(&first);
-        while buf.len() < (256 << 10) {
-            match rx.try_recv() {
-                Ok(more) => buf.extend_from_slice(&more),
-                Err(_) => break,
+/// The sending side of a connection, shared by every thread that replies or sends on
+/// it. A frame is written straight from the caller's thread when nothing is queued (no
+/// task hand-off on the fast path); when the socket would block, it and every later
+/// frame go through a writer task, in order, until the queue drains.
+pub struct FrameSink {
+    wr: std::sync::Arc<tokio::net::tcp::OwnedWriteHalf>,
+    /// True while frames are queued for the writer task.
+    backlogged: parking_lot::Mutex<bool>,
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+impl FrameSink {
+    /// Wraps a write half; must be called inside a tokio runtime.
+    pub fn new(wr: tokio::net::tcp::OwnedWriteHalf) -> std::sync::Arc<FrameSink> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sink = std::sync::Arc::new(FrameSink {
+            wr: std::sync::Arc::new(wr),
+            backlogged: parking_lot::Mutex::new(false),
+            tx,
+        });
+        tokio::spawn(Self::drain(
+            std::sync::Arc::downgrade(&sink),
+            sink.wr.clone(),
+            rx,
+        ));
+        sink
+    }
+
+    /// Sends one encoded frame; false if the connection is gone.
+    pub fn send(&self, frame: Vec<u8>) -> bool {
+        let mut backlogged = self.backlogged.lock();
+        if !*backlogged {
+            let mut off = 0;
+            while off < frame.len() {
+                match self.wr.try_write(&frame[off..]) {
+                    Ok(n) => off += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(_) => return false,
+                }
+            }
+            if off == frame.len() {
+                return true;
+            }
+            *backlogged = true;
+            return self.tx.send(frame[off..].to_vec()).is_ok();
+        }
+        self.tx.send(frame).is_ok()
+    }
+
+    async fn drain(
+        sink: std::sync::Weak<FrameSink>,
+        wr: std::sync::Arc<tokio::net::tcp::OwnedWriteHalf>,
+        mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    ) {
+        while let Some(buf) = rx.recv().await {
+            let mut off = 0;
+            while off < buf.len() {
+                if wr.writable().await.is_err() {
+                    return;
+                }
+                match wr.try_write(&buf[off..]) {
+                    Ok(n) => off += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => return,
+                }
+            }
+            if rx.is_empty() {
+                let Some(s) = sink.upgrade() else { return };
+                let mut backlogged = s.backlogged.lock();
+                // Checked again under the lock: senders queue only while holding it.
+                if rx.is_empty() {
+                    *backlogged = false;
+                }
             }
         }
-        if w.write_all(&buf).await.is_err() {
-            return;
-        }
     }
-    let _ = w.shutdown().await;
 }
