@@ -249,3 +249,91 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// A FUSE mount of a cluster (`lode mount --foreground` as a child process), unmounted
+/// on drop.
+pub struct Mount {
+    path: PathBuf,
+    child: Option<Child>,
+}
+
+/// True if `path` is a mount point listed in /proc/mounts.
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(m) = std::fs::read_to_string("/proc/mounts") else { return false };
+    let p = path.to_string_lossy();
+    m.lines().any(|l| l.split(' ').nth(1) == Some(&*p))
+}
+
+impl Cluster {
+    /// Mounts the file system on a new directory under the cluster's temp dir, with
+    /// `allow_other` (so tests can act as other users) and any extra `-o` options.
+    pub fn mount(&self) -> Mount {
+        self.mount_with(&[])
+    }
+
+    /// Like [`Cluster::mount`], with extra mount options (e.g. `attr_timeout=0`).
+    pub fn mount_with(&self, opts: &[&str]) -> Mount {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.dir.path().join(format!("mnt{n}"));
+        std::fs::create_dir_all(&path).expect("mount point");
+        let mut o = vec!["allow_other".to_string()];
+        o.extend(opts.iter().map(|s| s.to_string()));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("mount{n}.log")))
+            .expect("log file");
+        let child = self
+            .lode()
+            .args(["mount", "--foreground", "-o", &o.join(",")])
+            .arg(format!("{}:/{}", self.mgs_addr, self.fsname))
+            .arg(&path)
+            .env("LODE_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start lode mount");
+        let m = Mount { path: path.clone(), child: Some(child) };
+        wait_for(&format!("{} to be mounted", path.display()), Duration::from_secs(30), || is_mounted(&path));
+        m
+    }
+}
+
+impl Mount {
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Unmounts (flushing everything) and waits for the client to exit.
+    pub fn unmount(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if is_mounted(&self.path) {
+            let _ = Command::new("fusermount3").arg("-u").arg(&self.path).status();
+            if is_mounted(&self.path) {
+                let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+            }
+        }
+        if let Some(mut c) = self.child.take() {
+            let end = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < end {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
