@@ -190,13 +190,7 @@ impl Ops for NativeOps {
 
 /// Parses `HOST:PORT:/FSNAME`.
 pub fn parse_native(spec: &str) -> Result<(String, String)> {
-    let Some((mgs, fs)) = spec.rsplit_once(":/") else {
-        bail!("{spec:?}: expected MGS_HOST:PORT:/FSNAME");
-    };
-    if fs.is_empty() || !mgs.contains(':') {
-        bail!("{spec:?}: expected MGS_HOST:PORT:/FSNAME");
-    }
-    Ok((mgs.to_string(), fs.to_string()))
+    lode_client::parse_source(spec).map_err(|e| anyhow::anyhow!(e))
 }
 
 fn ops_for(t: &Target, top: &str) -> Result<Arc<dyn Ops>> {

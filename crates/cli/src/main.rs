@@ -1,8 +1,11 @@
 //! The `lode` command: argument parsing and output only; the work is in the crates.
 
 mod bench;
+mod lfs;
+mod mount;
 mod params;
 mod server;
+mod up;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -31,6 +34,26 @@ enum Cmd {
     GetParam(params::GetArgs),
     /// Set parameters of the servers on this machine (like lctl set_param).
     SetParam(params::SetArgs),
+    /// Format (once), start and mount a local file system: MGS, MDT0, OST0, OST1.
+    Up(up::UpArgs),
+    /// Unmount and stop what `lode up` started.
+    Down(up::DirArgs),
+    /// Show the targets `lode up` started: address, state, usage.
+    Status(up::DirArgs),
+    /// Set the layout of a new file or the default layout of a directory (lfs setstripe).
+    Setstripe(lfs::SetstripeArgs),
+    /// Show layouts (lfs getstripe).
+    Getstripe(lfs::GetstripeArgs),
+    /// Space and inodes per target (lfs df).
+    Df(lfs::DfArgs),
+    /// Print the FID of files (lfs path2fid).
+    Path2fid(lfs::Path2fidArgs),
+    /// Print the paths of FIDs (lfs fid2path).
+    Fid2path(lfs::Fid2pathArgs),
+    /// Mount a lode file system with FUSE.
+    Mount(mount::MountArgs),
+    /// Unmount a lode mount.
+    Umount(mount::UmountArgs),
     /// Benchmarks (mdtest-like metadata phases).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -137,6 +160,16 @@ fn main() {
         Cmd::GetParam(a) => params::get(a),
         Cmd::SetParam(a) => params::set(a),
         Cmd::Bench(b) => bench::run(b),
+        Cmd::Mount(a) => mount::run(a),
+        Cmd::Up(a) => up::up(a),
+        Cmd::Down(a) => up::down(a),
+        Cmd::Status(a) => up::status(a),
+        Cmd::Setstripe(a) => lfs::setstripe(a),
+        Cmd::Getstripe(a) => lfs::getstripe(a),
+        Cmd::Df(a) => lfs::df(a),
+        Cmd::Path2fid(a) => lfs::path2fid(a),
+        Cmd::Fid2path(a) => lfs::fid2path(a),
+        Cmd::Umount(a) => mount::umount(a),
     };
     if let Err(e) = r {
         eprintln!("lode: {e:#}");

@@ -79,15 +79,21 @@ fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
     Ok(f)
 }
 
-/// Runs a server until killed.
-pub fn run(role: Role, a: ServerArgs) -> Result<()> {
+/// Logs to stderr, filtered by `LODE_LOG` (default `info`).
+pub fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LODE_LOG")
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(false)
         .init();
+}
+
+/// Runs a server until killed.
+pub fn run(role: Role, a: ServerArgs) -> Result<()> {
+    init_logging();
     let cfg = TargetConfig::load(&a.dir, role).map_err(|e| anyhow!("{e}"))?;
     let _lock = lock_dir(&a.dir)?;
     let listen = a

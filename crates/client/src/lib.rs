@@ -350,3 +350,27 @@ impl Session {
         self.rt.handle()
     }
 }
+
+/// Parses a mount source `MGS_HOST:PORT:/FSNAME` into (MGS address, fsname).
+pub fn parse_source(spec: &str) -> Result<(String, String), String> {
+    let bad = || format!("{spec:?}: expected MGS_HOST:PORT:/FSNAME");
+    let (mgs, fs) = spec.rsplit_once(":/").ok_or_else(bad)?;
+    if fs.is_empty() || fs.contains('/') || !mgs.contains(':') {
+        return Err(bad());
+    }
+    Ok((mgs.to_string(), fs.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sources_parse() {
+        assert_eq!(
+            super::parse_source("127.0.0.1:9880:/lode").unwrap(),
+            ("127.0.0.1:9880".into(), "lode".into())
+        );
+        assert!(super::parse_source("127.0.0.1:/lode").is_err());
+        assert!(super::parse_source("127.0.0.1:9880:/").is_err());
+        assert!(super::parse_source("nothing").is_err());
+    }
+}

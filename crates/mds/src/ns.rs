@@ -57,6 +57,7 @@ impl Mdt {
             parent: Fid::ROOT,
             layout: None,
             symlink: Vec::new(),
+            links: Vec::new(),
         };
         let mut b = Batch::new();
         put_inode(&mut b, Fid::ROOT, &root);
@@ -363,6 +364,10 @@ impl Mdt {
             } else {
                 Vec::new()
             },
+            links: vec![lode_store::records::Link {
+                parent: r.parent,
+                name: r.name.clone(),
+            }],
         };
         let mut b = Batch::new();
         put_dirent(&mut b, r.parent, &r.name, r.fid, dtype_of(mode));
@@ -543,10 +548,12 @@ impl Mdt {
     pub(crate) fn unlink_inode(
         &self,
         b: &mut Batch,
+        (parent, name): (Fid, &[u8]),
         child: Fid,
         rec: &mut InodeRec,
         now: i64,
     ) -> OpResult<()> {
+        rec.remove_link(parent, name);
         if is_dir(rec.mode) {
             rec.nlink = 0;
         } else {

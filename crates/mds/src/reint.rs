@@ -69,7 +69,7 @@ impl Mdt {
         let mut b = Batch::new();
         Mdt::remove_entry(&mut b, parent, name);
         let mut child_rec = self.inode(ent.fid)?;
-        self.unlink_inode(&mut b, ent.fid, &mut child_rec, now)?;
+        self.unlink_inode(&mut b, (parent, name), ent.fid, &mut child_rec, now)?;
         let mut p = self.dir_inode(parent)?;
         if child_dir {
             p.nlink = p.nlink.saturating_sub(1);
@@ -115,6 +115,7 @@ impl Mdt {
         }
         let now = now_ns();
         rec.nlink += 1;
+        rec.add_link(parent, name);
         rec.ctime = now;
         let mut b = Batch::new();
         put_dirent(&mut b, parent, name, fid, dtype_of(rec.mode));
@@ -242,6 +243,8 @@ impl Mdt {
         };
         put_dirent(&mut b, dp, &r.dst_name, src.fid, src.dtype);
         srec.ctime = now;
+        srec.remove_link(sp, &r.src_name);
+        srec.add_link(dp, &r.dst_name);
         if src_is_dir && cross {
             srec.parent = dp;
             sdir.nlink = sdir.nlink.saturating_sub(1);
@@ -255,6 +258,8 @@ impl Mdt {
                 let mut drec = self.inode(d.fid)?;
                 put_dirent(&mut b, sp, &r.src_name, d.fid, d.dtype);
                 drec.ctime = now;
+                drec.remove_link(dp, &r.dst_name);
+                drec.add_link(sp, &r.src_name);
                 if is_dir(drec.mode) && cross {
                     drec.parent = sp;
                     ddir.nlink = ddir.nlink.saturating_sub(1);
@@ -268,7 +273,7 @@ impl Mdt {
                 if is_dir(drec.mode) {
                     ddir.nlink = ddir.nlink.saturating_sub(1);
                 }
-                self.unlink_inode(&mut b, d.fid, &mut drec, now)?;
+                self.unlink_inode(&mut b, (dp, &r.dst_name), d.fid, &mut drec, now)?;
             }
             None => Mdt::remove_entry(&mut b, sp, &r.src_name),
         }

@@ -12,6 +12,8 @@ use lode_store::{Batch, Cf};
 
 /// The virtual xattr holding a file's layout (a directory's default layout).
 pub const LOV_XATTR: &[u8] = b"lustre.lov";
+/// The virtual, read-only xattr listing an inode's names (Lustre's linkEA).
+pub const LINK_XATTR: &[u8] = b"lustre.link";
 
 const XATTR_CREATE: u32 = 1;
 const XATTR_REPLACE: u32 = 2;
@@ -21,6 +23,7 @@ enum Ns {
     Trusted,
     Security,
     Lov,
+    Link,
 }
 
 fn namespace(name: &[u8]) -> Result<Ns, Errno> {
@@ -32,6 +35,9 @@ fn namespace(name: &[u8]) -> Result<Ns, Errno> {
     }
     if name == LOV_XATTR {
         return Ok(Ns::Lov);
+    }
+    if name == LINK_XATTR {
+        return Ok(Ns::Link);
     }
     if name.starts_with(b"user.") && name.len() > 5 {
         Ok(Ns::User)
@@ -95,6 +101,11 @@ impl Mdt {
                     return Err(Errno::EPERM);
                 }
             }
+            Ns::Link => {
+                if want == MAY_WRITE {
+                    return Err(Errno::EPERM);
+                }
+            }
         }
         Ok(())
     }
@@ -114,6 +125,14 @@ impl Mdt {
                 Some(l) => lode_base::layout::encode_xattr(l),
                 None => return Err(Errno::ENODATA.into()),
             },
+            Ns::Link => {
+                let links: Vec<(Fid, Vec<u8>)> = rec
+                    .links
+                    .iter()
+                    .map(|l| (l.parent, l.name.clone()))
+                    .collect();
+                lode_proto::encode_links(&links)
+            }
             _ => self
                 .store
                 .engine()
@@ -177,6 +196,9 @@ impl Mdt {
         self.check_xattr_access(&ns, &rec, fid, cred, MAY_WRITE)?;
         let now = now_ns();
         let mut b = Batch::new();
+        if let Ns::Link = ns {
+            return Err(Errno::EPERM.into());
+        }
         if let Ns::Lov = ns {
             self.set_layout_xattr(&mut rec, value)?;
         } else {

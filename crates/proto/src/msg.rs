@@ -489,6 +489,18 @@ pub struct MgsConfigRep {
     pub params: Vec<(String, String)>,
 }
 
+/// Encodes an inode's names (parent FID, entry name) as the `lustre.link` xattr value.
+pub fn encode_links(links: &[(Fid, Vec<u8>)]) -> Vec<u8> {
+    let mut v = b"LNK1".to_vec();
+    v.extend_from_slice(&postcard::to_stdvec(links).unwrap_or_default());
+    v
+}
+
+/// Decodes a `lustre.link` xattr value.
+pub fn decode_links(v: &[u8]) -> Option<Vec<(Fid, Vec<u8>)>> {
+    postcard::from_bytes(v.strip_prefix(b"LNK1")?).ok()
+}
+
 macro_rules! messages {
     ($( $(#[$doc:meta])* $op:ident = $code:literal : $req:ty => $rep:ty ,)*) => {
         /// Every opcode of every service.

@@ -47,6 +47,39 @@ pub struct InodeRec {
     /// Symlink target.
     #[serde(with = "serde_bytes")]
     pub symlink: Vec<u8>,
+    /// Names of this inode (Lustre's linkEA), for fid2path; at most [`LINKS_MAX`].
+    pub links: Vec<Link>,
+}
+
+/// Most names kept per inode in its link list (Lustre's linkEA is bounded too).
+pub const LINKS_MAX: usize = 64;
+
+/// One name of an inode: its directory and the entry name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Link {
+    /// Directory holding the entry.
+    pub parent: Fid,
+    /// Entry name.
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+}
+
+impl InodeRec {
+    /// Records a new name (dropped silently past [`LINKS_MAX`]).
+    pub fn add_link(&mut self, parent: Fid, name: &[u8]) {
+        if self.links.len() < LINKS_MAX {
+            self.links.push(Link {
+                parent,
+                name: name.to_vec(),
+            });
+        }
+    }
+
+    /// Forgets a name.
+    pub fn remove_link(&mut self, parent: Fid, name: &[u8]) {
+        self.links
+            .retain(|l| !(l.parent == parent && l.name == name));
+    }
 }
 
 impl InodeRec {
@@ -175,11 +208,18 @@ mod tests {
             parent: Fid::ZERO,
             layout: None,
             symlink: vec![],
+            links: vec![Link {
+                parent: Fid::new(2, 3, 0),
+                name: b"n".to_vec(),
+            }],
         };
         let b = encode(&r);
         assert_eq!(
             b,
-            vec![1, 0xa4, 0x83, 0x02, 1, 2, 1, 3, 0, 8, 10, 12, 0, 0, 7, 0, 0, 0, 0, 0]
+            vec![
+                1, 0xa4, 0x83, 0x02, 1, 2, 1, 3, 0, 8, 10, 12, 0, 0, 7, 0, 0, 0, 0, 0, 1, 2, 3, 0,
+                1, b'n'
+            ]
         );
         assert_eq!(decode::<InodeRec>("inode", &b).unwrap(), r);
         assert!(decode::<InodeRec>("inode", &[9, 0]).is_err());

@@ -259,7 +259,9 @@ pub struct Mount {
 
 /// True if `path` is a mount point listed in /proc/mounts.
 pub fn is_mounted(path: &Path) -> bool {
-    let Ok(m) = std::fs::read_to_string("/proc/mounts") else { return false };
+    let Ok(m) = std::fs::read_to_string("/proc/mounts") else {
+        return false;
+    };
     let p = path.to_string_lossy();
     m.lines().any(|l| l.split(' ').nth(1) == Some(&*p))
 }
@@ -294,8 +296,15 @@ impl Cluster {
             .stderr(log)
             .spawn()
             .expect("start lode mount");
-        let m = Mount { path: path.clone(), child: Some(child) };
-        wait_for(&format!("{} to be mounted", path.display()), Duration::from_secs(30), || is_mounted(&path));
+        let m = Mount {
+            path: path.clone(),
+            child: Some(child),
+        };
+        wait_for(
+            &format!("{} to be mounted", path.display()),
+            Duration::from_secs(30),
+            || is_mounted(&path),
+        );
         m
     }
 }
@@ -313,7 +322,10 @@ impl Mount {
 
     fn stop(&mut self) {
         if is_mounted(&self.path) {
-            let _ = Command::new("fusermount3").arg("-u").arg(&self.path).status();
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.path)
+                .status();
             if is_mounted(&self.path) {
                 let _ = Command::new("umount").arg("-l").arg(&self.path).status();
             }

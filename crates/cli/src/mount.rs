@@ -1,0 +1,308 @@
+//! `lode mount` and `lode umount`.
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use lode_client::{Client, ClientConfig};
+use std::io::{BufRead, Write as _};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Environment variable telling a foreground mount to report readiness on stdout.
+const NOTIFY_ENV: &str = "LODE_MOUNT_NOTIFY";
+
+/// Arguments of `lode mount`.
+#[derive(Args, Clone)]
+pub struct MountArgs {
+    /// Mount options, mount(8) style: attr_timeout=SECS, entry_timeout=SECS, allow_other,
+    /// writeback, threads=N, timeout=SECS, key_file=PATH, ro is not supported.
+    #[arg(short = 'o')]
+    pub options: Option<String>,
+    /// Stay in the foreground instead of daemonizing once mounted.
+    #[arg(long, short = 'f')]
+    pub foreground: bool,
+    /// MGS_HOST:PORT:/FSNAME
+    pub source: String,
+    /// Where to mount (an existing empty directory).
+    pub mountpoint: PathBuf,
+}
+
+struct Opts {
+    attr_timeout: Duration,
+    entry_timeout: Duration,
+    allow_other: bool,
+    writeback: bool,
+    threads: usize,
+    timeout: Duration,
+    key: Vec<u8>,
+}
+
+fn secs(v: &str, what: &str) -> Result<Duration> {
+    let f: f64 = v
+        .parse()
+        .map_err(|_| anyhow!("mount: {what}={v:?} is not a number of seconds"))?;
+    if !(0.0..=86400.0).contains(&f) {
+        bail!("mount: {what}={v} out of range (0..86400)");
+    }
+    Ok(Duration::from_secs_f64(f))
+}
+
+fn parse_opts(s: Option<&str>) -> Result<Opts> {
+    let mut o = Opts {
+        attr_timeout: Duration::from_secs(1),
+        entry_timeout: Duration::from_secs(1),
+        allow_other: false,
+        writeback: false,
+        threads: 2,
+        timeout: Duration::from_secs(100),
+        key: Vec::new(),
+    };
+    for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {
+        let (k, v) = opt.split_once('=').unwrap_or((opt, ""));
+        match k {
+            "attr_timeout" => o.attr_timeout = secs(v, k)?,
+            "entry_timeout" => o.entry_timeout = secs(v, k)?,
+            "timeout" => o.timeout = secs(v, k)?.max(Duration::from_secs(1)),
+            "allow_other" => o.allow_other = true,
+            "writeback" => o.writeback = true,
+            "threads" => {
+                o.threads = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or_else(|| anyhow!("mount: threads={v:?} must be 1..64"))?
+            }
+            "key_file" => {
+                o.key = std::fs::read(v).with_context(|| format!("mount: key file {v}"))?
+            }
+            "rw" | "defaults" | "noatime" | "relatime" | "nodev" | "nosuid" | "dev" | "suid"
+            | "exec" | "noexec" => {}
+            _ => bail!("mount: unknown option {opt:?}"),
+        }
+    }
+    Ok(o)
+}
+
+/// True if `path` is mounted (listed in /proc/mounts).
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(m) = std::fs::read_to_string("/proc/mounts") else {
+        return false;
+    };
+    let p = path.to_string_lossy();
+    m.lines().any(|l| l.split(' ').nth(1) == Some(&*p))
+}
+
+fn check_mountpoint(p: &Path) -> Result<PathBuf> {
+    let d = p.display();
+    let md = std::fs::metadata(p).map_err(|e| anyhow!("mount: {d}: {e}"))?;
+    if !md.is_dir() {
+        bail!("mount: {d}: not a directory");
+    }
+    let abs = std::fs::canonicalize(p).with_context(|| format!("mount: {d}"))?;
+    if is_mounted(&abs) {
+        bail!("mount: {d}: already mounted");
+    }
+    if std::fs::read_dir(&abs)
+        .with_context(|| format!("mount: {d}"))?
+        .next()
+        .is_some()
+    {
+        bail!("mount: {d}: not empty, refusing to mount over it");
+    }
+    Ok(abs)
+}
+
+/// Runs `lode mount`.
+pub fn run(a: MountArgs) -> Result<()> {
+    let (mgs, fsname) = lode_client::parse_source(&a.source).map_err(|e| anyhow!("mount: {e}"))?;
+    let opts = parse_opts(a.options.as_deref())?;
+    let mnt = check_mountpoint(&a.mountpoint)?;
+    if !a.foreground {
+        return daemonize(&a, None).map(|_| ());
+    }
+    crate::server::init_logging();
+    let notify = std::env::var_os(NOTIFY_ENV).is_some();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("lode-client")
+        .build()
+        .context("runtime")?;
+    let mut cfg = ClientConfig::new(&mgs, &fsname);
+    cfg.timeout = opts.timeout;
+    cfg.key = opts.key.clone();
+    cfg.entry_timeout = opts.entry_timeout;
+    let client = rt
+        .block_on(Client::connect(cfg))
+        .map_err(|e| anyhow!("mount: {e}"))?;
+    let fs = lode_fuse::LodeFs::new(
+        client,
+        lode_fuse::MountOptions {
+            attr_timeout: opts.attr_timeout,
+            entry_timeout: opts.entry_timeout,
+            writeback: opts.writeback,
+        },
+        rt.handle().clone(),
+    );
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(format!("{mgs}:/{fsname}")),
+        fuser::MountOption::Subtype("lode".into()),
+        fuser::MountOption::CUSTOM("max_read=1048576".into()),
+    ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads);
+    config.clone_fd = true;
+    let session = fuser::Session::new(fs, &mnt, &config)
+        .map_err(|e| anyhow!("mount: {}: {e}", mnt.display()))?;
+    let unmounter = mnt.clone();
+    rt.spawn(async move {
+        // SIGTERM/SIGINT unmount cleanly; the session loop then ends.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let int = tokio::signal::ctrl_c();
+        tokio::select! {
+            _ = async { if let Some(t) = term.as_mut() { t.recv().await; } else { std::future::pending::<()>().await } } => {}
+            _ = int => {}
+        }
+        let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&unmounter).status();
+    });
+    tracing::info!(mountpoint = %mnt.display(), "mounted {mgs}:/{fsname}");
+    if notify {
+        println!("READY");
+        let _ = std::io::stdout().flush();
+        redirect_stdout_to_null();
+    }
+    session
+        .run()
+        .map_err(|e| anyhow!("mount: {}: {e}", mnt.display()))?;
+    drop(rt);
+    Ok(())
+}
+
+fn redirect_stdout_to_null() {
+    if let Ok(f) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 onto stdout of a valid descriptor.
+        unsafe { libc::dup2(f.as_raw_fd(), 1) };
+    }
+}
+
+/// Starts the mount in the background and returns its pid once it is live (or the
+/// reason it failed). The mount process logs to `log` (or `$LODE_MOUNT_LOG`).
+pub fn daemonize(a: &MountArgs, log: Option<PathBuf>) -> Result<u32> {
+    let exe = std::env::current_exe().context("mount: cannot find the lode binary")?;
+    let log = log.or_else(|| std::env::var_os("LODE_MOUNT_LOG").map(PathBuf::from));
+    let stderr = match &log {
+        Some(p) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)?,
+        ),
+        None => Stdio::piped(),
+    };
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount").arg("--foreground");
+    if let Some(o) = &a.options {
+        cmd.arg("-o").arg(o);
+    }
+    cmd.arg(&a.source)
+        .arg(&a.mountpoint)
+        .env(NOTIFY_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr);
+    // SAFETY: setsid is async-signal-safe; the child detaches from our terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .context("mount: cannot start the mount process")?;
+    let out = child.stdout.take().context("mount: no pipe")?;
+    let mut line = String::new();
+    let _ = std::io::BufReader::new(out).read_line(&mut line);
+    if line.trim() == "READY" {
+        // Without a log file, the mount's stderr goes nowhere once we exit.
+        return Ok(child.id());
+    }
+    let status = child.wait()?;
+    let mut msg = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut msg);
+    }
+    let last = msg
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("lode: "))
+        .map(|l| l.trim_start_matches("lode: ").to_string());
+    bail!(
+        "{}",
+        last.unwrap_or_else(|| format!("mount: failed ({status})"))
+    )
+}
+
+/// Arguments of `lode umount`.
+#[derive(Args)]
+pub struct UmountArgs {
+    /// The mount point.
+    mountpoint: PathBuf,
+}
+
+/// Runs `lode umount`: unmounts and waits for the mount process to finish.
+pub fn umount(a: UmountArgs) -> Result<()> {
+    let abs = std::fs::canonicalize(&a.mountpoint)
+        .map_err(|e| anyhow!("umount: {}: {e}", a.mountpoint.display()))?;
+    if !is_lode_mount(&abs) {
+        bail!("umount: {}: not a lode mount", abs.display());
+    }
+    let st = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&abs)
+        .stderr(Stdio::piped())
+        .output()?;
+    if !st.status.success() {
+        let why = String::from_utf8_lossy(&st.stderr).trim().to_string();
+        bail!(
+            "umount: {}: {}",
+            abs.display(),
+            if why.is_empty() { "failed".into() } else { why }
+        );
+    }
+    Ok(())
+}
+
+/// Lode mounts in /proc/mounts: a FUSE type and a `MGS:/FSNAME` source.
+fn lode_mounts() -> Vec<(String, PathBuf)> {
+    let Ok(m) = std::fs::read_to_string("/proc/mounts") else {
+        return Vec::new();
+    };
+    m.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let fuse = f.len() > 2 && (f[2] == "fuse" || f[2] == "fuse.lode");
+            (fuse && lode_client::parse_source(f[0]).is_ok())
+                .then(|| (f[0].to_string(), PathBuf::from(f[1])))
+        })
+        .collect()
+}
+
+/// True if `path` is a lode mount point.
+pub fn is_lode_mount(path: &Path) -> bool {
+    lode_mounts().iter().any(|(_, mp)| mp == path)
+}
+
+/// The mount source (`MGS:/FSNAME`) and mount point of the lode mount holding `path`.
+pub fn source_of(path: &Path) -> Option<(String, PathBuf)> {
+    let abs = std::fs::canonicalize(path).ok()?;
+    lode_mounts()
+        .into_iter()
+        .filter(|(_, mp)| abs.starts_with(mp))
+        .max_by_key(|(_, mp)| mp.as_os_str().len())
+}

@@ -1,0 +1,904 @@
+//! The `fuser::Filesystem` implementation.
+
+use crate::attr::{file_attr, kind, ns};
+use crate::cred::Groups;
+use fuser::{
+    AccessFlags, Errno as FErrno, FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow,
+};
+use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
+use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
+use lode_client::{Client, DirEntry, FileHandle, MdtBody};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::runtime::Handle;
+
+/// Virtual xattr answered by the client with the inode's FID (`lode path2fid`).
+pub const FID_XATTR: &[u8] = b"lustre.fid";
+
+/// Mount settings.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// How long the kernel may cache attributes (`attr_timeout`).
+    pub attr_timeout: Duration,
+    /// How long the kernel may cache names (`entry_timeout`).
+    pub entry_timeout: Duration,
+    /// Use the kernel's writeback cache.
+    pub writeback: bool,
+}
+
+struct DirHandle {
+    fid: Fid,
+    /// The last page read: entries and the cookie after it.
+    page: Vec<DirEntry>,
+    next: u64,
+}
+
+struct Inner {
+    client: Arc<Client>,
+    opts: MountOptions,
+    inodes: RwLock<HashMap<u64, Fid>>,
+    files: Mutex<HashMap<u64, Arc<FileHandle>>>,
+    dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
+    next_fh: AtomicU64,
+    groups: Groups,
+}
+
+/// A lode file system as FUSE sees it.
+pub struct LodeFs {
+    inner: Arc<Inner>,
+    rt: Handle,
+}
+
+fn ferr(e: Errno) -> FErrno {
+    FErrno::from_i32(e.raw())
+}
+
+fn name_bytes(n: &OsStr) -> Vec<u8> {
+    n.as_bytes().to_vec()
+}
+
+impl LodeFs {
+    /// A file system over a connected client; requests run on `rt`.
+    pub fn new(client: Arc<Client>, opts: MountOptions, rt: Handle) -> LodeFs {
+        let mut inodes = HashMap::new();
+        inodes.insert(1, Fid::ROOT);
+        LodeFs {
+            inner: Arc::new(Inner {
+                client,
+                opts,
+                inodes: RwLock::new(inodes),
+                files: Mutex::new(HashMap::new()),
+                dirs: Mutex::new(HashMap::new()),
+                next_fh: AtomicU64::new(1),
+                groups: Groups::default(),
+            }),
+            rt,
+        }
+    }
+
+    fn cred(&self, req: &Request) -> Cred {
+        self.inner.groups.cred(req.uid(), req.gid(), req.pid())
+    }
+
+    /// Runs `f` on the client runtime; the FUSE thread returns at once.
+    fn spawn<F>(&self, f: impl FnOnce(Arc<Inner>) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.rt.spawn(f(self.inner.clone()));
+    }
+}
+
+impl Inner {
+    fn fid(&self, ino: INodeNo) -> Result<Fid, Errno> {
+        self.inodes.read().get(&ino.0).copied().ok_or(Errno::ESTALE)
+    }
+
+    fn remember(&self, fid: Fid) -> INodeNo {
+        let ino = fid.ino();
+        self.inodes.write().insert(ino, fid);
+        INodeNo(ino)
+    }
+
+    fn file(&self, fh: Fh) -> Result<Arc<FileHandle>, Errno> {
+        self.files.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
+    }
+
+    fn entry(&self, b: &MdtBody, reply: ReplyEntry) {
+        self.remember(b.attr.fid);
+        reply.entry(&self.opts.entry_timeout, &file_attr(&b.attr), Generation(0));
+    }
+
+    async fn complete(&self, b: MdtBody) -> Result<MdtBody, Errno> {
+        self.client.complete(b).await
+    }
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(s) => TimeSet::At(ns(s)),
+    }
+}
+
+impl Filesystem for LodeFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let mut want = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_MAX_PAGES
+            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        if self.inner.opts.writeback {
+            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        if let Err(unsupported) = config.add_capabilities(want) {
+            let _ = config.add_capabilities(want - unsupported);
+        }
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let client = self.inner.client.clone();
+        let files: Vec<Arc<FileHandle>> = self.inner.files.lock().drain().map(|(_, f)| f).collect();
+        let _ = self.rt.block_on(async move {
+            for f in files {
+                let _ = client.close(&f).await;
+            }
+            client.disconnect().await;
+            Ok::<(), Errno>(())
+        });
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let cred = self.cred(req);
+        let name = name_bytes(name);
+        self.spawn(|i| async move {
+            let r = async {
+                let p = i.fid(parent)?;
+                let b = i.client.lookup(&cred, p, &name).await?;
+                i.complete(b).await
+            };
+            match r.await {
+                Ok(b) => i.entry(&b, reply),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<Fh>, reply: ReplyAttr) {
+        let cred = self.cred(req);
+        self.spawn(|i| async move {
+            let r = async {
+                let f = i.fid(ino)?;
+                i.client.getattr(&cred, f).await
+            };
+            match r.await {
+                Ok(a) => reply.attr(&i.opts.attr_timeout, &file_attr(&a)),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<Fh>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let cred = self.cred(req);
+        self.spawn(|i| async move {
+            let r = async {
+                let f = i.fid(ino)?;
+                if let Some(size) = size {
+                    match fh.map(|h| i.file(h)) {
+                        Some(Ok(h)) => i.client.truncate_open(&cred, &h, size).await?,
+                        _ => {
+                            let sa = SetAttr {
+                                size: Some(size),
+                                ..Default::default()
+                            };
+                            i.client.setattr(&cred, f, sa).await?;
+                        }
+                    }
+                }
+                let sa = SetAttr {
+                    mode,
+                    uid,
+                    gid,
+                    size: None,
+                    atime: atime.map(time_set),
+                    mtime: mtime.map(time_set),
+                };
+                if sa != SetAttr::default() {
+                    i.client.setattr(&cred, f, sa).await?;
+                }
+                i.client.getattr(&cred, f).await
+            };
+            match r.await {
+                Ok(a) => reply.attr(&i.opts.attr_timeout, &file_attr(&a)),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let cred = self.cred(req);
+        self.spawn(|i| async move {
+            let r = async { i.client.readlink(&cred, i.fid(ino)?).await };
+            match r.await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let cred = self.cred(req);
+        let name = name_bytes(name);
+        self.spawn(|i| async move {
+            let r = async {
+                let p = i.fid(parent)?;
+                let mode = mode & !(umask & 0o777);
+                if mode & libc::S_IFMT == libc::S_IFREG || mode & libc::S_IFMT == 0 {
+                    i.client.create(&cred, p, &name, mode, None).await
+                } else {
+                    i.client.mknod(&cred, p, &name, mode, u64::from(rdev)).await
+                }
+            };
+            match r.await {
+                Ok(b) => i.entry(&b, reply),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let cred = self.cred(req);
+        let name = name_bytes(name);
+        self.spawn(|i| async move {
+            let r = async {
+                let p = i.fid(parent)?;
+                i.client
+                    .mkdir(&cred, p, &name, mode & !(umask & 0o777), None)
+                    .await
+            };
+            match r.await {
+                Ok(b) => i.entry(&b, reply),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let cred = self.cred(req);
+        let name = name_bytes(name);
+        self.spawn(|i| async move {
+            let r = async { i.client.unlink(&cred, i.fid(parent)?, &name).await };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let cred = self.cred(req);
+        let name = name_bytes(name);
+        self.spawn(|i| async move {
+            let r = async { i.client.rmdir(&cred, i.fid(parent)?, &name).await };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let cred = self.cred(req);
+        let name = name_bytes(link_name);
+        let target = target.as_os_str().as_bytes().to_vec();
+        self.spawn(|i| async move {
+            let r = async {
+                i.client
+                    .symlink(&cred, i.fid(parent)?, &name, &target)
+                    .await
+            };
+            match r.await {
+                Ok(b) => i.entry(&b, reply),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let cred = self.cred(req);
+        let (name, newname) = (name_bytes(name), name_bytes(newname));
+        self.spawn(|i| async move {
+            let r = async {
+                if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+                    return Err(Errno::EINVAL);
+                }
+                let (sp, dp) = (i.fid(parent)?, i.fid(newparent)?);
+                i.client
+                    .rename(&cred, sp, &name, dp, &newname, flags.bits())
+                    .await
+            };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let cred = self.cred(req);
+        let name = name_bytes(newname);
+        self.spawn(|i| async move {
+            let r = async {
+                let b = i
+                    .client
+                    .link(&cred, i.fid(ino)?, i.fid(newparent)?, &name)
+                    .await?;
+                i.complete(b).await
+            };
+            match r.await {
+                Ok(b) => i.entry(&b, reply),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let cred = self.cred(req);
+        self.spawn(|i| async move {
+            let r = async {
+                let f = i.fid(ino)?;
+                // O_APPEND is the kernel's business with FUSE: offsets arrive resolved.
+                i.client
+                    .open(
+                        &cred,
+                        f,
+                        flags.0 & !(libc::O_CREAT | libc::O_EXCL | libc::O_APPEND),
+                    )
+                    .await
+            };
+            match r.await {
+                Ok(h) => {
+                    let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
+                    i.files.lock().insert(fh, Arc::new(h));
+                    reply.opened(Fh(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let cred = self.cred(req);
+        let name = name_bytes(name);
+        self.spawn(|i| async move {
+            let r = async {
+                let p = i.fid(parent)?;
+                let flags = flags & !libc::O_APPEND;
+                let h = i
+                    .client
+                    .create_open(&cred, p, &name, mode & !(umask & 0o777), flags, None)
+                    .await?;
+                let a = if h.attr.size > 0 || h.flags & libc::O_TRUNC != 0 {
+                    i.client.getattr(&cred, h.fid).await?
+                } else {
+                    h.attr.clone()
+                };
+                Ok::<_, Errno>((h, a))
+            };
+            match r.await {
+                Ok((h, a)) => {
+                    i.remember(h.fid);
+                    let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
+                    i.files.lock().insert(fh, Arc::new(h));
+                    reply.created(
+                        &i.opts.entry_timeout,
+                        &file_attr(&a),
+                        Generation(0),
+                        Fh(fh),
+                        FopenFlags::empty(),
+                    );
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: Fh,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.spawn(|i| async move {
+            let r = async {
+                let h = i.file(fh)?;
+                i.client.read(&h, offset, size as usize).await
+            };
+            match r.await {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let data = data.to_vec();
+        self.spawn(|i| async move {
+            let r = async {
+                let h = i.file(fh)?;
+                // The kernel resolves O_APPEND offsets; write exactly where it says.
+                let mut h2 = (*h).clone();
+                h2.flags &= !libc::O_APPEND;
+                if h2.flags & libc::O_ACCMODE == libc::O_RDONLY {
+                    // Writeback cache flushes through any handle of the file.
+                    h2.flags = (h2.flags & !libc::O_ACCMODE) | libc::O_RDWR;
+                }
+                i.client.write(&h2, offset, &data).await
+            };
+            match r.await {
+                Ok(n) => reply.written(n as u32),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: Fh,
+        _lock_owner: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Writes are sent to the OSTs as they come; nothing is buffered here.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: Fh,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let h = self.inner.files.lock().remove(&fh.0);
+        self.spawn(|i| async move {
+            match h {
+                Some(h) => match i.client.close(&h).await {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(ferr(e)),
+                },
+                None => reply.error(FErrno::EBADF),
+            }
+        });
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: Fh, _datasync: bool, reply: ReplyEmpty) {
+        self.spawn(|i| async move {
+            let r = async {
+                let h = i.file(fh)?;
+                i.client.fsync(&h).await
+            };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let cred = self.cred(req);
+        self.spawn(|i| async move {
+            let r = async {
+                let f = i.fid(ino)?;
+                let b = i.client.getattr_md(&cred, f).await?;
+                if !b.attr.is_dir() {
+                    return Err(Errno::ENOTDIR);
+                }
+                let acc = flags.0 & libc::O_ACCMODE;
+                if acc != libc::O_RDONLY {
+                    return Err(Errno::EISDIR);
+                }
+                if !may_access(&b.attr, &cred, MAY_READ) {
+                    return Err(Errno::EACCES);
+                }
+                Ok(f)
+            };
+            match r.await {
+                Ok(f) => {
+                    let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
+                    let d = DirHandle {
+                        fid: f,
+                        page: Vec::new(),
+                        next: 0,
+                    };
+                    i.dirs
+                        .lock()
+                        .insert(fh, Arc::new(tokio::sync::Mutex::new(d)));
+                    reply.opened(Fh(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: Fh,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let cred = self.cred(req);
+        self.spawn(|i| async move {
+            let r = i.dir_entries(&cred, fh, offset, false).await;
+            match r {
+                Ok(entries) => {
+                    for e in entries {
+                        let ino = if e.name == b"." || e.name == b".." {
+                            e.fid.ino()
+                        } else {
+                            i.remember(e.fid).0
+                        };
+                        let k = lode_base::FileType::from_mode(dtype_mode(e.dtype))
+                            .map_or(fuser::FileType::RegularFile, kind);
+                        if reply.add(INodeNo(ino), e.cookie + 1, k, OsStr::from_bytes(&e.name)) {
+                            break;
+                        }
+                    }
+                    reply.ok();
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: Fh,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let cred = self.cred(req);
+        self.spawn(|i| async move {
+            let r = i.dir_entries(&cred, fh, offset, true).await;
+            match r {
+                Ok(entries) => {
+                    for e in entries {
+                        let Some(body) = e.body else { continue };
+                        let body = match i.complete(body).await {
+                            Ok(b) => b,
+                            Err(_) => continue,
+                        };
+                        let dots = e.name == b"." || e.name == b"..";
+                        let ino = if dots {
+                            e.fid.ino()
+                        } else {
+                            i.remember(e.fid).0
+                        };
+                        let mut attr = file_attr(&body.attr);
+                        attr.ino = INodeNo(ino);
+                        let ttl = if dots {
+                            Duration::ZERO
+                        } else {
+                            i.opts.entry_timeout
+                        };
+                        if reply.add(
+                            INodeNo(ino),
+                            e.cookie + 1,
+                            OsStr::from_bytes(&e.name),
+                            &ttl,
+                            &attr,
+                            Generation(0),
+                        ) {
+                            break;
+                        }
+                    }
+                    reply.ok();
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: Fh,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.inner.dirs.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: Fh, _datasync: bool, reply: ReplyEmpty) {
+        self.spawn(|i| async move {
+            match i.client.sync().await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn(|i| async move {
+            match i.client.statfs().await {
+                Ok(s) => reply.statfs(
+                    s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
+                ),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let cred = self.cred(req);
+        let (name, value) = (name_bytes(name), value.to_vec());
+        self.spawn(|i| async move {
+            let r = async {
+                i.client
+                    .setxattr(&cred, i.fid(ino)?, &name, Some(&value), flags as u32)
+                    .await
+            };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let cred = self.cred(req);
+        let name = name_bytes(name);
+        if name == FID_XATTR {
+            // Answered here: the client knows every inode's FID (path2fid).
+            match self.inner.fid(ino) {
+                Ok(f) => {
+                    let v = f.to_string().into_bytes();
+                    if size == 0 {
+                        reply.size(v.len() as u32);
+                    } else if (size as usize) < v.len() {
+                        reply.error(FErrno::ERANGE);
+                    } else {
+                        reply.data(&v);
+                    }
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+            return;
+        }
+        self.spawn(|i| async move {
+            let r = async { i.client.getxattr(&cred, i.fid(ino)?, &name, size).await };
+            match r.await {
+                Ok((_, n)) if size == 0 => reply.size(n),
+                Ok((v, _)) => reply.data(&v),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let cred = self.cred(req);
+        self.spawn(|i| async move {
+            let r = async { i.client.listxattr(&cred, i.fid(ino)?, size).await };
+            match r.await {
+                Ok((_, n)) if size == 0 => reply.size(n),
+                Ok((v, _)) => reply.data(&v),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let cred = self.cred(req);
+        let name = name_bytes(name);
+        self.spawn(|i| async move {
+            let r = async { i.client.setxattr(&cred, i.fid(ino)?, &name, None, 0).await };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let cred = self.cred(req);
+        self.spawn(|i| async move {
+            let r = async {
+                let b = i.client.getattr_md(&cred, i.fid(ino)?).await?;
+                let mut want = 0;
+                if mask.contains(AccessFlags::R_OK) {
+                    want |= MAY_READ;
+                }
+                if mask.contains(AccessFlags::W_OK) {
+                    want |= MAY_WRITE;
+                }
+                if mask.contains(AccessFlags::X_OK) {
+                    want |= MAY_EXEC;
+                }
+                if want == 0 || may_access(&b.attr, &cred, want) {
+                    Ok(())
+                } else {
+                    Err(Errno::EACCES)
+                }
+            };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: Fh,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        // Objects are sparse files created on first write; preallocation is not offered.
+        reply.error(FErrno::EOPNOTSUPP);
+    }
+}
+
+/// The `S_IFMT` bits for a `d_type`.
+fn dtype_mode(d: u8) -> u32 {
+    match d {
+        libc::DT_DIR => libc::S_IFDIR,
+        libc::DT_LNK => libc::S_IFLNK,
+        libc::DT_FIFO => libc::S_IFIFO,
+        libc::DT_SOCK => libc::S_IFSOCK,
+        libc::DT_CHR => libc::S_IFCHR,
+        libc::DT_BLK => libc::S_IFBLK,
+        _ => libc::S_IFREG,
+    }
+}
+
+impl Inner {
+    /// Entries of an open directory from FUSE offset `offset` (= cookie of the entry
+    /// wanted), served from the handle's last page when it covers the offset.
+    async fn dir_entries(
+        &self,
+        cred: &Cred,
+        fh: Fh,
+        offset: u64,
+        plus: bool,
+    ) -> Result<Vec<DirEntry>, Errno> {
+        let d = self.dirs.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)?;
+        let mut d = d.lock().await;
+        let cached = !d.page.is_empty()
+            && d.page.first().is_some_and(|e| e.cookie <= offset)
+            && (offset < d.next || d.next == lode_base::hash::END_COOKIE)
+            && (!plus || d.page.iter().all(|e| e.body.is_some()));
+        if !cached {
+            if offset >= lode_base::hash::END_COOKIE {
+                return Ok(Vec::new());
+            }
+            let page = self.client.readdir(cred, d.fid, offset, plus).await?;
+            d.page = page.entries;
+            d.next = page.next;
+        }
+        Ok(d.page
+            .iter()
+            .filter(|e| e.cookie >= offset)
+            .cloned()
+            .collect())
+    }
+}
