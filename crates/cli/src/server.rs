@@ -184,6 +184,17 @@ fn start_mdt(
         std::process::exit(70);
     }));
     store.start_commit_thread()?;
+    let on_term = store.clone();
+    rt.spawn(async move {
+        // A clean stop (lode down, systemd) commits what is written before exiting.
+        if let Ok(mut t) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            t.recv().await;
+            let s = on_term.clone();
+            let _ = tokio::task::spawn_blocking(move || s.sync()).await;
+            info!("stopped on SIGTERM after committing");
+            std::process::exit(0);
+        }
+    });
     let mdt = lode_mds::Mdt::open(
         lode_mds::MdtConfig {
             fsname: cfg.fsname.clone(),

@@ -561,14 +561,16 @@ impl Filesystem for LodeFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let h = self.inner.files.lock().remove(&fh.0);
+        let Some(h) = self.inner.files.lock().remove(&fh.0) else {
+            reply.error(FErrno::EBADF);
+            return;
+        };
+        // close(2) does not wait for RELEASE: answer now and close on the MDT in the
+        // background (its errors could not reach the application anyway).
+        reply.ok();
         self.spawn(|i| async move {
-            match h {
-                Some(h) => match i.client.close(&h).await {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(ferr(e)),
-                },
-                None => reply.error(FErrno::EBADF),
+            if let Err(e) = i.client.close(&h).await {
+                tracing::warn!(fid = %h.fid, "close on the MDT failed: {e}");
             }
         });
     }
