@@ -1,320 +1,471 @@
-//! The metadata benchmark: file create, stat and remove phases (mdtest's "easy" mode:
-//! each thread in its own directory), timed from the first start to the last finish.
+//! The metadata benchmark, modelled on mdtest: tree, directory and file phases, `T`
+//! threads per client sharing one client, `P` clients as separate processes, every
+//! phase timed from its first start to its last finish across all of them.
 
+use crate::report::{Env, PhaseReport, Report};
 use crate::stats::Latencies;
-use anyhow::{bail, Context, Result};
-use lode_base::{Cred, Fid};
-use lode_client::{ClientConfig, Session};
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use crate::target::{self, Ops, Target};
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Barrier, Mutex};
-use std::time::Instant;
-
-/// Where the benchmark runs.
-#[derive(Clone, Debug)]
-pub enum Target {
-    /// Plain POSIX calls under a directory.
-    Path(PathBuf),
-    /// The lode client library: `MGS_HOST:PORT:/FSNAME`.
-    Native(String),
-}
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Options of `lode bench md`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MdOptions {
-    /// Target.
-    pub target: Target,
-    /// Items per thread.
+    /// Directory (`--path`) or `MGS:PORT:/FS` (`--native`).
+    pub path: Option<String>,
+    /// Native target.
+    pub native: Option<String>,
+    /// Items per client.
     pub items: usize,
-    /// Threads.
+    /// Clients (separate processes).
+    pub clients: usize,
+    /// Threads per client.
     pub threads: usize,
+    /// Each client in its own directory (else one shared directory).
+    pub unique_dir: bool,
+    /// Bytes written into each file at creation.
+    pub write_bytes: usize,
+    /// Bytes read from each file in the read phase.
+    pub read_bytes: usize,
+    /// Depth of the directory tree the items are spread over.
+    pub depth: usize,
+    /// Branching factor of that tree.
+    pub branch: usize,
+    /// Iterations.
+    pub iterations: usize,
+    /// Keep what was created.
+    pub keep: bool,
+    /// Name of the benchmark's top directory (set by the parent for workers).
+    pub top: String,
 }
 
-/// One phase's result.
-#[derive(Clone, Debug)]
-pub struct PhaseResult {
-    /// Phase name (mdtest's).
-    pub name: &'static str,
+impl MdOptions {
+    /// The target.
+    pub fn target(&self) -> Result<Target> {
+        match (&self.path, &self.native) {
+            (Some(p), None) => Ok(Target::Path(p.into())),
+            (None, Some(n)) => Ok(Target::Native(n.clone())),
+            _ => bail!("give --path DIR or --native MGS_HOST:PORT:/FSNAME"),
+        }
+    }
+}
+
+/// The phases, in the order mdtest runs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// Create the directory tree.
+    TreeCreate,
+    /// mkdir of the items.
+    DirCreate,
+    /// stat of those directories.
+    DirStat,
+    /// rmdir of them.
+    DirRemove,
+    /// Create the files (writing `write_bytes`).
+    FileCreate,
+    /// stat of the files.
+    FileStat,
+    /// Read `read_bytes` of each file.
+    FileRead,
+    /// unlink of the files.
+    FileRemove,
+    /// Remove the tree.
+    TreeRemove,
+}
+
+impl Phase {
+    /// mdtest's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::TreeCreate => "Tree creation",
+            Phase::DirCreate => "Directory creation",
+            Phase::DirStat => "Directory stat",
+            Phase::DirRemove => "Directory removal",
+            Phase::FileCreate => "File creation",
+            Phase::FileStat => "File stat",
+            Phase::FileRead => "File read",
+            Phase::FileRemove => "File removal",
+            Phase::TreeRemove => "Tree removal",
+        }
+    }
+
+    const ALL: [Phase; 9] = [
+        Phase::TreeCreate,
+        Phase::DirCreate,
+        Phase::DirStat,
+        Phase::DirRemove,
+        Phase::FileCreate,
+        Phase::FileStat,
+        Phase::FileRead,
+        Phase::FileRemove,
+        Phase::TreeRemove,
+    ];
+}
+
+/// What one client reports for one phase.
+#[derive(Clone, Debug, Serialize, Deserialize, Default)]
+pub struct Outcome {
+    /// First operation start, ns since the epoch.
+    pub start_ns: u64,
+    /// Last operation end.
+    pub end_ns: u64,
     /// Operations done.
-    pub ops: usize,
-    /// Operations per second, first start to last finish.
-    pub rate: f64,
-    /// Median latency, µs.
-    pub p50_us: f64,
-    /// 99th percentile latency, µs.
-    pub p99_us: f64,
-    /// Largest latency, µs.
-    pub max_us: f64,
+    pub ops: u64,
+    /// Latencies, ns.
+    pub lat: Vec<u64>,
+    /// Why the phase failed, if it did.
+    pub error: Option<String>,
 }
 
-trait Ops: Send + Sync {
-    fn mkdir(&self, dir: &str) -> Result<()>;
-    fn create(&self, dir: &str, name: &str) -> Result<()>;
-    fn stat(&self, dir: &str, name: &str) -> Result<()>;
-    fn remove(&self, dir: &str, name: &str) -> Result<()>;
-    fn rmdir(&self, dir: &str) -> Result<()>;
-    /// Removes the benchmark's top directory.
-    fn finish(&self) -> Result<()>;
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
-struct PosixOps(PathBuf);
-
-fn cpath(p: &Path) -> Result<CString> {
-    Ok(CString::new(p.as_os_str().as_bytes())?)
+/// The base directory of client `c` in iteration `it`.
+fn base(o: &MdOptions, it: usize, c: usize) -> String {
+    if o.unique_dir {
+        format!("it{it}/c{c}")
+    } else {
+        format!("it{it}/shared")
+    }
 }
 
-fn check(r: libc::c_int, what: &str, p: &Path) -> Result<()> {
-    if r < 0 {
-        bail!(
-            "{what} {}: {}",
-            p.display(),
-            std::io::Error::last_os_error()
-        );
+/// Tree directories below `base` (parents first) and the leaves items go into.
+fn tree(o: &MdOptions, base: &str) -> (Vec<String>, Vec<String>) {
+    let mut all = Vec::new();
+    let mut level = vec![base.to_string()];
+    for _ in 0..o.depth {
+        let mut next = Vec::new();
+        for d in &level {
+            for b in 0..o.branch.max(1) {
+                let p = format!("{d}/t{b}");
+                all.push(p.clone());
+                next.push(p);
+            }
+        }
+        level = next;
+    }
+    (all, level)
+}
+
+/// Runs one phase for one client with its threads.
+pub fn run_client_phase(
+    ops: &Arc<dyn Ops>,
+    o: &MdOptions,
+    c: usize,
+    it: usize,
+    phase: Phase,
+) -> Outcome {
+    let b = base(o, it, c);
+    let (dirs, leaves) = tree(o, &b);
+    let tree_owner = o.unique_dir || c == 0;
+    // Tree phases: done by the tree's owner, single-threaded, parents first.
+    if matches!(phase, Phase::TreeCreate | Phase::TreeRemove) {
+        let mut out = Outcome {
+            start_ns: now_ns(),
+            ..Default::default()
+        };
+        if tree_owner {
+            let list: Vec<String> = if phase == Phase::TreeCreate {
+                let mut v = vec![b.clone()];
+                v.extend(dirs.iter().cloned());
+                v
+            } else {
+                let mut v = dirs.clone();
+                v.reverse();
+                v.push(b.clone());
+                v
+            };
+            for d in list {
+                if crate::stopped() {
+                    out.error = Some("interrupted".into());
+                    break;
+                }
+                let t = std::time::Instant::now();
+                let r = if phase == Phase::TreeCreate {
+                    ops.mkdir(&d)
+                } else {
+                    ops.rmdir(&d)
+                };
+                if let Err(e) = r {
+                    out.error = Some(format!("{e:#}"));
+                    break;
+                }
+                out.lat.push(t.elapsed().as_nanos() as u64);
+                out.ops += 1;
+            }
+        }
+        out.end_ns = now_ns();
+        return out;
+    }
+    let threads = o.threads.max(1);
+    let per = o.items / threads;
+    let extra = o.items % threads;
+    let barrier = Arc::new(Barrier::new(threads));
+    let results = Arc::new(Mutex::new(Vec::new()));
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let n = per + usize::from(t < extra);
+            let barrier = barrier.clone();
+            let results = results.clone();
+            let leaves = &leaves;
+            let ops = ops.clone();
+            s.spawn(move || {
+                let mut out = Outcome::default();
+                barrier.wait();
+                out.start_ns = now_ns();
+                for k in 0..n {
+                    if crate::stopped() {
+                        out.error = Some("interrupted".into());
+                        break;
+                    }
+                    let dir = &leaves[k % leaves.len()];
+                    let kind =
+                        if matches!(phase, Phase::DirCreate | Phase::DirStat | Phase::DirRemove) {
+                            'd'
+                        } else {
+                            'f'
+                        };
+                    let p = format!("{dir}/{kind}.c{c}.t{t}.{k}");
+                    let start = std::time::Instant::now();
+                    let r = match phase {
+                        Phase::DirCreate => ops.mkdir(&p),
+                        Phase::DirStat | Phase::FileStat => ops.stat(&p).map(|_| ()),
+                        Phase::DirRemove => ops.rmdir(&p),
+                        Phase::FileCreate => ops.create(&p, o.write_bytes),
+                        Phase::FileRead => ops.read(&p, o.read_bytes).map(|_| ()),
+                        Phase::FileRemove => ops.unlink(&p),
+                        Phase::TreeCreate | Phase::TreeRemove => Ok(()),
+                    };
+                    if let Err(e) = r {
+                        out.error = Some(format!("{e:#}"));
+                        break;
+                    }
+                    out.lat.push(start.elapsed().as_nanos() as u64);
+                    out.ops += 1;
+                }
+                out.end_ns = now_ns();
+                if let Ok(mut r) = results.lock() {
+                    r.push(out);
+                }
+            });
+        }
+    });
+    let parts = results.lock().map(|r| r.clone()).unwrap_or_default();
+    merge(parts)
+}
+
+fn merge(parts: Vec<Outcome>) -> Outcome {
+    let mut out = Outcome {
+        start_ns: u64::MAX,
+        ..Default::default()
+    };
+    for p in parts {
+        out.start_ns = out.start_ns.min(p.start_ns);
+        out.end_ns = out.end_ns.max(p.end_ns);
+        out.ops += p.ops;
+        out.lat.extend(p.lat);
+        if out.error.is_none() {
+            out.error = p.error;
+        }
+    }
+    if out.start_ns == u64::MAX {
+        out.start_ns = out.end_ns;
+    }
+    out
+}
+
+/// A client process driven over its stdin/stdout.
+struct Worker {
+    child: Child,
+    tx: ChildStdin,
+    rx: BufReader<ChildStdout>,
+}
+
+fn spawn_workers(o: &MdOptions) -> Result<Vec<Worker>> {
+    let exe = std::env::current_exe().context("cannot find the lode binary")?;
+    let opts = serde_json::to_string(o)?;
+    let mut v = Vec::new();
+    for c in 0..o.clients {
+        let mut child = Command::new(&exe)
+            .args([
+                "bench",
+                "md-worker",
+                "--client",
+                &c.to_string(),
+                "--options",
+                &opts,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("cannot start a bench client process")?;
+        let tx = child.stdin.take().context("no stdin")?;
+        let rx = BufReader::new(child.stdout.take().context("no stdout")?);
+        v.push(Worker { child, tx, rx });
+    }
+    for w in &mut v {
+        let mut line = String::new();
+        w.rx.read_line(&mut line)?;
+        if line.trim() != "READY" {
+            bail!("a bench client failed to start: {}", line.trim());
+        }
+    }
+    Ok(v)
+}
+
+/// The worker side: connect, then run phases as the parent asks.
+pub fn worker(client: usize, opts: &str) -> Result<()> {
+    let o: MdOptions = serde_json::from_str(opts)?;
+    let ops = target::open(&o.target()?, &o.top, false)?;
+    let mut out = std::io::stdout();
+    writeln!(out, "READY")?;
+    out.flush()?;
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let (phase, it): (Phase, usize) = serde_json::from_str(&line)?;
+        let r = run_client_phase(&ops, &o, client, it, phase);
+        writeln!(out, "{}", serde_json::to_string(&r)?)?;
+        out.flush()?;
     }
     Ok(())
 }
 
-impl Ops for PosixOps {
-    fn mkdir(&self, dir: &str) -> Result<()> {
-        std::fs::create_dir(self.0.join(dir)).with_context(|| format!("mkdir {dir}"))
+/// Runs the whole benchmark and returns its report. Removes what it created unless
+/// `keep`, also after a failure or Ctrl-C.
+pub fn run(o: &MdOptions) -> Result<Report> {
+    if o.items == 0 || o.clients == 0 || o.threads == 0 || o.iterations == 0 {
+        bail!("--items, --clients, --threads and --iterations must be at least 1");
     }
-    fn create(&self, dir: &str, name: &str) -> Result<()> {
-        let p = self.0.join(dir).join(name);
-        let c = cpath(&p)?;
-        // SAFETY: c is a valid NUL-terminated path.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
-                0o644,
-            )
-        };
-        check(fd, "create", &p)?;
-        // SAFETY: fd was just returned by open.
-        unsafe { libc::close(fd) };
-        Ok(())
+    if o.depth > 0 && o.branch == 0 {
+        bail!("--branch must be at least 1 with --depth");
     }
-    fn stat(&self, dir: &str, name: &str) -> Result<()> {
-        let p = self.0.join(dir).join(name);
-        let c = cpath(&p)?;
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: valid path and a buffer of the right type.
-        check(
-            unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) },
-            "stat",
-            &p,
-        )
-    }
-    fn remove(&self, dir: &str, name: &str) -> Result<()> {
-        let p = self.0.join(dir).join(name);
-        let c = cpath(&p)?;
-        // SAFETY: valid path.
-        check(unsafe { libc::unlink(c.as_ptr()) }, "unlink", &p)
-    }
-    fn rmdir(&self, dir: &str) -> Result<()> {
-        std::fs::remove_dir(self.0.join(dir)).with_context(|| format!("rmdir {dir}"))
-    }
-    fn finish(&self) -> Result<()> {
-        std::fs::remove_dir(&self.0).with_context(|| format!("rmdir {}", self.0.display()))
-    }
-}
-
-struct NativeOps {
-    s: Session,
-    cred: Cred,
-    base: Fid,
-    top: Vec<u8>,
-    dirs: Mutex<std::collections::HashMap<String, Fid>>,
-}
-
-impl NativeOps {
-    fn dir(&self, d: &str) -> Result<Fid> {
-        self.dirs
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .get(d)
-            .copied()
-            .context("unknown dir")
-    }
-}
-
-impl Ops for NativeOps {
-    fn mkdir(&self, dir: &str) -> Result<()> {
-        let b =
-            self.s.run(
-                self.s
-                    .client
-                    .mkdir(&self.cred, self.base, dir.as_bytes(), 0o755, None),
-            )?;
-        self.dirs
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .insert(dir.to_string(), b.attr.fid);
-        Ok(())
-    }
-    fn create(&self, dir: &str, name: &str) -> Result<()> {
-        let d = self.dir(dir)?;
-        self.s.run(
-            self.s
-                .client
-                .create(&self.cred, d, name.as_bytes(), 0o644, None),
-        )?;
-        Ok(())
-    }
-    fn stat(&self, dir: &str, name: &str) -> Result<()> {
-        let d = self.dir(dir)?;
-        let b = self
-            .s
-            .run(self.s.client.lookup(&self.cred, d, name.as_bytes()))?;
-        self.s.run(self.s.client.complete(b))?;
-        Ok(())
-    }
-    fn remove(&self, dir: &str, name: &str) -> Result<()> {
-        let d = self.dir(dir)?;
-        self.s
-            .run(self.s.client.unlink(&self.cred, d, name.as_bytes()))?;
-        Ok(())
-    }
-    fn rmdir(&self, dir: &str) -> Result<()> {
-        self.s
-            .run(self.s.client.rmdir(&self.cred, self.base, dir.as_bytes()))?;
-        Ok(())
-    }
-    fn finish(&self) -> Result<()> {
-        self.s
-            .run(self.s.client.rmdir(&self.cred, Fid::ROOT, &self.top))?;
-        Ok(())
-    }
-}
-
-/// Parses `HOST:PORT:/FSNAME`.
-pub fn parse_native(spec: &str) -> Result<(String, String)> {
-    lode_client::parse_source(spec).map_err(|e| anyhow::anyhow!(e))
-}
-
-fn ops_for(t: &Target, top: &str) -> Result<Arc<dyn Ops>> {
-    Ok(match t {
-        Target::Path(p) => {
-            let md = std::fs::metadata(p).with_context(|| format!("{}", p.display()))?;
-            if !md.is_dir() {
-                bail!("{}: not a directory", p.display());
-            }
-            std::fs::create_dir(p.join(top))
-                .with_context(|| format!("{}: cannot create the bench directory", p.display()))?;
-            Arc::new(PosixOps(p.join(top)))
+    let t = o.target()?;
+    let mut o = o.clone();
+    o.top = format!(
+        "lode-bench-md.{}.{}",
+        std::process::id(),
+        now_ns() % 1_000_000
+    );
+    let local = target::open(&t, &o.top, true)?;
+    let result = run_phases(&o, &local);
+    if !o.keep {
+        if let Err(e) = target::remove_tree(&t, &o.top) {
+            eprintln!("lode: bench: cleanup: {e:#}");
         }
-        Target::Native(spec) => {
-            let (mgs, fs) = parse_native(spec)?;
-            let s = Session::connect(ClientConfig::new(&mgs, &fs))
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            // SAFETY: geteuid/getegid cannot fail.
-            let cred = Cred {
-                uid: unsafe { libc::geteuid() },
-                gid: unsafe { libc::getegid() },
-                groups: vec![],
+    }
+    let phases = result?;
+    Ok(Report {
+        kind: "md".into(),
+        env: Env::here(t.describe()),
+        options: serde_json::to_value(&o)?,
+        phases,
+    })
+}
+
+fn run_phases(o: &MdOptions, local: &Arc<dyn Ops>) -> Result<Vec<PhaseReport>> {
+    let mut workers = if o.clients > 1 {
+        spawn_workers(o)?
+    } else {
+        Vec::new()
+    };
+    let progress = crate::progress::Progress::new();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); Phase::ALL.len()];
+    let mut lats: Vec<Latencies> = vec![Latencies::default(); Phase::ALL.len()];
+    let mut opss = vec![0u64; Phase::ALL.len()];
+    let phases = Phase::ALL;
+    for it in 0..o.iterations {
+        // The iteration's directory is made (and removed) outside the timed phases.
+        local.mkdir(&format!("it{it}"))?;
+        for (pi, phase) in phases.iter().enumerate() {
+            progress.show(&format!(
+                "{} (iteration {}/{})",
+                phase.name(),
+                it + 1,
+                o.iterations
+            ));
+            let parts: Vec<Outcome> = if workers.is_empty() {
+                vec![run_client_phase(local, o, 0, it, *phase)]
+            } else {
+                let msg = serde_json::to_string(&(phase, it))?;
+                for w in &mut workers {
+                    writeln!(w.tx, "{msg}")?;
+                    w.tx.flush()?;
+                }
+                let mut v = Vec::new();
+                for w in &mut workers {
+                    let mut line = String::new();
+                    w.rx.read_line(&mut line)?;
+                    v.push(serde_json::from_str(&line).map_err(|e| anyhow!("bench client: {e}"))?);
+                }
+                v
             };
-            let b = s.run(
-                s.client
-                    .mkdir(&cred, Fid::ROOT, top.as_bytes(), 0o755, None),
-            )?;
-            Arc::new(NativeOps {
-                s,
-                cred,
-                base: b.attr.fid,
-                top: top.as_bytes().to_vec(),
-                dirs: Mutex::new(Default::default()),
-            })
+            let all = merge(parts);
+            if let Some(e) = &all.error {
+                progress.clear();
+                for mut w in workers {
+                    let _ = w.child.kill();
+                    let _ = w.child.wait();
+                }
+                bail!(
+                    "phase {:?} failed after {} operations: {e}",
+                    phase.name(),
+                    all.ops
+                );
+            }
+            let secs = (all.end_ns.saturating_sub(all.start_ns)) as f64 / 1e9;
+            rates[pi].push(if secs > 0.0 {
+                all.ops as f64 / secs
+            } else {
+                0.0
+            });
+            opss[pi] += all.ops;
+            lats[pi].0.extend(all.lat);
         }
-    })
+        local.rmdir(&format!("it{it}"))?;
+    }
+    progress.clear();
+    for mut w in workers {
+        drop(w.tx);
+        let _ = w.child.wait();
+    }
+    Ok(phases
+        .iter()
+        .enumerate()
+        .map(|(i, p)| PhaseReport::new(p.name(), "ops/s", rates[i].clone(), opss[i], &mut lats[i]))
+        .collect())
 }
 
-/// One operation of a phase: (ops, directory, name).
-type Phase = fn(&dyn Ops, &str, &str) -> Result<()>;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn run_phase(
-    name: &'static str,
-    ops: &Arc<dyn Ops>,
-    threads: usize,
-    items: usize,
-    f: Phase,
-) -> Result<PhaseResult> {
-    let barrier = Arc::new(Barrier::new(threads));
-    let start = Arc::new(Mutex::new(None::<Instant>));
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let ops = ops.clone();
-            let barrier = barrier.clone();
-            let start = start.clone();
-            std::thread::spawn(move || -> Result<(Latencies, Instant)> {
-                let dir = format!("t{t}");
-                let mut lat = Latencies(Vec::with_capacity(items));
-                barrier.wait();
-                let t0 = Instant::now();
-                if let Ok(mut s) = start.lock() {
-                    if s.is_none_or(|x| t0 < x) {
-                        *s = Some(t0);
-                    }
-                }
-                for i in 0..items {
-                    let a = Instant::now();
-                    f(&*ops, &dir, &format!("f{i}"))
-                        .with_context(|| format!("{name}: after {i} operations"))?;
-                    lat.0.push(a.elapsed().as_nanos() as u64);
-                }
-                Ok((lat, Instant::now()))
-            })
-        })
-        .collect();
-    let mut all = Latencies::default();
-    let mut end = None::<Instant>;
-    for h in handles {
-        let (lat, fin) = h
-            .join()
-            .map_err(|_| anyhow::anyhow!("{name}: a worker panicked"))??;
-        all.0.extend(lat.0);
-        end = Some(end.map_or(fin, |e: Instant| e.max(fin)));
+    #[test]
+    fn tree_has_branch_to_the_depth_leaves() {
+        let o = MdOptions {
+            path: None,
+            native: None,
+            items: 1,
+            clients: 1,
+            threads: 1,
+            unique_dir: true,
+            write_bytes: 0,
+            read_bytes: 0,
+            depth: 2,
+            branch: 3,
+            iterations: 1,
+            keep: false,
+            top: String::new(),
+        };
+        let (all, leaves) = tree(&o, "b");
+        assert_eq!(all.len(), 3 + 9);
+        assert_eq!(leaves.len(), 9);
+        assert!(leaves.contains(&"b/t2/t1".to_string()));
     }
-    let begin = start
-        .lock()
-        .map_err(|_| anyhow::anyhow!("poisoned"))?
-        .unwrap_or_else(Instant::now);
-    let secs = end
-        .map_or(0.0, |e| e.duration_since(begin).as_secs_f64())
-        .max(1e-9);
-    let ops_n = threads * items;
-    Ok(PhaseResult {
-        name,
-        ops: ops_n,
-        rate: ops_n as f64 / secs,
-        p50_us: all.quantile(0.5) as f64 / 1e3,
-        p99_us: all.quantile(0.99) as f64 / 1e3,
-        max_us: all.max() as f64 / 1e3,
-    })
-}
-
-/// Runs the file phases and removes what it made.
-pub fn run(o: &MdOptions) -> Result<Vec<PhaseResult>> {
-    if o.items == 0 || o.threads == 0 {
-        bail!("--items and --threads must be at least 1");
-    }
-    let top = format!("lode-bench.{}", std::process::id());
-    let ops = ops_for(&o.target, &top)?;
-    for t in 0..o.threads {
-        ops.mkdir(&format!("t{t}"))?;
-    }
-    let phases: [(&'static str, Phase); 3] = [
-        ("File creation", |o, d, n| o.create(d, n)),
-        ("File stat", |o, d, n| o.stat(d, n)),
-        ("File removal", |o, d, n| o.remove(d, n)),
-    ];
-    let mut out = Vec::with_capacity(phases.len());
-    for (name, f) in phases {
-        out.push(run_phase(name, &ops, o.threads, o.items, f)?);
-    }
-    for t in 0..o.threads {
-        ops.rmdir(&format!("t{t}"))?;
-    }
-    ops.finish()?;
-    Ok(out)
 }

@@ -1,59 +1,229 @@
-//! `lode bench`: argument parsing and the mdtest-like report.
+//! `lode bench`: argument parsing and printing; the engine is `lode-bench`.
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::{Args, Subcommand};
-use lode_bench::md::{MdOptions, Target};
+use lode_bench::report::{compare, plot, Report};
+use lode_bench::target::Target;
 use std::path::PathBuf;
 
 /// Benchmarks.
 #[derive(Subcommand)]
 pub enum BenchCmd {
-    /// Metadata phases: file create, stat, remove (each thread in its own directory).
+    /// Metadata phases, like mdtest: tree, directory and file create/stat/read/remove.
     Md(MdArgs),
+    /// Tree walking: ls -l of a large directory, du, find -name, parallel stat walk.
+    Walk(WalkArgs),
+    /// Sequential I/O, like IOR: file per client or one shared file.
+    Io(IoArgs),
+    /// Phase-by-phase ratios of result files (the first is the base).
+    Compare(CompareArgs),
+    /// Internal: one client process of a multi-client md run.
+    #[command(hide = true)]
+    MdWorker(WorkerArgs),
 }
 
-/// Arguments of `lode bench md`.
-#[derive(Args)]
-pub struct MdArgs {
+/// Where to run and how to report.
+#[derive(Args, Clone)]
+pub struct Common {
     /// Run with POSIX calls under this directory (any file system).
     #[arg(long, conflicts_with = "native")]
     path: Option<PathBuf>,
     /// Run through the lode client library: MGS_HOST:PORT:/FSNAME.
     #[arg(long)]
     native: Option<String>,
-    /// Items per thread.
-    #[arg(long, default_value_t = 10_000)]
-    items: usize,
-    /// Threads.
+    /// Iterations.
     #[arg(long, default_value_t = 1)]
-    threads: usize,
+    iterations: usize,
+    /// Write every figure and the environment to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw the phases as an SVG bar chart.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Keep what the benchmark created.
+    #[arg(long)]
+    keep: bool,
 }
 
-/// Runs a benchmark and prints its table.
+impl Common {
+    fn target(&self) -> Result<Target> {
+        match (&self.path, &self.native) {
+            (Some(p), None) => Ok(Target::Path(p.clone())),
+            (None, Some(n)) => Ok(Target::Native(n.clone())),
+            _ => bail!("give --path DIR or --native MGS_HOST:PORT:/FSNAME"),
+        }
+    }
+}
+
+/// Arguments of `lode bench md`.
+#[derive(Args)]
+pub struct MdArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Items per client.
+    #[arg(long, default_value_t = 1000)]
+    items: usize,
+    /// Clients, each a separate process with its own lode client.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// Threads per client, sharing its client (their RPCs overlap).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Each client in its own directory (default: one shared directory).
+    #[arg(long)]
+    unique_dir: bool,
+    /// Bytes written into each file at creation.
+    #[arg(long, default_value_t = 0)]
+    write_bytes: usize,
+    /// Bytes read from each file in the read phase.
+    #[arg(long, default_value_t = 0)]
+    read_bytes: usize,
+    /// Depth of the directory tree items are spread over.
+    #[arg(long, default_value_t = 0)]
+    depth: usize,
+    /// Branching factor of the tree.
+    #[arg(long, default_value_t = 1)]
+    branch: usize,
+}
+
+/// Arguments of `lode bench walk`.
+#[derive(Args)]
+pub struct WalkArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Directories in the tree.
+    #[arg(long, default_value_t = 10)]
+    dirs: usize,
+    /// Files per directory.
+    #[arg(long, default_value_t = 1000)]
+    files: usize,
+    /// Parallel walkers for the stat walk.
+    #[arg(long, default_value_t = 4)]
+    walkers: usize,
+    /// Drop caches before each phase (root).
+    #[arg(long)]
+    cold: bool,
+}
+
+/// Arguments of `lode bench io`.
+#[derive(Args)]
+pub struct IoArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Clients (each with its own connection).
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// Bytes per client (k/M/G suffixes).
+    #[arg(long, default_value = "256M")]
+    block: String,
+    /// Bytes per call.
+    #[arg(long, default_value = "1M")]
+    transfer: String,
+    /// One shared file instead of a file per client.
+    #[arg(long)]
+    shared: bool,
+    /// fsync at the end of the write phase.
+    #[arg(long)]
+    fsync: bool,
+}
+
+/// Arguments of `lode bench compare`.
+#[derive(Args)]
+pub struct CompareArgs {
+    /// JSON result files; ratios are to the first.
+    #[arg(required = true, num_args = 2..)]
+    files: Vec<PathBuf>,
+    /// Also draw them side by side as an SVG bar chart.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// Arguments of the hidden worker.
+#[derive(Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    client: usize,
+    #[arg(long)]
+    options: String,
+}
+
+fn finish(r: &Report, c: &Common) -> Result<()> {
+    print!("{}", r.table());
+    if let Some(j) = &c.json {
+        r.write_json(j)?;
+    }
+    if let Some(p) = &c.plot {
+        plot(&[(r.env.target.clone(), r.clone())], p)?;
+    }
+    Ok(())
+}
+
+/// Runs a benchmark.
 pub fn run(cmd: BenchCmd) -> Result<()> {
+    lode_bench::install_ctrlc();
     match cmd {
         BenchCmd::Md(a) => {
-            let target = match (a.path, a.native) {
-                (Some(p), None) => Target::Path(p),
-                (None, Some(n)) => Target::Native(n),
-                _ => bail!("bench md: give --path DIR or --native MGS:/FSNAME"),
-            };
-            let res = lode_bench::md::run(&MdOptions {
-                target,
+            let c = &a.common;
+            c.target()?;
+            let o = lode_bench::md::MdOptions {
+                path: c.path.as_ref().map(|p| p.display().to_string()),
+                native: c.native.clone(),
                 items: a.items,
+                clients: a.clients,
                 threads: a.threads,
-            })?;
-            println!(
-                "SUMMARY rate: (of {} threads, {} items each)",
-                a.threads, a.items
-            );
-            println!("   Operation                      ops/s      p50 us      p99 us      max us");
-            println!("   ---------                      -----      ------      ------      ------");
-            for r in res {
-                println!(
-                    "   {:<22} {:>13.1} {:>11.1} {:>11.1} {:>11.1}",
-                    r.name, r.rate, r.p50_us, r.p99_us, r.max_us
-                );
+                unique_dir: a.unique_dir,
+                write_bytes: a.write_bytes,
+                read_bytes: a.read_bytes,
+                depth: a.depth,
+                branch: a.branch,
+                iterations: c.iterations,
+                keep: c.keep,
+                top: String::new(),
+            };
+            let r = lode_bench::md::run(&o).map_err(|e| anyhow!("bench md: {e:#}"))?;
+            finish(&r, c)
+        }
+        BenchCmd::MdWorker(w) => lode_bench::md::worker(w.client, &w.options),
+        BenchCmd::Walk(a) => {
+            let c = &a.common;
+            let o = lode_bench::walk::WalkOptions {
+                target: c.target()?,
+                dirs: a.dirs,
+                files: a.files,
+                walkers: a.walkers,
+                cold: a.cold,
+                iterations: c.iterations,
+                keep: c.keep,
+            };
+            let r = lode_bench::walk::run(&o).map_err(|e| anyhow!("bench walk: {e:#}"))?;
+            finish(&r, c)
+        }
+        BenchCmd::Io(a) => {
+            let c = &a.common;
+            let size = |s: &str| crate::lfs::parse_size(s).map_err(|e| anyhow!("bench io: {e}"));
+            let o = lode_bench::io::IoOptions {
+                target: c.target()?,
+                clients: a.clients,
+                block: size(&a.block)?,
+                transfer: size(&a.transfer)? as usize,
+                shared: a.shared,
+                fsync: a.fsync,
+                iterations: c.iterations,
+                keep: c.keep,
+            };
+            let r = lode_bench::io::run(&o).map_err(|e| anyhow!("bench io: {e:#}"))?;
+            finish(&r, c)
+        }
+        BenchCmd::Compare(a) => {
+            let reports: Vec<(String, Report)> = a
+                .files
+                .iter()
+                .map(|f| Report::read_json(f).map(|r| (f.display().to_string(), r)))
+                .collect::<Result<_>>()
+                .map_err(|e| anyhow!("bench compare: {e:#}"))?;
+            print!("{}", compare(&reports)?);
+            if let Some(p) = &a.plot {
+                plot(&reports, p)?;
             }
             Ok(())
         }

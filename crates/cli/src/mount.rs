@@ -267,15 +267,30 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         .arg(&abs)
         .stderr(Stdio::piped())
         .output()?;
-    if !st.status.success() {
-        let why = String::from_utf8_lossy(&st.stderr).trim().to_string();
-        bail!(
-            "umount: {}: {}",
-            abs.display(),
-            if why.is_empty() { "failed".into() } else { why }
-        );
+    if st.status.success() {
+        return Ok(());
     }
-    Ok(())
+    let why = String::from_utf8_lossy(&st.stderr).trim().to_string();
+    if why.contains("busy") {
+        // Busy (a process sits in it, or a server is down): detach it now; the kernel
+        // releases it when the last user leaves, and the mount process then exits.
+        let lazy = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&abs)
+            .status()?;
+        if lazy.success() {
+            eprintln!(
+                "lode: umount: {}: busy, detached (lazy unmount)",
+                abs.display()
+            );
+            return Ok(());
+        }
+    }
+    bail!(
+        "umount: {}: {}",
+        abs.display(),
+        if why.is_empty() { "failed".into() } else { why }
+    );
 }
 
 /// Lode mounts in /proc/mounts: a FUSE type and a `MGS:/FSNAME` source.

@@ -187,7 +187,8 @@ fn start_mdt(
     let on_term = store.clone();
     rt.spawn(async move {
         // A clean stop (lode down, systemd) commits what is written before exiting.
-        if let Ok(mut t) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        if let Ok(mut t) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
             t.recv().await;
             let s = on_term.clone();
             let _ = tokio::task::spawn_blocking(move || s.sync()).await;

@@ -33,18 +33,28 @@ fn up_then_down_twice_leaves_nothing_behind_and_keeps_data() {
             .args(["--port-base", &base.to_string()])
             .output()
             .unwrap();
-        assert!(out.status.success(), "up: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     let down = || {
         let out = lode().args(["down", "--dir"]).arg(&dir).output().unwrap();
-        assert!(out.status.success(), "down: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "down: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     let mnt = dir.join("mnt");
     for round in 0..2 {
         let said = up();
         assert!(said.contains("mounted on"), "{said}");
-        assert!(lode_testkit::is_mounted(&std::fs::canonicalize(&mnt).unwrap()));
+        assert!(lode_testkit::is_mounted(
+            &std::fs::canonicalize(&mnt).unwrap()
+        ));
         // Running it again on a live file system says so.
         assert!(up().contains("already running"));
         if round == 0 {
@@ -57,10 +67,14 @@ fn up_then_down_twice_leaves_nothing_behind_and_keeps_data() {
         assert_eq!(st.lines().filter(|l| l.contains(" up ")).count(), 4, "{st}");
         assert!(st.contains("mounted"), "{st}");
         down();
-        assert!(!lode_testkit::is_mounted(&std::fs::canonicalize(&mnt).unwrap()));
-        lode_testkit::wait_for("lode processes to exit", std::time::Duration::from_secs(15), || {
-            lode_processes_for(&dir) == 0
-        });
+        assert!(!lode_testkit::is_mounted(
+            &std::fs::canonicalize(&mnt).unwrap()
+        ));
+        lode_testkit::wait_for(
+            "lode processes to exit",
+            std::time::Duration::from_secs(15),
+            || lode_processes_for(&dir) == 0,
+        );
     }
 }
 
@@ -68,7 +82,10 @@ fn fails_with(cmd: &mut Command, words: &str) {
     let out = cmd.output().expect("run lode");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "expected failure; stderr: {err}");
-    assert!(err.contains(words), "stderr {err:?} should mention {words:?}");
+    assert!(
+        err.contains(words),
+        "stderr {err:?} should mention {words:?}"
+    );
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
 }
 
@@ -77,28 +94,59 @@ fn mount_refuses_bad_mount_points_and_sources() {
     let c = cluster(1);
     let src = format!("{}:/{}", c.mgs_addr, c.fsname);
     let t = tempfile::tempdir().unwrap();
-    fails_with(lode().args(["mount", &src]).arg(t.path().join("missing")), "No such file or directory");
+    fails_with(
+        lode().args(["mount", &src]).arg(t.path().join("missing")),
+        "No such file or directory",
+    );
     let full = t.path().join("full");
     std::fs::create_dir(&full).unwrap();
     std::fs::write(full.join("x"), b"").unwrap();
     fails_with(lode().args(["mount", &src]).arg(&full), "not empty");
     let empty = t.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    fails_with(lode().args(["mount", "127.0.0.1:1:/testfs"]).arg(&empty).env("LODE_LOG", "off"), "no answer");
-    fails_with(lode().args(["mount", &format!("{}:/wrongfs", c.mgs_addr)]).arg(&empty), "wrong file system name");
-    fails_with(lode().args(["mount", "nonsense"]).arg(&empty), "expected MGS_HOST:PORT:/FSNAME");
-    assert!(!lode_testkit::is_mounted(&std::fs::canonicalize(&empty).unwrap()), "nothing left mounted");
+    fails_with(
+        lode()
+            .args(["mount", "127.0.0.1:1:/testfs"])
+            .arg(&empty)
+            .env("LODE_LOG", "off"),
+        "no answer",
+    );
+    fails_with(
+        lode()
+            .args(["mount", &format!("{}:/wrongfs", c.mgs_addr)])
+            .arg(&empty),
+        "wrong file system name",
+    );
+    fails_with(
+        lode().args(["mount", "nonsense"]).arg(&empty),
+        "expected MGS_HOST:PORT:/FSNAME",
+    );
+    assert!(
+        !lode_testkit::is_mounted(&std::fs::canonicalize(&empty).unwrap()),
+        "nothing left mounted"
+    );
     // A mount point that is already a lode mount is refused.
     let m = c.mount();
-    fails_with(lode().args(["mount", &src]).arg(m.path()), "already mounted");
+    fails_with(
+        lode().args(["mount", &src]).arg(m.path()),
+        "already mounted",
+    );
     // Daemonized mount, then lode umount.
     let out = lode().args(["mount", &src]).arg(&empty).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let abs = std::fs::canonicalize(&empty).unwrap();
     assert!(lode_testkit::is_mounted(&abs));
     std::fs::write(abs.join("f"), b"data").unwrap();
     let out = lode().args(["umount"]).arg(&abs).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!lode_testkit::is_mounted(&abs));
     fails_with(lode().args(["umount"]).arg(&abs), "not a lode mount");
 }
@@ -114,7 +162,10 @@ fn a_server_restart_while_mounted_is_waited_for() {
     let waiter = std::thread::spawn(move || std::fs::write(p.with_file_name("g"), b"during"));
     std::thread::sleep(std::time::Duration::from_millis(500));
     c.start_target("mdt0");
-    waiter.join().unwrap().expect("the write waited for the MDT and succeeded");
+    waiter
+        .join()
+        .unwrap()
+        .expect("the write waited for the MDT and succeeded");
     assert_eq!(std::fs::read(m.path().join("g")).unwrap(), b"during");
     assert_eq!(std::fs::read(&f).unwrap(), b"before");
 }
@@ -125,14 +176,21 @@ fn lfs_commands_on_a_mount() {
     let m = c.mount();
     let run = |args: &[&str]| {
         let out = lode().args(args).output().unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     let mp = m.path().to_str().unwrap().to_string();
     let f = format!("{mp}/wide");
     run(&["setstripe", "-c", "2", "-S", "128k", &f]);
     let g = run(&["getstripe", &f]);
-    assert!(g.contains("lmm_stripe_count:  2\nlmm_stripe_size:   131072\nlmm_pattern:       raid0"), "{g}");
+    assert!(
+        g.contains("lmm_stripe_count:  2\nlmm_stripe_size:   131072\nlmm_pattern:       raid0"),
+        "{g}"
+    );
     assert_eq!(run(&["getstripe", "-c", &f]), "2\n");
     assert_eq!(run(&["getstripe", "-S", &f]), "131072\n");
     std::fs::write(&f, vec![5u8; 1 << 20]).unwrap();
@@ -158,6 +216,9 @@ fn lfs_commands_on_a_mount() {
     assert_eq!(got, vec![format!("{mp}/a/b/link"), f.clone()]);
     let df = run(&["df", &mp]);
     assert!(df.starts_with("UUID"), "{df}");
-    assert!(df.contains("testfs-OST0001_UUID") && df.contains("filesystem_summary:"), "{df}");
+    assert!(
+        df.contains("testfs-OST0001_UUID") && df.contains("filesystem_summary:"),
+        "{df}"
+    );
     assert!(run(&["df", "-i", &mp]).contains("Inodes"));
 }

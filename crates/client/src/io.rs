@@ -347,6 +347,11 @@ impl Client {
         if let Some(size) = sa.size {
             self.punch_objects(fid, body.layout.as_ref(), size).await?;
         }
+        if sa.mtime.is_some() && body.glimpse {
+            // The objects' times count in a glimpse: give them the new mtime too.
+            self.set_object_mtime(fid, body.layout.as_ref(), body.attr.mtime)
+                .await?;
+        }
         Ok(body)
     }
 
@@ -375,6 +380,32 @@ impl Client {
         };
         self.punch_objects(fid, body.layout.as_ref(), size).await?;
         Ok(body)
+    }
+
+    async fn set_object_mtime(
+        &self,
+        fid: Fid,
+        layout: Option<&Layout>,
+        mtime: i64,
+    ) -> Result<(), Errno> {
+        let Some(layout) = layout else { return Ok(()) };
+        let mut per_ost: std::collections::HashMap<u32, Vec<ObjId>> = Default::default();
+        for (_, _, ost, obj) in objects(fid, layout) {
+            per_ost.entry(ost).or_default().push(obj);
+        }
+        let futs = per_ost.into_iter().map(|(ost, objs)| async move {
+            let osc = self.osc(ost).await?;
+            osc.call(Request::OstSetattr(lode_proto::OstSetattrReq {
+                objs,
+                mtime,
+            }))
+            .await
+            .map(|_| ())
+        });
+        for r in futures::future::join_all(futs).await {
+            r?;
+        }
+        Ok(())
     }
 
     async fn punch_objects(

@@ -65,6 +65,9 @@ impl ClientConfig {
 /// Directory names resolved recently: (parent, name) → (directory, when).
 type DirCache = HashMap<(Fid, Vec<u8>), (Fid, Instant)>;
 
+/// How long the MGS may take to answer before connecting fails.
+const MGS_CONNECT_TIMEOUT: Duration = Duration::from_secs(8);
+
 /// A connected client.
 pub struct Client {
     cfg: ClientConfig,
@@ -83,12 +86,14 @@ impl Client {
     pub async fn connect(cfg: ClientConfig) -> Result<Arc<Client>, ConnectError> {
         let rt = Handle::current();
         let uuid = uuid::Uuid::new_v4().to_string();
+        // A mount should fail in seconds when the MGS is not there, not after `timeout`.
+        let mgs_timeout = cfg.timeout.min(MGS_CONNECT_TIMEOUT);
         let mgs = lode_mgs::client::mgs_import(
             &cfg.mgs,
             &cfg.fsname,
             &uuid,
             cfg.key.clone(),
-            cfg.timeout,
+            mgs_timeout,
             rt.clone(),
         );
         let conf = lode_mgs::client::fetch_config(&mgs)

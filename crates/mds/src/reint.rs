@@ -322,8 +322,14 @@ impl Mdt {
                 return Err(Errno::EACCES.into());
             }
         }
-        if sa.mode.is_some() && !owner {
-            return Err(Errno::EPERM.into());
+        if let Some(m) = sa.mode {
+            // Dropping set-user/group-ID bits is never an escalation: the kernel does it
+            // on behalf of any writer (file_remove_privs), so anyone who may write may.
+            let kill_privs = m & 0o7777 == rec.mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID)
+                && may_access(&attr, cred, MAY_WRITE);
+            if !owner && !kill_privs {
+                return Err(Errno::EPERM.into());
+            }
         }
         if let Some(uid) = sa.uid {
             if uid != rec.uid && !root {

@@ -177,6 +177,20 @@ impl Ost {
         Ok(())
     }
 
+    fn set_mtime(&self, objs: &[ObjId], mtime: i64) -> Result<(), Errno> {
+        let t = if mtime >= 0 {
+            std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime as u64)
+        } else {
+            std::time::UNIX_EPOCH - std::time::Duration::from_nanos(mtime.unsigned_abs())
+        };
+        for o in objs {
+            if let Some(f) = self.open_obj(o, false)? {
+                f.set_modified(t).map_err(|e| io_errno(&e))?;
+            }
+        }
+        Ok(())
+    }
+
     fn destroy(&self, objs: &[ObjId]) -> Result<(), Errno> {
         for o in objs {
             match std::fs::remove_file(self.object_path(o)) {
@@ -243,6 +257,10 @@ impl Ost {
             Request::OstSync(r) => {
                 self.sync(bounded(&r.objs)?)?;
                 Reply::OstSync(Empty {})
+            }
+            Request::OstSetattr(r) => {
+                self.set_mtime(bounded(&r.objs)?, r.mtime)?;
+                Reply::OstSetattr(Empty {})
             }
             Request::Destroy(r) => {
                 self.destroy(bounded(&r.objs)?)?;

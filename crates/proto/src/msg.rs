@@ -445,6 +445,15 @@ pub struct ObjAttrsRep {
     pub attrs: Vec<ObjAttr>,
 }
 
+/// Set the modification time of OST objects.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OstSetattrReq {
+    /// Objects (absent ones are skipped: they hold no data).
+    pub objs: Vec<ObjId>,
+    /// New mtime, ns since the epoch.
+    pub mtime: i64,
+}
+
 /// What kind of target registers with the MGS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TargetKind {
@@ -628,6 +637,8 @@ messages! {
     OstSync = 44: ObjsReq => Empty,
     /// Destroy OST objects.
     Destroy = 45: ObjsReq => Empty,
+    /// Set OST objects' modification time (explicit mtime, utimes).
+    OstSetattr = 46: OstSetattrReq => Empty,
     /// Register a target with the MGS.
     MgsRegister = 60: MgsRegisterReq => Empty,
     /// Fetch the file system config.

@@ -168,6 +168,7 @@ pub fn lustre_name(op: Opcode) -> &'static str {
         Opcode::OstGetattr => "ost_getattr",
         Opcode::OstSync => "ost_sync",
         Opcode::Destroy => "ost_destroy",
+        Opcode::OstSetattr => "ost_setattr",
         Opcode::MgsRegister => "mgs_target_reg",
         Opcode::MgsConfig => "mgs_config_read",
     }

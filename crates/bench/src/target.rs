@@ -1,0 +1,541 @@
+//! What a benchmark runs against: a directory through POSIX calls, or the lode client
+//! library. Paths are relative to the benchmark's root, `/`-separated.
+
+use anyhow::{anyhow, bail, Context, Result};
+use lode_base::{Cred, Fid};
+use lode_client::{ClientConfig, FileHandle, Session};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Where a benchmark runs.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub enum Target {
+    /// Plain POSIX calls under a directory.
+    Path(PathBuf),
+    /// The lode client library: `MGS_HOST:PORT:/FSNAME`.
+    Native(String),
+}
+
+impl Target {
+    /// A short description for reports.
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Path(p) => format!("path {}", p.display()),
+            Target::Native(s) => format!("native {s}"),
+        }
+    }
+}
+
+/// The operations benchmarks need.
+pub trait Ops: Send + Sync {
+    /// mkdir.
+    fn mkdir(&self, p: &str) -> Result<()>;
+    /// rmdir.
+    fn rmdir(&self, p: &str) -> Result<()>;
+    /// Creates a file, writing `bytes` bytes into it.
+    fn create(&self, p: &str, bytes: usize) -> Result<()>;
+    /// stat (size and attributes).
+    fn stat(&self, p: &str) -> Result<u64>;
+    /// Opens and reads up to `bytes` bytes.
+    fn read(&self, p: &str, bytes: usize) -> Result<usize>;
+    /// unlink.
+    fn unlink(&self, p: &str) -> Result<()>;
+    /// Names in a directory (without `.` and `..`).
+    fn list(&self, p: &str) -> Result<Vec<(String, bool)>>;
+    /// Writes `total` bytes to a file in `transfer`-sized calls at `offset`.
+    fn write_range(
+        &self,
+        p: &str,
+        offset: u64,
+        total: u64,
+        transfer: usize,
+        fsync: bool,
+    ) -> Result<()>;
+    /// Reads `total` bytes from `offset` in `transfer`-sized calls.
+    fn read_range(&self, p: &str, offset: u64, total: u64, transfer: usize) -> Result<u64>;
+}
+
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// POSIX calls under a root directory.
+pub struct PosixOps {
+    root: PathBuf,
+}
+
+impl PosixOps {
+    fn path(&self, p: &str) -> Result<CString> {
+        let full = self.root.join(p);
+        CString::new(full.as_os_str().as_bytes()).map_err(|_| anyhow!("path with NUL"))
+    }
+}
+
+impl Ops for PosixOps {
+    fn mkdir(&self, p: &str) -> Result<()> {
+        let c = self.path(p)?;
+        // SAFETY: valid C string.
+        if unsafe { libc::mkdir(c.as_ptr(), 0o755) } < 0 {
+            bail!("mkdir {p}: {}", errno());
+        }
+        Ok(())
+    }
+    fn rmdir(&self, p: &str) -> Result<()> {
+        let c = self.path(p)?;
+        // SAFETY: valid C string.
+        if unsafe { libc::rmdir(c.as_ptr()) } < 0 {
+            bail!("rmdir {p}: {}", errno());
+        }
+        Ok(())
+    }
+    fn create(&self, p: &str, bytes: usize) -> Result<()> {
+        let c = self.path(p)?;
+        // SAFETY: valid C string.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                0o644,
+            )
+        };
+        if fd < 0 {
+            bail!("create {p}: {}", errno());
+        }
+        let mut r = Ok(());
+        if bytes > 0 {
+            let buf = vec![0x5au8; bytes];
+            // SAFETY: fd is open, buf is valid for its length.
+            let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+            if n != bytes as isize {
+                r = Err(anyhow!("write {p}: {}", errno()));
+            }
+        }
+        // SAFETY: fd is open.
+        unsafe { libc::close(fd) };
+        r
+    }
+    fn stat(&self, p: &str) -> Result<u64> {
+        let c = self.path(p)?;
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: valid path and buffer.
+        if unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) } < 0 {
+            bail!("stat {p}: {}", errno());
+        }
+        // SAFETY: stat succeeded and filled the buffer.
+        Ok(unsafe { st.assume_init() }.st_size as u64)
+    }
+    fn read(&self, p: &str, bytes: usize) -> Result<usize> {
+        let c = self.path(p)?;
+        // SAFETY: valid C string.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY) };
+        if fd < 0 {
+            bail!("open {p}: {}", errno());
+        }
+        let mut buf = vec![0u8; bytes.max(1)];
+        // SAFETY: fd is open, buf is valid.
+        let n = if bytes > 0 {
+            unsafe { libc::read(fd, buf.as_mut_ptr().cast(), bytes) }
+        } else {
+            0
+        };
+        // SAFETY: fd is open.
+        unsafe { libc::close(fd) };
+        if n < 0 {
+            bail!("read {p}: {}", errno());
+        }
+        Ok(n as usize)
+    }
+    fn unlink(&self, p: &str) -> Result<()> {
+        let c = self.path(p)?;
+        // SAFETY: valid C string.
+        if unsafe { libc::unlink(c.as_ptr()) } < 0 {
+            bail!("unlink {p}: {}", errno());
+        }
+        Ok(())
+    }
+    fn list(&self, p: &str) -> Result<Vec<(String, bool)>> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(self.root.join(p)).with_context(|| format!("readdir {p}"))? {
+            let e = e?;
+            let dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
+            v.push((e.file_name().to_string_lossy().into_owned(), dir));
+        }
+        Ok(v)
+    }
+    fn write_range(
+        &self,
+        p: &str,
+        offset: u64,
+        total: u64,
+        transfer: usize,
+        fsync: bool,
+    ) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.root.join(p))?;
+        let buf = vec![0xa5u8; transfer];
+        let mut done = 0;
+        while done < total && !crate::stopped() {
+            let n = (total - done).min(transfer as u64) as usize;
+            f.write_all_at(&buf[..n], offset + done)
+                .with_context(|| format!("write {p}"))?;
+            done += n as u64;
+        }
+        if fsync {
+            f.sync_all()?;
+        }
+        Ok(())
+    }
+    fn read_range(&self, p: &str, offset: u64, total: u64, transfer: usize) -> Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(self.root.join(p))?;
+        let mut buf = vec![0u8; transfer];
+        let mut done = 0;
+        while done < total && !crate::stopped() {
+            let n = (total - done).min(transfer as u64) as usize;
+            let got = f
+                .read_at(&mut buf[..n], offset + done)
+                .with_context(|| format!("read {p}"))?;
+            if got == 0 {
+                break;
+            }
+            done += got as u64;
+        }
+        Ok(done)
+    }
+}
+
+mod dircache {
+    use lode_base::Fid;
+    use std::collections::HashMap;
+    use std::sync::RwLock;
+
+    /// Directory path → FID, so native operations need no path walk.
+    #[derive(Default)]
+    pub struct DirCache(pub RwLock<HashMap<String, Fid>>);
+}
+
+/// The lode client library.
+pub struct NativeOps {
+    s: Session,
+    cred: Cred,
+    root: Fid,
+    dirs: dircache::DirCache,
+}
+
+fn split(p: &str) -> (&str, &str) {
+    match p.rfind('/') {
+        Some(i) => (&p[..i], &p[i + 1..]),
+        None => ("", p),
+    }
+}
+
+impl NativeOps {
+    fn dir(&self, d: &str) -> Result<Fid> {
+        if d.is_empty() {
+            return Ok(self.root);
+        }
+        if let Some(f) = self.dirs.0.read().map_err(|_| anyhow!("poisoned"))?.get(d) {
+            return Ok(*f);
+        }
+        let (pd, name) = split(d);
+        let parent = self.dir(pd)?;
+        let b = self
+            .s
+            .run(self.s.client.lookup(&self.cred, parent, name.as_bytes()))
+            .map_err(|e| anyhow!("lookup {d}: {e}"))?;
+        self.dirs
+            .0
+            .write()
+            .map_err(|_| anyhow!("poisoned"))?
+            .insert(d.to_string(), b.attr.fid);
+        Ok(b.attr.fid)
+    }
+
+    fn open(&self, p: &str, flags: i32) -> Result<FileHandle> {
+        let (d, n) = split(p);
+        let dir = self.dir(d)?;
+        let c = &self.s.client;
+        if flags & libc::O_CREAT != 0 {
+            return self
+                .s
+                .run(c.create_open(&self.cred, dir, n.as_bytes(), 0o644, flags, None))
+                .map_err(|e| anyhow!("create {p}: {e}"));
+        }
+        let b = self
+            .s
+            .run(c.lookup(&self.cred, dir, n.as_bytes()))
+            .map_err(|e| anyhow!("lookup {p}: {e}"))?;
+        self.s
+            .run(c.open(&self.cred, b.attr.fid, flags))
+            .map_err(|e| anyhow!("open {p}: {e}"))
+    }
+}
+
+impl Ops for NativeOps {
+    fn mkdir(&self, p: &str) -> Result<()> {
+        let (d, n) = split(p);
+        let dir = self.dir(d)?;
+        let b = self
+            .s
+            .run(
+                self.s
+                    .client
+                    .mkdir(&self.cred, dir, n.as_bytes(), 0o755, None),
+            )
+            .map_err(|e| anyhow!("mkdir {p}: {e}"))?;
+        self.dirs
+            .0
+            .write()
+            .map_err(|_| anyhow!("poisoned"))?
+            .insert(p.to_string(), b.attr.fid);
+        Ok(())
+    }
+    fn rmdir(&self, p: &str) -> Result<()> {
+        let (d, n) = split(p);
+        let dir = self.dir(d)?;
+        self.s
+            .run(self.s.client.rmdir(&self.cred, dir, n.as_bytes()))
+            .map_err(|e| anyhow!("rmdir {p}: {e}"))?;
+        self.dirs
+            .0
+            .write()
+            .map_err(|_| anyhow!("poisoned"))?
+            .remove(p);
+        Ok(())
+    }
+    fn create(&self, p: &str, bytes: usize) -> Result<()> {
+        let c = &self.s.client;
+        if bytes == 0 {
+            let (d, n) = split(p);
+            let dir = self.dir(d)?;
+            self.s
+                .run(c.create(&self.cred, dir, n.as_bytes(), 0o644, None))
+                .map_err(|e| anyhow!("create {p}: {e}"))?;
+            return Ok(());
+        }
+        let h = self.open(p, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY)?;
+        let r = self
+            .s
+            .run(c.write(&h, 0, &vec![0x5au8; bytes]))
+            .map_err(|e| anyhow!("write {p}: {e}"));
+        let _ = self.s.run(c.close(&h));
+        r.map(|_| ())
+    }
+    fn stat(&self, p: &str) -> Result<u64> {
+        let (d, n) = split(p);
+        let dir = self.dir(d)?;
+        let c = &self.s.client;
+        let b = self
+            .s
+            .run(c.lookup(&self.cred, dir, n.as_bytes()))
+            .map_err(|e| anyhow!("stat {p}: {e}"))?;
+        let b = self
+            .s
+            .run(c.complete(b))
+            .map_err(|e| anyhow!("stat {p}: {e}"))?;
+        Ok(b.attr.size)
+    }
+    fn read(&self, p: &str, bytes: usize) -> Result<usize> {
+        let h = self.open(p, libc::O_RDONLY)?;
+        let c = &self.s.client;
+        let r = if bytes > 0 {
+            self.s.run(c.read(&h, 0, bytes)).map(|d| d.len())
+        } else {
+            Ok(0)
+        };
+        let _ = self.s.run(c.close(&h));
+        r.map_err(|e| anyhow!("read {p}: {e}"))
+    }
+    fn unlink(&self, p: &str) -> Result<()> {
+        let (d, n) = split(p);
+        let dir = self.dir(d)?;
+        self.s
+            .run(self.s.client.unlink(&self.cred, dir, n.as_bytes()))
+            .map_err(|e| anyhow!("unlink {p}: {e}"))
+    }
+    fn list(&self, p: &str) -> Result<Vec<(String, bool)>> {
+        let dir = self.dir(p)?;
+        let entries = self
+            .s
+            .run(self.s.client.readdir_all(&self.cred, dir, false))
+            .map_err(|e| anyhow!("readdir {p}: {e}"))?;
+        Ok(entries
+            .into_iter()
+            .filter(|e| e.name != b"." && e.name != b"..")
+            .map(|e| {
+                (
+                    String::from_utf8_lossy(&e.name).into_owned(),
+                    e.dtype == libc::DT_DIR,
+                )
+            })
+            .collect())
+    }
+    fn write_range(
+        &self,
+        p: &str,
+        offset: u64,
+        total: u64,
+        transfer: usize,
+        fsync: bool,
+    ) -> Result<()> {
+        let (d, n) = split(p);
+        let dir = self.dir(d)?;
+        let c = &self.s.client;
+        let h = self
+            .s
+            .run(c.create_open(&self.cred, dir, n.as_bytes(), 0o644, libc::O_RDWR, None))
+            .map_err(|e| anyhow!("open {p}: {e}"))?;
+        let buf = vec![0xa5u8; transfer];
+        let mut done = 0;
+        let mut r = Ok(());
+        while done < total && !crate::stopped() {
+            let k = (total - done).min(transfer as u64) as usize;
+            if let Err(e) = self.s.run(c.write(&h, offset + done, &buf[..k])) {
+                r = Err(anyhow!("write {p}: {e}"));
+                break;
+            }
+            done += k as u64;
+        }
+        if r.is_ok() && fsync {
+            r = self
+                .s
+                .run(c.fsync(&h))
+                .map_err(|e| anyhow!("fsync {p}: {e}"));
+        }
+        let _ = self.s.run(c.close(&h));
+        r
+    }
+    fn read_range(&self, p: &str, offset: u64, total: u64, transfer: usize) -> Result<u64> {
+        let h = self.open(p, libc::O_RDONLY)?;
+        let c = &self.s.client;
+        let mut done = 0;
+        let mut r = Ok(());
+        while done < total && !crate::stopped() {
+            let k = (total - done).min(transfer as u64) as usize;
+            match self.s.run(c.read(&h, offset + done, k)) {
+                Ok(d) if d.is_empty() => break,
+                Ok(d) => done += d.len() as u64,
+                Err(e) => {
+                    r = Err(anyhow!("read {p}: {e}"));
+                    break;
+                }
+            }
+        }
+        let _ = self.s.run(c.close(&h));
+        r.map(|_| done)
+    }
+}
+
+/// Opens a target; `top` (a fresh directory name) is created and becomes the root of
+/// every path. Problems (missing directory, unwritable, server down) fail here, before
+/// any work.
+pub fn open(t: &Target, top: &str, create_top: bool) -> Result<Arc<dyn Ops>> {
+    match t {
+        Target::Path(p) => {
+            let md = std::fs::metadata(p).map_err(|e| anyhow!("{}: {e}", p.display()))?;
+            if !md.is_dir() {
+                bail!("{}: not a directory", p.display());
+            }
+            let root = p.join(top);
+            if create_top {
+                std::fs::create_dir(&root)
+                    .map_err(|e| anyhow!("{}: cannot create {top}: {e}", p.display()))?;
+            }
+            Ok(Arc::new(PosixOps { root }))
+        }
+        Target::Native(spec) => {
+            let (mgs, fs) = lode_client::parse_source(spec).map_err(|e| anyhow!(e))?;
+            let s = Session::connect(ClientConfig::new(&mgs, &fs))
+                .map_err(|e| anyhow!("{spec}: {e}"))?;
+            // SAFETY: geteuid/getegid cannot fail.
+            let cred = Cred {
+                uid: unsafe { libc::geteuid() },
+                gid: unsafe { libc::getegid() },
+                groups: vec![],
+            };
+            let root = if create_top {
+                s.run(
+                    s.client
+                        .mkdir(&cred, Fid::ROOT, top.as_bytes(), 0o755, None),
+                )
+                .map_err(|e| anyhow!("{spec}: cannot create {top}: {e}"))?
+            } else {
+                s.run(s.client.lookup(&cred, Fid::ROOT, top.as_bytes()))
+                    .map_err(|e| anyhow!("{spec}: {top}: {e}"))?
+            };
+            Ok(Arc::new(NativeOps {
+                s,
+                cred,
+                root: root.attr.fid,
+                dirs: dircache::DirCache::default(),
+            }))
+        }
+    }
+}
+
+/// Removes the benchmark root `top` and everything below it.
+pub fn remove_tree(t: &Target, top: &str) -> Result<()> {
+    match t {
+        Target::Path(p) => {
+            let root = p.join(top);
+            if root.exists() {
+                std::fs::remove_dir_all(&root)
+                    .map_err(|e| anyhow!("cleanup {}: {e}", root.display()))?;
+            }
+            Ok(())
+        }
+        Target::Native(_) => {
+            let ops = open(t, top, false);
+            let Ok(ops) = ops else { return Ok(()) };
+            remove_below(&*ops, "")?;
+            let parent = open_parent(t)?;
+            parent.rmdir(top)
+        }
+    }
+}
+
+fn open_parent(t: &Target) -> Result<Arc<dyn Ops>> {
+    match t {
+        Target::Native(spec) => {
+            let (mgs, fs) = lode_client::parse_source(spec).map_err(|e| anyhow!(e))?;
+            let s = Session::connect(ClientConfig::new(&mgs, &fs))
+                .map_err(|e| anyhow!("{spec}: {e}"))?;
+            // SAFETY: geteuid/getegid cannot fail.
+            let cred = Cred {
+                uid: unsafe { libc::geteuid() },
+                gid: unsafe { libc::getegid() },
+                groups: vec![],
+            };
+            Ok(Arc::new(NativeOps {
+                s,
+                cred,
+                root: Fid::ROOT,
+                dirs: dircache::DirCache::default(),
+            }))
+        }
+        Target::Path(p) => Ok(Arc::new(PosixOps { root: p.clone() })),
+    }
+}
+
+fn remove_below(ops: &dyn Ops, dir: &str) -> Result<()> {
+    for (name, is_dir) in ops.list(dir)? {
+        let p = if dir.is_empty() {
+            name
+        } else {
+            format!("{dir}/{name}")
+        };
+        if is_dir {
+            remove_below(ops, &p)?;
+            ops.rmdir(&p)?;
+        } else {
+            ops.unlink(&p)?;
+        }
+    }
+    Ok(())
+}
