@@ -320,15 +320,12 @@ mod tests {
         let b = rep(250.0);
         let c = compare(&[("a.json".into(), a.clone()), ("b.json".into(), b)]).unwrap();
         assert!(c.contains("2.50x"), "{c}");
-        let d = tempfile_path("r.json");
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("r.json");
         a.write_json(&d).unwrap();
         assert_eq!(Report::read_json(&d).unwrap(), a);
-        let svg = tempfile_path("p.svg");
+        let svg = dir.path().join("p.svg");
         plot(&[("a".into(), a)], &svg).unwrap();
         assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
-    }
-
-    fn tempfile_path(n: &str) -> std::path::PathBuf {
-        std::env::temp_dir().join(format!("lode-bench-test-{}-{n}", std::process::id()))
     }
 }
