@@ -2,8 +2,10 @@
 # moosefs.sh - bring a private, single-node MooseFS 3.0.x instance up or down
 # for comparison benchmarks against lode.
 #
-#   moosefs.sh up   DIR MOUNTPOINT   start master + chunkserver (state in DIR), mount, verify
-#   moosefs.sh down DIR MOUNTPOINT   unmount, stop chunkserver + master, check nothing is left
+#   moosefs.sh up   DIR MOUNTPOINT   create the network namespace, start master +
+#                                    chunkserver in it (state in DIR), mount, verify
+#   moosefs.sh down DIR MOUNTPOINT   unmount, stop chunkserver + master, delete the
+#                                    namespace, check nothing is left
 #
 # Everything (configs, metadata, chunk storage) lives under DIR so the instance
 # never touches /etc/mfs or /var/lib/mfs and can coexist with a system install.
@@ -19,21 +21,33 @@
 #                  get a scheduling advantage over lode (which runs at 0) on a
 #                  small box. Set MFS_NICE=-19 for stock behaviour.
 #   MFS_TIMEOUT    seconds to wait for the file system to become usable (default 60)
-#   MFS_HOST_IP    non-loopback IPv4 address of this machine for the chunkserver
-#                  (default: first global-scope IPv4 address, e.g. eth0's)
+#   MFS_NETNS      name of the network namespace the servers run in (default
+#                  lodemfs; at most 13 characters, it also names the veth pair
+#                  NETNS-h / NETNS-n)
+#   MFS_SUBNET     /30 network of the veth pair (default 10.251.0.0): .1 is the
+#                  host end (mfsmount's source address), .2 the namespace end
+#                  (master and chunkserver). Must not be used elsewhere on this
+#                  machine. Two instances running at the same time need
+#                  different MFS_NETNS, MFS_SUBNET and MFS_PORT_BASE.
 #
-# Why a non-loopback address at all: mfschunkserver 3.0 refuses a master in
-# 127.0.0.0/8 ("localhost can't be used for connecting with master (use ip
-# address of network controller)") because the master hands the chunkserver's
-# address to clients. Traffic to the machine's own address still goes through
-# the kernel's loopback path, so performance is the same as 127.0.0.1.
-# Clients (mfsmount, and the export rule) still use 127.0.0.1; only the
-# master<->chunkserver and client<->chunkserver sockets use MFS_HOST_IP, and a
-# random per-instance AUTH_CODE keeps foreign chunkservers out.
+# Why a network namespace: mfschunkserver 3.0 refuses a master in 127.0.0.0/8
+# ("localhost can't be used for connecting with master (use ip address of
+# network controller)") because the master hands the chunkserver's address to
+# clients, so master and chunkserver need a non-loopback address. We must not
+# use this machine's real (eth0) address, so `up` creates a private namespace
+# MFS_NETNS joined to the host by a veth pair, and runs mfsmaster and
+# mfschunkserver inside it (`ip netns exec`), listening on the namespace end
+# (NS_IP). Master<->chunkserver traffic stays inside the namespace (its own
+# loopback path); mfsmount runs on the host and reaches master and chunkserver
+# over the veth pair, which is given a loopback-like MTU. Nothing else is
+# routed to or from the namespace, a random per-instance AUTH_CODE keeps
+# foreign chunkservers out, and the export rule admits only the host end.
+# `down` deletes the veth pair and the namespace again.
 #
 # Bash 4+, util-linux, coreutils. Run as root (FUSE mount + daemons as root).
 
-set -euo pipefail
+# -E: let the ERR trap below fire inside functions too.
+set -Eeuo pipefail
 
 PROG=${0##*/}
 USAGE="usage: $PROG up|down DIR MOUNTPOINT"
@@ -41,7 +55,8 @@ USAGE="usage: $PROG up|down DIR MOUNTPOINT"
 die() { echo "$PROG: error: $*" >&2; exit 1; }
 note() { echo "$PROG: $*" >&2; }
 # Catch-all so that an unexpected failure under `set -e` is never silent.
-trap 'rc=$?; echo "$PROG: error: command failed (exit $rc) at line $LINENO: $BASH_COMMAND" >&2; exit $rc' ERR
+on_err() { local rc=$?; echo "$PROG: error: command failed (exit $rc) at line $1: $BASH_COMMAND" >&2; exit "$rc"; }
+trap 'on_err $LINENO' ERR
 
 [[ $# -eq 3 && ( $1 == up || $1 == down ) ]] || { echo "$USAGE" >&2; exit 2; }
 CMD=$1
@@ -58,19 +73,21 @@ TIMEOUT=${MFS_TIMEOUT:-60}
     || die "MFS_PORT_BASE, MFS_NICE and MFS_TIMEOUT must be integers"
 ML_PORT=$PORT_BASE CS_PORT=$((PORT_BASE + 1)) CL_PORT=$((PORT_BASE + 2)) CSSERV_PORT=$((PORT_BASE + 3))
 
-# Pick the address the chunkserver uses (see the header for why not 127.0.0.1).
-host_ip() {
-    local ip=${MFS_HOST_IP:-}
-    if [[ -z $ip ]] && command -v ip >/dev/null 2>&1; then
-        ip=$(ip -4 -o addr show scope global 2>/dev/null | awk '{ sub(/\/.*/, "", $4); print $4; exit }')
-    fi
-    if [[ -z $ip ]]; then
-        ip=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -E '^[0-9]+(\.[0-9]+){3}$' | grep -v '^127\.' | head -n 1 || true)
-    fi
-    [[ -n $ip ]] || die "no non-loopback IPv4 address found (mfschunkserver refuses 127.x); set MFS_HOST_IP, e.g. after 'ip addr add 192.0.2.1/32 dev lo'"
-    [[ $ip != 127.* ]] || die "MFS_HOST_IP=$ip is loopback; mfschunkserver refuses 127.x masters"
-    echo "$ip"
-}
+NS=${MFS_NETNS:-lodemfs}
+SUBNET=${MFS_SUBNET:-10.251.0.0}
+# Interface names are limited to 15 characters; NS also names the veth ends.
+[[ $NS =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,12}$ ]] \
+    || die "MFS_NETNS='$NS' must be 1-13 characters of A-Z a-z 0-9 _ . -"
+# No leading zeros: ip(8) and inet_aton would read them as octal.
+[[ $SUBNET =~ ^(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})$ ]] \
+    && ((10#${BASH_REMATCH[1]} <= 255 && 10#${BASH_REMATCH[2]} <= 255 && 10#${BASH_REMATCH[3]} <= 255 \
+        && 10#${BASH_REMATCH[4]} % 4 == 0 && 10#${BASH_REMATCH[4]} <= 252)) \
+    && [[ $SUBNET != 127.* && $SUBNET != 0.* ]] \
+    || die "MFS_SUBNET='$SUBNET' must be the network address of a non-loopback IPv4 /30, e.g. 10.251.0.0"
+SUBNET_PFX=${SUBNET%.*} SUBNET_LAST=$((10#${SUBNET##*.}))
+HOST_IP=$SUBNET_PFX.$((SUBNET_LAST + 1))  # host end of the veth pair: mfsmount
+NS_IP=$SUBNET_PFX.$((SUBNET_LAST + 2))    # namespace end: mfsmaster, mfschunkserver
+VETH_HOST=$NS-h VETH_NS=$NS-n
 
 MASTER_CFG=$DIR/mfsmaster.cfg
 CHUNK_CFG=$DIR/mfschunkserver.cfg
@@ -84,21 +101,38 @@ mnt_escape() {
     printf '%s' "$s"
 }
 
-# Print the fstype of the topmost mount at path $1, or nothing if not a mount point.
-# (Reads /proc/mounts instead of stat'ing the path: a dead FUSE mount makes
-# stat fail with ENOTCONN, and we still need to see and clean it up.)
-mount_type() {
-    M=$(mnt_escape "$1") awk '$2 == ENVIRON["M"] { t = $3 } END { if (t != "") print t }' /proc/mounts
+# Print "SOURCE FSTYPE" of the topmost mount at path $1, or nothing if it is
+# not a mount point. (Reads /proc/mounts instead of stat'ing the path: a dead
+# FUSE mount makes stat fail with ENOTCONN, and we still need to see and clean
+# it up.) SOURCE is as escaped by the kernel: MooseFS shows "mfs\043HOST:PORT".
+mount_info() {
+    M=$(mnt_escape "$1") awk '$2 == ENVIRON["M"] { t = $1 " " $3 } END { if (t != "") print t }' /proc/mounts
 }
 
-# PIDs of processes named $1 whose argv contains exactly $2 (e.g. our -c CFG or
-# our mount point). Lets us find *our* daemons without touching other instances.
+# PIDs of processes named $1 with an argv element equal to one of $2...
+# (e.g. our -c CFG). Lets us find *our* daemons without touching other
+# instances. Zombies have an empty cmdline and so never match.
 pids_with_arg() {
-    local pid
-    for pid in $(pgrep -x -- "$1" || true); do
-        if tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "$2"; then
+    local comm=$1 pid p pat=(); shift
+    for p; do pat+=(-e "$p"); done
+    for pid in $(pgrep -x -- "$comm" || true); do
+        if tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF "${pat[@]}"; then
             echo "$pid"
         fi
+    done
+}
+
+# Our mfsmount: once daemonized it rewrites its argv to the single string
+# "mfsmount (mounted on: MNT)"; before that MNT is a plain argument.
+mount_pids() { pids_with_arg mfsmount "$MNT" "mfsmount (mounted on: $MNT)"; }
+
+# A daemon started with -c $2 plus its children (mfsmaster forks a
+# "mfsmaster (data writer)" helper that does not carry the -c argument).
+daemon_pids() {
+    local pid
+    for pid in $(pids_with_arg "$1" "$2"); do
+        echo "$pid"
+        pgrep -P "$pid" || true
     done
 }
 
@@ -113,19 +147,30 @@ any_alive() {
     return 1
 }
 
+# Give PID 1 up to 5 s to reap exited daemons, so that a `pgrep mfs` right
+# after `down` does not show <defunct> entries (harmless if it takes longer).
+await_reaped() {
+    local pid i
+    for ((i = 0; i < 50; i++)); do
+        for pid; do [[ -e /proc/$pid ]] && break; done
+        [[ -e /proc/$pid ]] || return 0
+        sleep 0.1
+    done
+}
+
 # Wait up to $1 seconds for the given PIDs to exit; then TERM, then KILL.
 reap() {
     local secs=$1 what=$2; shift 2
     local pids=("$@") i
     ((${#pids[@]})) || return 0
     for ((i = 0; i < secs * 10; i++)); do
-        any_alive "${pids[@]}" || return 0
+        any_alive "${pids[@]}" || { await_reaped "${pids[@]}"; return 0; }
         sleep 0.1
     done
     note "warning: $what (pid ${pids[*]}) did not exit, sending SIGTERM"
     kill -TERM "${pids[@]}" 2>/dev/null || true
     for ((i = 0; i < 50; i++)); do
-        any_alive "${pids[@]}" || return 0
+        any_alive "${pids[@]}" || { await_reaped "${pids[@]}"; return 0; }
         sleep 0.1
     done
     note "warning: $what (pid ${pids[*]}) ignored SIGTERM, sending SIGKILL"
@@ -136,20 +181,20 @@ reap() {
 # Unmount $MNT if mounted. Tolerates dead FUSE mounts ("transport endpoint is
 # not connected") and, as a last resort, busy mounts (lazy unmount).
 unmount_mnt() {
-    [[ -n $(mount_type "$MNT") ]] || return 0
+    [[ -n $(mount_info "$MNT") ]] || return 0
     if ! fusermount3 -u -- "$MNT" 2>/dev/null && ! fusermount -u -- "$MNT" 2>/dev/null \
         && ! umount -- "$MNT" 2>/dev/null; then
         note "warning: $MNT is busy; detaching it lazily (umount -l)"
         umount -l -- "$MNT" || die "cannot unmount $MNT"
     fi
-    [[ -z $(mount_type "$MNT") ]] || die "$MNT is still listed in /proc/mounts after unmount"
+    [[ -z $(mount_info "$MNT") ]] || die "$MNT is still listed in /proc/mounts after unmount"
 }
 
 # Stop one daemon (mfsmaster|mfschunkserver) that was started with -c $2.
 stop_daemon() {
     local bin=$1 cfg=$2 secs=$3
     local pids
-    pids=$(pids_with_arg "$bin" "$cfg")
+    pids=$(daemon_pids "$bin" "$cfg")
     [[ -n $pids ]] || return 0
     # `stop` sends SIGTERM and waits for the lock to be released; the master
     # writes metadata.mfs on the way out, so give it time before escalating.
@@ -159,8 +204,86 @@ stop_daemon() {
     reap "$secs" "$bin" $pids
 }
 
+# ---------------------------------------------------------------- network namespace
+
+# (awk reads all input: with pipefail, an early-exiting grep -q could turn a
+# match into a SIGPIPE failure.)
+netns_exists() { ip netns list 2>/dev/null | awk -v n="$NS" '$1 == n { f = 1 } END { exit !f }'; }
+
+# Die unless each PID runs in network namespace NS. A daemon found running
+# elsewhere (left over from an older version of this script that ran it on the
+# host, or NS was deleted and recreated under it) would not be reachable at
+# NS_IP, so `up` must not silently reuse it.
+check_in_netns() {
+    local what=$1 ino pid; shift
+    ino=$(stat -L -c %i -- "/run/netns/$NS" 2>/dev/null || true)
+    for pid; do
+        [[ -n $ino && $(readlink "/proc/$pid/ns/net" 2>/dev/null) == "net:[$ino]" ]] && continue
+        [[ -e /proc/$pid ]] || continue  # exited meanwhile
+        die "$what (pid $pid) is running outside network namespace $NS; restart it with: $PROG down $DIR $MNT && $PROG up $DIR $MNT"
+    done
+}
+
+# Create (or repair) namespace NS and the veth pair VETH_HOST (HOST_IP, on the
+# host) <-> VETH_NS (NS_IP, inside NS). Idempotent.
+setup_netns() {
+    local other peer_ns
+    # An address already used elsewhere on the host would make mfsmount talk
+    # to something that is not ours.
+    other=$(ip -4 -o addr show 2>/dev/null | awk -v a="$HOST_IP" -v b="$NS_IP" -v me="$VETH_HOST" \
+        '{ split($4, x, "/") } (x[1] == a || x[1] == b) && $2 != me && !o { o = $2 " " $4 } END { print o }' || true)
+    [[ -z $other ]] || die "$HOST_IP or $NS_IP is already in use on this machine ($other); pick another MFS_SUBNET"
+
+    if ! netns_exists; then
+        ip netns add "$NS" || die "cannot create network namespace $NS"
+    fi
+    # Reuse the pair only if both ends exist and the host end's peer lives in
+    # NS (it does not if NS was deleted and recreated); otherwise start over.
+    peer_ns=$(ip -o link show dev "$VETH_HOST" 2>/dev/null \
+        | awk '{ for (i = 1; i < NF; i++) if ($i == "link-netns") print $(i + 1) }' || true)
+    if [[ $peer_ns != "$NS" ]] || ! ip -n "$NS" link show dev "$VETH_NS" >/dev/null 2>&1; then
+        ip link del "$VETH_HOST" 2>/dev/null || true
+        ip -n "$NS" link del "$VETH_NS" 2>/dev/null || true
+        # MTU 65535 (the veth maximum): close to lo's 65536, so host<->namespace
+        # traffic costs about what the old loopback path did.
+        ip link add "$VETH_HOST" mtu 65535 type veth peer name "$VETH_NS" mtu 65535 netns "$NS" \
+            || die "cannot create veth pair $VETH_HOST/$VETH_NS"
+    fi
+    # lo inside NS: the master's metalogger port listens on 127.0.0.1 there.
+    { ip addr replace "$HOST_IP/30" dev "$VETH_HOST" && ip link set "$VETH_HOST" up \
+        && ip -n "$NS" addr replace "$NS_IP/30" dev "$VETH_NS" && ip -n "$NS" link set "$VETH_NS" up \
+        && ip -n "$NS" link set lo up; } \
+        || die "cannot configure veth pair $VETH_HOST ($HOST_IP) <-> $VETH_NS ($NS_IP in $NS)"
+    # Another route for the subnet (e.g. a VPN) could win over ours.
+    ip -4 route get "$NS_IP" 2>/dev/null | grep -E " dev $VETH_HOST( |\$)" >/dev/null \
+        || die "$NS_IP is not routed via $VETH_HOST ($(ip -4 route get "$NS_IP" 2>&1 | head -n 1)); pick another MFS_SUBNET"
+}
+
+# Delete the veth pair and namespace NS; a no-op if they are already gone.
+# Refuses while any process still runs inside NS (not ours: our daemons have
+# been stopped by now), since `ip netns del` would merely hide the namespace.
+teardown_netns() {
+    local pids
+    if netns_exists; then
+        pids=$(ip netns pids "$NS" 2>/dev/null | tr '\n' ' ' || true)
+        [[ -z ${pids// /} ]] \
+            || die "network namespace $NS still has processes in it (pid ${pids% }); not deleting it or $VETH_HOST"
+    fi
+    # Deleting one end of a veth pair deletes both.
+    if ip link show dev "$VETH_HOST" >/dev/null 2>&1; then
+        ip link del "$VETH_HOST" || die "cannot delete veth pair $VETH_HOST"
+    fi
+    if netns_exists; then
+        ip netns del "$NS" || die "cannot delete network namespace $NS"
+    fi
+    if netns_exists || ip link show dev "$VETH_HOST" >/dev/null 2>&1; then
+        die "network namespace $NS or $VETH_HOST still exists after down"
+    fi
+}
+
 ensure_packages() {
     local missing=() b
+    command -v ip >/dev/null 2>&1 || die "'ip' (package iproute2) is required for the network namespace"
     for b in mfsmaster mfschunkserver mfsmount mfssetgoal; do
         command -v "$b" >/dev/null 2>&1 || missing+=("$b")
     done
@@ -174,8 +297,14 @@ ensure_packages() {
 # one-line error (plus the log tail) on failure.
 start_logged() {
     local name=$1; shift
-    if ! "$@" >>"$DIR/$name.log" 2>&1; then
-        tail -n 5 "$DIR/$name.log" | sed "s/^/$PROG: $name: /" >&2
+    # 9>&-: do not let the daemon inherit our flock on DIR/.lock.
+    if ! "$@" >>"$DIR/$name.log" 2>&1 9>&-; then
+        tail -n 5 "$DIR/$name.log" | grep -v '^$' | sed "s/^/$PROG: $name: /" >&2 || true
+        # After a hard kill (SIGKILL, OOM, power loss) the background changelog
+        # writer may leave a hole that -a cannot bridge.
+        if [[ $name == mfsmaster ]] && tail -n 5 "$DIR/$name.log" | grep -q 'changelog'; then
+            note "hint: metadata under $DIR/master is inconsistent after a crash; for a disposable benchmark FS remove $DIR, or force it with: ip netns exec $NS mfsmaster -a -i -c $MASTER_CFG start"
+        fi
         die "$name failed to start (full log: $DIR/$name.log); clean up with: $PROG down $DIR $MNT"
     fi
 }
@@ -183,7 +312,7 @@ start_logged() {
 # ---------------------------------------------------------------- config
 
 write_configs() {
-    local user group ip=$HOST_IP auth
+    local user group auth
     # Random secret, generated once per DIR and then reused, so a daemon
     # restarted by a later 'up' still matches the one that kept running.
     if [[ ! -s $DIR/.authcode ]]; then
@@ -203,26 +332,33 @@ NICE_LEVEL = $NICE
 DATA_PATH = $DIR/master
 EXPORTS_FILENAME = $DIR/mfsexports.cfg
 TOPOLOGY_FILENAME = $DIR/mfstopology.cfg
-# Loopback only: nothing else on this machine should reach the benchmark FS.
+# Runs inside network namespace $NS. Metaloggers on the namespace's loopback
+# only; chunkservers (which refuse 127.x) and clients (mfsmount on the host,
+# via the veth pair) on the namespace end $NS_IP. AUTH_CODE guards the
+# chunkserver port, mfsexports.cfg the client port.
 MATOML_LISTEN_HOST = 127.0.0.1
 MATOML_LISTEN_PORT = $ML_PORT
-MATOCS_LISTEN_HOST = $ip
+MATOCS_LISTEN_HOST = $NS_IP
 MATOCS_LISTEN_PORT = $CS_PORT
 AUTH_CODE = $auth
-MATOCL_LISTEN_HOST = 127.0.0.1
+MATOCL_LISTEN_HOST = $NS_IP
 MATOCL_LISTEN_PORT = $CL_PORT
 EOF
 
-    cat >"$DIR/mfsexports.cfg" <<'EOF'
-# Generated by moosefs.sh. Local clients get full access, root stays root
-# (benchmarks run as root), 'admin' allows mfssetgoal/mfssettrashtime.
-127.0.0.1	/	rw,alldirs,admin,maproot=0:0
+    cat >"$DIR/mfsexports.cfg" <<EOF
+# Generated by $PROG. The only client is mfsmount on this machine, which
+# reaches the master from the host end of the veth pair ($HOST_IP). It gets
+# full access, root stays root (benchmarks run as root), 'admin' allows
+# mfssetgoal/mfssettrashtime.
+$HOST_IP	/	rw,alldirs,admin,maproot=0:0
 EOF
 
     : >"$DIR/mfstopology.cfg"  # single node: no topology
 
     cat >"$CHUNK_CFG" <<EOF
 # Generated by $PROG; rewritten on every 'up'.
+# Runs inside network namespace $NS next to the master; clients (mfsmount on
+# the host) reach CSSERV over the veth pair.
 WORKING_USER = $user
 WORKING_GROUP = $group
 NICE_LEVEL = $NICE
@@ -231,13 +367,13 @@ HDD_CONF_FILENAME = $DIR/mfshdd.cfg
 # Default reserve is fine on a large disk, but keep it explicit and small so
 # a nearly-full test disk does not make MooseFS refuse writes.
 HDD_LEAVE_SPACE_DEFAULT = 256MiB
-MASTER_HOST = $ip
+MASTER_HOST = $NS_IP
 MASTER_PORT = $CS_PORT
 AUTH_CODE = $auth
 # Register quickly if the master is not accepting yet (default is 5 s).
 MASTER_RECONNECTION_DELAY = 1
-BIND_HOST = $ip
-CSSERV_LISTEN_HOST = $ip
+BIND_HOST = $NS_IP
+CSSERV_LISTEN_HOST = $NS_IP
 CSSERV_LISTEN_PORT = $CSSERV_PORT
 EOF
 
@@ -276,44 +412,67 @@ verify() {
     info=$(timeout 10 mfsfileinfo "$dst" 2>&1 || true)
     rm -f -- "$src"
     timeout 30 rm -f -- "$dst" || die "cannot remove test file $dst"
-    grep -qF "copy 1: $HOST_IP:$CSSERV_PORT" <<<"$info" \
+    grep -qF "copy 1: $NS_IP:$CSSERV_PORT" <<<"$info" \
         || die "test file has no chunk copy on the chunkserver (mfsfileinfo: $(tr '\n' ' ' <<<"$info"))"
 }
 
 do_up() {
     ensure_packages
-    mkdir -p "$DIR" "$MNT"
+    mkdir -p "$DIR"
     exec 9>"$DIR/.lock"
     flock -w 120 9 || die "another $PROG is working on $DIR"
 
-    HOST_IP=$(host_ip)
+    setup_netns
+    # Something already mounted on MNT? Reuse a live mount of this instance,
+    # clear away a dead MooseFS mount (mfsmount crashed or was killed), and
+    # never touch anyone else's file system.
+    local info src mpids
+    info=$(mount_info "$MNT")
+    if [[ -n $info ]]; then
+        src=${info% *}
+        if [[ $src != mfs* ]]; then
+            die "$MNT is already a mount point ($info); refusing to mount MooseFS over it"
+        elif timeout 5 stat -f -- "$MNT" >/dev/null 2>&1; then
+            # /proc/mounts shows the source as mfs\043HOST:PORT ('#' escaped).
+            [[ $src == "mfs\\043$NS_IP:$CL_PORT" || $src == "mfs#$NS_IP:$CL_PORT" ]] \
+                || die "$MNT already has a different MooseFS mounted ($src); run '$PROG down' for that one first"
+            # already mounted and answering: reused below
+        else
+            note "found a dead or hung MooseFS mount on $MNT; removing it"
+            mpids=$(mount_pids)
+            unmount_mnt
+            # shellcheck disable=SC2086
+            reap 5 mfsmount $mpids
+        fi
+    fi
+    # Only now: mkdir on a dead FUSE mount fails with ENOTCONN.
+    mkdir -p "$MNT"
+
     write_configs
 
     # Master first: the chunkserver and the mount both connect to it.
     # -a: if the previous run crashed, rebuild metadata from the changelogs
     # instead of refusing to start.
-    if [[ -z $(pids_with_arg mfsmaster "$MASTER_CFG") ]]; then
-        start_logged mfsmaster mfsmaster -a -c "$MASTER_CFG" start
+    # Both run inside NS (see the header); they stay in it after daemonizing.
+    local pids
+    pids=$(pids_with_arg mfsmaster "$MASTER_CFG")
+    if [[ -z $pids ]]; then
+        start_logged mfsmaster ip netns exec "$NS" mfsmaster -a -c "$MASTER_CFG" start
+    else
+        # shellcheck disable=SC2086
+        check_in_netns mfsmaster $pids
     fi
-    if [[ -z $(pids_with_arg mfschunkserver "$CHUNK_CFG") ]]; then
-        start_logged mfschunkserver mfschunkserver -c "$CHUNK_CFG" start
+    pids=$(pids_with_arg mfschunkserver "$CHUNK_CFG")
+    if [[ -z $pids ]]; then
+        start_logged mfschunkserver ip netns exec "$NS" mfschunkserver -c "$CHUNK_CFG" start
+    else
+        # shellcheck disable=SC2086
+        check_in_netns mfschunkserver $pids
     fi
 
-    local t
-    t=$(mount_type "$MNT")
-    if [[ -n $t ]]; then
-        if [[ $t == fuse.mfs* || $t == fuse ]] && [[ -n $(pids_with_arg mfsmount "$MNT") ]] \
-            && timeout 5 stat -f -- "$MNT" >/dev/null 2>&1; then
-            : # already mounted by a live mfsmount: reuse it
-        elif [[ $t == fuse* ]]; then
-            note "found a dead FUSE mount on $MNT; removing it"
-            unmount_mnt
-        else
-            die "$MNT is already a $t mount point; refusing to mount MooseFS over it"
-        fi
-    fi
-    if [[ -z $(mount_type "$MNT") ]]; then
-        start_logged mfsmount mfsmount "$MNT" -H 127.0.0.1 -P "$CL_PORT" -o "mfsnice=$NICE"
+    # The client runs on the host and reaches the master over the veth pair.
+    if [[ -z $(mount_info "$MNT") ]]; then
+        start_logged mfsmount mfsmount "$MNT" -H "$NS_IP" -P "$CL_PORT" -o "mfsnice=$NICE"
     fi
 
     # Wait until the mount is listed and the master reports chunkserver space.
@@ -321,7 +480,7 @@ do_up() {
     # writes before that would just block inside mfsmount's retry loop.
     local deadline=$((SECONDS + TIMEOUT)) blocks=0
     while :; do
-        if [[ -n $(mount_type "$MNT") ]]; then
+        if [[ -n $(mount_info "$MNT") ]]; then
             blocks=$(timeout 5 stat -f -c %b -- "$MNT" 2>/dev/null || echo 0)
             ((blocks > 0)) && break
         fi
@@ -336,7 +495,7 @@ do_up() {
     timeout 30 mfssettrashtime -r 0 "$MNT" >/dev/null || die "mfssettrashtime -r 0 $MNT failed"
 
     verify
-    echo "$PROG: MooseFS up: $MNT (state in $DIR, master 127.0.0.1:$CL_PORT)"
+    echo "$PROG: MooseFS up: $MNT (state in $DIR, master $NS_IP:$CL_PORT in network namespace $NS)"
 }
 
 # ---------------------------------------------------------------- down
@@ -348,9 +507,16 @@ do_down() {
     fi
 
     # Client first, so nothing is writing when the servers go away.
-    local mpids
-    mpids=$(pids_with_arg mfsmount "$MNT")
-    unmount_mnt
+    # Only ever unmount a MooseFS mount: a wrong MOUNTPOINT argument must not
+    # take down someone else's file system.
+    local mpids info foreign=
+    info=$(mount_info "$MNT")
+    if [[ -n $info && ${info% *} != mfs* ]]; then
+        note "warning: $MNT is not a MooseFS mount ($info); leaving it mounted"
+        foreign=1
+    fi
+    mpids=$(mount_pids)
+    [[ -n $foreign ]] || unmount_mnt
     # mfsmount exits by itself once the kernel drops the FUSE connection.
     # shellcheck disable=SC2086
     reap 10 mfsmount $mpids
@@ -359,10 +525,13 @@ do_down() {
     stop_daemon mfsmaster "$MASTER_CFG" 60
 
     local left
-    left=$( { pids_with_arg mfsmount "$MNT"; pids_with_arg mfschunkserver "$CHUNK_CFG"; pids_with_arg mfsmaster "$MASTER_CFG"; } | tr '\n' ' ')
+    left=$( { mount_pids; daemon_pids mfschunkserver "$CHUNK_CFG"; daemon_pids mfsmaster "$MASTER_CFG"; } | tr '\n' ' ')
     [[ -z ${left// /} ]] || die "MooseFS processes still running after down: $left"
-    [[ -z $(mount_type "$MNT") ]] || die "$MNT still mounted after down"
-    echo "$PROG: MooseFS down: $MNT (state kept in $DIR)"
+    [[ -n $foreign || -z $(mount_info "$MNT") ]] || die "$MNT still mounted after down"
+
+    # Only now: the namespace must outlive the daemons inside it.
+    teardown_netns
+    echo "$PROG: MooseFS down: $MNT (state kept in $DIR; network namespace $NS removed)"
 }
 
 "do_$CMD"

@@ -97,6 +97,47 @@ impl LodeFs {
     {
         self.rt.spawn(f(self.inner.clone()));
     }
+    /// Runs `f` on the runtime and answers an entry request with its result.
+    fn reply_entry<F>(&self, reply: ReplyEntry, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
+    where
+        F: Future<Output = Result<MdtBody, Errno>> + Send + 'static,
+    {
+        let i = self.inner.clone();
+        self.rt.spawn(async move {
+            match f(i.clone()).await {
+                Ok(b) => i.entry(&b, reply),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    /// Runs `f` on the runtime and answers with success or its errno.
+    fn reply_empty<F>(&self, reply: ReplyEmpty, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
+    where
+        F: Future<Output = Result<(), Errno>> + Send + 'static,
+    {
+        let i = self.inner.clone();
+        self.rt.spawn(async move {
+            match f(i).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    /// Runs `f` on the runtime and answers an attribute request with its result.
+    fn reply_attr<F>(&self, reply: ReplyAttr, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
+    where
+        F: Future<Output = Result<lode_base::Attr, Errno>> + Send + 'static,
+    {
+        let i = self.inner.clone();
+        self.rt.spawn(async move {
+            match f(i.clone()).await {
+                Ok(a) => reply.attr(&i.opts.attr_timeout, &file_attr(&a)),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
 }
 
 impl Inner {
@@ -166,30 +207,18 @@ impl Filesystem for LodeFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        self.spawn(|i| async move {
-            let r = async {
-                let p = i.fid(parent)?;
-                let b = i.client.lookup(&cred, p, &name).await?;
-                i.complete(b).await
-            };
-            match r.await {
-                Ok(b) => i.entry(&b, reply),
-                Err(e) => reply.error(ferr(e)),
-            }
+        self.reply_entry(reply, move |i| async move {
+            let p = i.fid(parent)?;
+            let b = i.client.lookup(&cred, p, &name).await?;
+            i.complete(b).await
         });
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<Fh>, reply: ReplyAttr) {
         let cred = self.cred(req);
-        self.spawn(|i| async move {
-            let r = async {
-                let f = i.fid(ino)?;
-                i.client.getattr(&cred, f).await
-            };
-            match r.await {
-                Ok(a) => reply.attr(&i.opts.attr_timeout, &file_attr(&a)),
-                Err(e) => reply.error(ferr(e)),
-            }
+        self.reply_attr(reply, move |i| async move {
+            let f = i.fid(ino)?;
+            i.client.getattr(&cred, f).await
         });
     }
 
@@ -212,38 +241,32 @@ impl Filesystem for LodeFs {
         reply: ReplyAttr,
     ) {
         let cred = self.cred(req);
-        self.spawn(|i| async move {
-            let r = async {
-                let f = i.fid(ino)?;
-                if let Some(size) = size {
-                    match fh.map(|h| i.file(h)) {
-                        Some(Ok(h)) => i.client.truncate_open(&cred, &h, size).await?,
-                        _ => {
-                            let sa = SetAttr {
-                                size: Some(size),
-                                ..Default::default()
-                            };
-                            i.client.setattr(&cred, f, sa).await?;
-                        }
+        self.reply_attr(reply, move |i| async move {
+            let f = i.fid(ino)?;
+            if let Some(size) = size {
+                match fh.map(|h| i.file(h)) {
+                    Some(Ok(h)) => i.client.truncate_open(&cred, &h, size).await?,
+                    _ => {
+                        let sa = SetAttr {
+                            size: Some(size),
+                            ..Default::default()
+                        };
+                        i.client.setattr(&cred, f, sa).await?;
                     }
                 }
-                let sa = SetAttr {
-                    mode,
-                    uid,
-                    gid,
-                    size: None,
-                    atime: atime.map(time_set),
-                    mtime: mtime.map(time_set),
-                };
-                if sa != SetAttr::default() {
-                    i.client.setattr(&cred, f, sa).await?;
-                }
-                i.client.getattr(&cred, f).await
-            };
-            match r.await {
-                Ok(a) => reply.attr(&i.opts.attr_timeout, &file_attr(&a)),
-                Err(e) => reply.error(ferr(e)),
             }
+            let sa = SetAttr {
+                mode,
+                uid,
+                gid,
+                size: None,
+                atime: atime.map(time_set),
+                mtime: mtime.map(time_set),
+            };
+            if sa != SetAttr::default() {
+                i.client.setattr(&cred, f, sa).await?;
+            }
+            i.client.getattr(&cred, f).await
         });
     }
 
@@ -270,19 +293,13 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        self.spawn(|i| async move {
-            let r = async {
-                let p = i.fid(parent)?;
-                let mode = mode & !(umask & 0o777);
-                if mode & libc::S_IFMT == libc::S_IFREG || mode & libc::S_IFMT == 0 {
-                    i.client.create(&cred, p, &name, mode, None).await
-                } else {
-                    i.client.mknod(&cred, p, &name, mode, u64::from(rdev)).await
-                }
-            };
-            match r.await {
-                Ok(b) => i.entry(&b, reply),
-                Err(e) => reply.error(ferr(e)),
+        self.reply_entry(reply, move |i| async move {
+            let p = i.fid(parent)?;
+            let mode = mode & !(umask & 0o777);
+            if mode & libc::S_IFMT == libc::S_IFREG || mode & libc::S_IFMT == 0 {
+                i.client.create(&cred, p, &name, mode, None).await
+            } else {
+                i.client.mknod(&cred, p, &name, mode, u64::from(rdev)).await
             }
         });
     }
@@ -298,41 +315,27 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        self.spawn(|i| async move {
-            let r = async {
-                let p = i.fid(parent)?;
-                i.client
-                    .mkdir(&cred, p, &name, mode & !(umask & 0o777), None)
-                    .await
-            };
-            match r.await {
-                Ok(b) => i.entry(&b, reply),
-                Err(e) => reply.error(ferr(e)),
-            }
+        self.reply_entry(reply, move |i| async move {
+            let p = i.fid(parent)?;
+            i.client
+                .mkdir(&cred, p, &name, mode & !(umask & 0o777), None)
+                .await
         });
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        self.spawn(|i| async move {
-            let r = async { i.client.unlink(&cred, i.fid(parent)?, &name).await };
-            match r.await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(ferr(e)),
-            }
+        self.reply_empty(reply, move |i| async move {
+            i.client.unlink(&cred, i.fid(parent)?, &name).await
         });
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        self.spawn(|i| async move {
-            let r = async { i.client.rmdir(&cred, i.fid(parent)?, &name).await };
-            match r.await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(ferr(e)),
-            }
+        self.reply_empty(reply, move |i| async move {
+            i.client.rmdir(&cred, i.fid(parent)?, &name).await
         });
     }
 
@@ -347,16 +350,10 @@ impl Filesystem for LodeFs {
         let cred = self.cred(req);
         let name = name_bytes(link_name);
         let target = target.as_os_str().as_bytes().to_vec();
-        self.spawn(|i| async move {
-            let r = async {
-                i.client
-                    .symlink(&cred, i.fid(parent)?, &name, &target)
-                    .await
-            };
-            match r.await {
-                Ok(b) => i.entry(&b, reply),
-                Err(e) => reply.error(ferr(e)),
-            }
+        self.reply_entry(reply, move |i| async move {
+            i.client
+                .symlink(&cred, i.fid(parent)?, &name, &target)
+                .await
         });
     }
 
@@ -372,20 +369,14 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let (name, newname) = (name_bytes(name), name_bytes(newname));
-        self.spawn(|i| async move {
-            let r = async {
-                if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-                    return Err(Errno::EINVAL);
-                }
-                let (sp, dp) = (i.fid(parent)?, i.fid(newparent)?);
-                i.client
-                    .rename(&cred, sp, &name, dp, &newname, flags.bits())
-                    .await
-            };
-            match r.await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(ferr(e)),
+        self.reply_empty(reply, move |i| async move {
+            if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+                return Err(Errno::EINVAL);
             }
+            let (sp, dp) = (i.fid(parent)?, i.fid(newparent)?);
+            i.client
+                .rename(&cred, sp, &name, dp, &newname, flags.bits())
+                .await
         });
     }
 
@@ -399,18 +390,12 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let name = name_bytes(newname);
-        self.spawn(|i| async move {
-            let r = async {
-                let b = i
-                    .client
-                    .link(&cred, i.fid(ino)?, i.fid(newparent)?, &name)
-                    .await?;
-                i.complete(b).await
-            };
-            match r.await {
-                Ok(b) => i.entry(&b, reply),
-                Err(e) => reply.error(ferr(e)),
-            }
+        self.reply_entry(reply, move |i| async move {
+            let b = i
+                .client
+                .link(&cred, i.fid(ino)?, i.fid(newparent)?, &name)
+                .await?;
+            i.complete(b).await
         });
     }
 
@@ -576,15 +561,9 @@ impl Filesystem for LodeFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: Fh, _datasync: bool, reply: ReplyEmpty) {
-        self.spawn(|i| async move {
-            let r = async {
-                let h = i.file(fh)?;
-                i.client.fsync(&h).await
-            };
-            match r.await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(ferr(e)),
-            }
+        self.reply_empty(reply, move |i| async move {
+            let h = i.file(fh)?;
+            i.client.fsync(&h).await
         });
     }
 
@@ -750,16 +729,10 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let (name, value) = (name_bytes(name), value.to_vec());
-        self.spawn(|i| async move {
-            let r = async {
-                i.client
-                    .setxattr(&cred, i.fid(ino)?, &name, Some(&value), flags as u32)
-                    .await
-            };
-            match r.await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(ferr(e)),
-            }
+        self.reply_empty(reply, move |i| async move {
+            i.client
+                .setxattr(&cred, i.fid(ino)?, &name, Some(&value), flags as u32)
+                .await
         });
     }
 
@@ -808,39 +781,29 @@ impl Filesystem for LodeFs {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        self.spawn(|i| async move {
-            let r = async { i.client.setxattr(&cred, i.fid(ino)?, &name, None, 0).await };
-            match r.await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(ferr(e)),
-            }
+        self.reply_empty(reply, move |i| async move {
+            i.client.setxattr(&cred, i.fid(ino)?, &name, None, 0).await
         });
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let cred = self.cred(req);
-        self.spawn(|i| async move {
-            let r = async {
-                let b = i.client.getattr_md(&cred, i.fid(ino)?).await?;
-                let mut want = 0;
-                if mask.contains(AccessFlags::R_OK) {
-                    want |= MAY_READ;
-                }
-                if mask.contains(AccessFlags::W_OK) {
-                    want |= MAY_WRITE;
-                }
-                if mask.contains(AccessFlags::X_OK) {
-                    want |= MAY_EXEC;
-                }
-                if want == 0 || may_access(&b.attr, &cred, want) {
-                    Ok(())
-                } else {
-                    Err(Errno::EACCES)
-                }
-            };
-            match r.await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(ferr(e)),
+        self.reply_empty(reply, move |i| async move {
+            let b = i.client.getattr_md(&cred, i.fid(ino)?).await?;
+            let mut want = 0;
+            if mask.contains(AccessFlags::R_OK) {
+                want |= MAY_READ;
+            }
+            if mask.contains(AccessFlags::W_OK) {
+                want |= MAY_WRITE;
+            }
+            if mask.contains(AccessFlags::X_OK) {
+                want |= MAY_EXEC;
+            }
+            if want == 0 || may_access(&b.attr, &cred, want) {
+                Ok(())
+            } else {
+                Err(Errno::EACCES)
             }
         });
     }
