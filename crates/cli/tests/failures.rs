@@ -352,3 +352,25 @@ fn a_full_mdt_gives_enospc_and_stays_consistent() {
             .is_ok()
     });
 }
+
+#[test]
+fn a_file_system_key_refuses_clients_without_it() {
+    let c = lode_testkit::Cluster::start_with_key(
+        std::path::Path::new(env!("CARGO_BIN_EXE_lode")),
+        1,
+        Some(b"s3cret"),
+    );
+    let s = c.client();
+    s.run(s.client.create(&root(), Fid::ROOT, b"f", 0o644, None))
+        .expect("a keyed client works");
+    let m = c.mount();
+    assert!(m.path().join("f").exists(), "a mount with key_file works");
+    for key in [&b""[..], b"wrong"] {
+        let mut cfg = c.client_config();
+        cfg.key = key.to_vec();
+        cfg.timeout = Duration::from_secs(5);
+        let e = Session::connect(cfg).err().expect("refused");
+        assert!(e.to_string().contains("wrong or missing key"), "{e}");
+    }
+    assert!(c.log("mgs").contains("bad key"));
+}

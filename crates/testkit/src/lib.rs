@@ -20,6 +20,7 @@ pub struct Cluster {
     addrs: BTreeMap<String, String>,
     procs: BTreeMap<String, Child>,
     osts: u32,
+    key: Option<Vec<u8>>,
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
@@ -45,6 +46,12 @@ pub fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
 impl Cluster {
     /// Formats and starts a cluster with `osts` OSTs using the `lode` binary at `bin`.
     pub fn start(bin: &Path, osts: u32) -> Cluster {
+        Cluster::start_with_key(bin, osts, None)
+    }
+
+    /// Like [`Cluster::start`], every target formatted with a shared key (and clients
+    /// of [`Cluster::client_config`] presenting it).
+    pub fn start_with_key(bin: &Path, osts: u32, key: Option<&[u8]>) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("lode-test-")
             .tempdir()
@@ -58,7 +65,11 @@ impl Cluster {
             addrs: BTreeMap::new(),
             procs: BTreeMap::new(),
             osts,
+            key: key.map(|k| k.to_vec()),
         };
+        if let Some(k) = key {
+            std::fs::write(c.dir.path().join("key"), k).expect("key file");
+        }
         c.mkfs("--mgs", 0, "mgs");
         c.mkfs("--mdt", 0, "mdt0");
         for i in 0..osts {
@@ -92,6 +103,15 @@ impl Cluster {
                 "--mgsnode",
                 &self.mgs_addr,
             ])
+            .args(
+                self.key
+                    .as_ref()
+                    .map(|_| {
+                        let k = self.dir.path().join("key");
+                        vec!["--key-file".to_string(), k.display().to_string()]
+                    })
+                    .unwrap_or_default(),
+            )
             .arg(self.dir.path().join(name))
             .output()
             .expect("run lode mkfs");
@@ -176,6 +196,7 @@ impl Cluster {
     pub fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new(&self.mgs_addr, &self.fsname);
         c.timeout = Duration::from_secs(30);
+        c.key = self.key.clone().unwrap_or_default();
         c
     }
 
@@ -281,6 +302,12 @@ impl Cluster {
         std::fs::create_dir_all(&path).expect("mount point");
         let mut o = vec!["allow_other".to_string()];
         o.extend(opts.iter().map(|s| s.to_string()));
+        if self.key.is_some() {
+            o.push(format!(
+                "key_file={}",
+                self.dir.path().join("key").display()
+            ));
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
