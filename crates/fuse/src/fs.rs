@@ -46,7 +46,9 @@ struct DirHandle {
 struct Inner {
     client: Arc<Client>,
     opts: MountOptions,
-    inodes: RwLock<HashMap<u64, Fid>>,
+    /// Inode number → (FID, kernel lookup count); an entry goes when the kernel
+    /// forgets the inode, so memory follows what the kernel caches.
+    inodes: RwLock<HashMap<u64, (Fid, u64)>>,
     files: Mutex<HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
     next_fh: AtomicU64,
@@ -71,7 +73,7 @@ impl LodeFs {
     /// A file system over a connected client; requests run on `rt`.
     pub fn new(client: Arc<Client>, opts: MountOptions, rt: Handle) -> LodeFs {
         let mut inodes = HashMap::new();
-        inodes.insert(1, Fid::ROOT);
+        inodes.insert(1, (Fid::ROOT, 1));
         LodeFs {
             inner: Arc::new(Inner {
                 client,
@@ -142,13 +144,35 @@ impl LodeFs {
 
 impl Inner {
     fn fid(&self, ino: INodeNo) -> Result<Fid, Errno> {
-        self.inodes.read().get(&ino.0).copied().ok_or(Errno::ESTALE)
+        self.inodes
+            .read()
+            .get(&ino.0)
+            .map(|e| e.0)
+            .ok_or(Errno::ESTALE)
     }
 
+    /// Records one kernel lookup of `fid` (every entry reply is one).
     fn remember(&self, fid: Fid) -> INodeNo {
         let ino = fid.ino();
-        self.inodes.write().insert(ino, fid);
+        let mut m = self.inodes.write();
+        let e = m.entry(ino).or_insert((fid, 0));
+        e.0 = fid;
+        e.1 += 1;
         INodeNo(ino)
+    }
+
+    /// The kernel dropped `n` lookups of `ino`.
+    fn forget(&self, ino: u64, n: u64) {
+        if ino == 1 {
+            return;
+        }
+        let mut m = self.inodes.write();
+        if let Some(e) = m.get_mut(&ino) {
+            e.1 = e.1.saturating_sub(n);
+            if e.1 == 0 {
+                m.remove(&ino);
+            }
+        }
     }
 
     fn file(&self, fh: Fh) -> Result<Arc<FileHandle>, Errno> {
@@ -212,6 +236,10 @@ impl Filesystem for LodeFs {
             let b = i.client.lookup(&cred, p, &name).await?;
             i.complete(b).await
         });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.inner.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<Fh>, reply: ReplyAttr) {
@@ -617,11 +645,8 @@ impl Filesystem for LodeFs {
             match r {
                 Ok(entries) => {
                     for e in entries {
-                        let ino = if e.name == b"." || e.name == b".." {
-                            e.fid.ino()
-                        } else {
-                            i.remember(e.fid).0
-                        };
+                        // Plain readdir entries are not lookups: nothing to remember.
+                        let ino = e.fid.ino();
                         let k = lode_base::FileType::from_mode(dtype_mode(e.dtype))
                             .map_or(fuser::FileType::RegularFile, kind);
                         if reply.add(INodeNo(ino), e.cookie + 1, k, OsStr::from_bytes(&e.name)) {
