@@ -27,14 +27,26 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, ReadEr
 }
 
 /// The sending side of a connection, shared by every thread that replies or sends on
-/// it. A frame is written straight from the caller's thread when nothing is queued (no
-/// task hand-off on the fast path); when the socket would block, it and every later
-/// frame go through a writer task, in order, until the queue drains.
+/// it. The first sender writes straight from its own thread (no task hand-off); frames
+/// sent while it writes are appended to a buffer that it writes next, so under load many
+/// frames share one system call. When the socket would block, the rest goes through a
+/// writer task, in order, until that queue drains.
 pub struct FrameSink {
     wr: std::sync::Arc<tokio::net::tcp::OwnedWriteHalf>,
-    /// True while frames are queued for the writer task.
-    backlogged: parking_lot::Mutex<bool>,
+    state: parking_lot::Mutex<SinkState>,
     tx: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+#[derive(Default)]
+struct SinkState {
+    /// Frames waiting for the thread that is writing now.
+    pending: Vec<u8>,
+    /// A thread is writing.
+    flushing: bool,
+    /// Frames are queued for the writer task.
+    backlogged: bool,
+    /// The socket failed.
+    broken: bool,
 }
 
 impl FrameSink {
@@ -43,7 +55,7 @@ impl FrameSink {
         let (tx, rx) = mpsc::unbounded_channel();
         let sink = std::sync::Arc::new(FrameSink {
             wr: std::sync::Arc::new(wr),
-            backlogged: parking_lot::Mutex::new(false),
+            state: parking_lot::Mutex::new(SinkState::default()),
             tx,
         });
         tokio::spawn(Self::drain(
@@ -56,23 +68,55 @@ impl FrameSink {
 
     /// Sends one encoded frame; false if the connection is gone.
     pub fn send(&self, frame: Vec<u8>) -> bool {
-        let mut backlogged = self.backlogged.lock();
-        if !*backlogged {
-            let mut off = 0;
-            while off < frame.len() {
-                match self.wr.try_write(&frame[off..]) {
-                    Ok(n) => off += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(_) => return false,
-                }
+        {
+            let mut st = self.state.lock();
+            if st.broken {
+                return false;
             }
-            if off == frame.len() {
+            if st.backlogged {
+                return self.tx.send(frame).is_ok();
+            }
+            if st.flushing {
+                st.pending.extend_from_slice(&frame);
                 return true;
             }
-            *backlogged = true;
-            return self.tx.send(frame[off..].to_vec()).is_ok();
+            st.flushing = true;
         }
-        self.tx.send(frame).is_ok()
+        let mut buf = frame;
+        loop {
+            let mut off = 0;
+            let mut blocked = false;
+            while off < buf.len() {
+                match self.wr.try_write(&buf[off..]) {
+                    Ok(n) => off += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        blocked = true;
+                        break;
+                    }
+                    Err(_) => {
+                        let mut st = self.state.lock();
+                        st.broken = true;
+                        st.flushing = false;
+                        return false;
+                    }
+                }
+            }
+            let mut st = self.state.lock();
+            if blocked {
+                // The rest, then whatever arrived meanwhile, in order, via the writer task.
+                let mut rest = buf[off..].to_vec();
+                rest.extend_from_slice(&st.pending);
+                st.pending.clear();
+                st.backlogged = true;
+                st.flushing = false;
+                return self.tx.send(rest).is_ok();
+            }
+            if st.pending.is_empty() {
+                st.flushing = false;
+                return true;
+            }
+            buf = std::mem::take(&mut st.pending);
+        }
     }
 
     async fn drain(
@@ -94,10 +138,10 @@ impl FrameSink {
             }
             if rx.is_empty() {
                 let Some(s) = sink.upgrade() else { return };
-                let mut backlogged = s.backlogged.lock();
+                let mut st = s.state.lock();
                 // Checked again under the lock: senders queue only while holding it.
                 if rx.is_empty() {
-                    *backlogged = false;
+                    st.backlogged = false;
                 }
             }
         }
