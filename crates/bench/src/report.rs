@@ -207,8 +207,23 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// An SVG bar chart: phases on the x axis, one bar per report (mean rate).
+/// Client count of an md report (1 for others).
+fn clients(r: &Report) -> u64 {
+    r.options
+        .get("clients")
+        .and_then(|c| c.as_u64())
+        .unwrap_or(1)
+}
+
+/// An SVG chart: with several runs at different client counts, ops/s against clients
+/// (one line per phase); otherwise phases on the x axis, one bar per report.
 pub fn plot(reports: &[(String, Report)], path: &Path) -> Result<()> {
+    let mut counts: Vec<u64> = reports.iter().map(|(_, r)| clients(r)).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    if reports.len() > 1 && counts.len() == reports.len() {
+        return plot_scaling(reports, path);
+    }
     let first = &reports
         .first()
         .ok_or_else(|| anyhow!("plot: nothing to plot"))?
@@ -270,12 +285,16 @@ pub fn plot(reports: &[(String, Report)], path: &Path) -> Result<()> {
                 colors[ri % colors.len()]
             );
         }
+        // Horizontal labels on two lines: renderers disagree on rotated text.
         let lx = gx + (group - 20.0) / 2.0;
-        let ly = top + plot_h + 12.0;
+        let (l1, l2) = name.split_once(' ').unwrap_or((name, ""));
         let _ = writeln!(
             s,
-            r#"<text x="{lx:.1}" y="{ly:.1}" text-anchor="end" transform="rotate(-35 {lx:.1} {ly:.1})">{}</text>"#,
-            esc(name)
+            r#"<text x="{lx:.1}" y="{:.1}" text-anchor="middle" font-size="10">{}</text><text x="{lx:.1}" y="{:.1}" text-anchor="middle" font-size="10">{}</text>"#,
+            top + plot_h + 14.0,
+            esc(l1),
+            top + plot_h + 26.0,
+            esc(l2)
         );
     }
     for (ri, (n, _)) in reports.iter().enumerate() {
@@ -288,6 +307,90 @@ pub fn plot(reports: &[(String, Report)], path: &Path) -> Result<()> {
             left + 14.0,
             y,
             esc(n)
+        );
+    }
+    s.push_str("</svg>\n");
+    std::fs::write(path, s).with_context(|| format!("{}", path.display()))
+}
+
+fn plot_scaling(reports: &[(String, Report)], path: &Path) -> Result<()> {
+    let mut runs: Vec<&Report> = reports.iter().map(|(_, r)| r).collect();
+    runs.sort_by_key(|r| clients(r));
+    let phases: Vec<String> = runs[0].phases.iter().map(|p| p.name.clone()).collect();
+    let max = runs
+        .iter()
+        .flat_map(|r| r.phases.iter().map(|p| p.mean))
+        .fold(1.0f64, f64::max);
+    let max_c = clients(runs[runs.len() - 1]).max(1) as f64;
+    let (w, h, left, bottom, top, right) = (640.0, 420.0, 80.0, 50.0, 30.0, 170.0);
+    let (pw, ph) = (w - left - right, h - top - bottom);
+    let x = |c: u64| left + pw * (c as f64 - 1.0).max(0.0) / (max_c - 1.0).max(1.0);
+    let y = |v: f64| top + ph - ph * v / max;
+    let colors = [
+        "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+        "#9c755f",
+    ];
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(
+        s,
+        r#"<rect width="100%" height="100%" fill="white"/><text x="{left}" y="18" font-size="13">ops/s against clients</text>"#
+    );
+    for i in 0..=4 {
+        let v = max * f64::from(i) / 4.0;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{v:.0}</text>"##,
+            left + pw,
+            y(v),
+            y(v),
+            left - 4.0,
+            y(v) + 4.0
+        );
+    }
+    for r in &runs {
+        let c = clients(r);
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{c}</text>"#,
+            x(c),
+            top + ph + 16.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">clients</text>"#,
+        left + pw / 2.0,
+        h - 10.0
+    );
+    for (pi, name) in phases.iter().enumerate() {
+        let color = colors[pi % colors.len()];
+        let pts: Vec<String> = runs
+            .iter()
+            .filter_map(|r| {
+                r.phases
+                    .iter()
+                    .find(|p| &p.name == name)
+                    .map(|p| format!("{:.1},{:.1}", x(clients(r)), y(p.mean)))
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+            pts.join(" ")
+        );
+        let ly = top + 14.0 * pi as f64;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{:.1}" y="{:.1}" width="10" height="10" fill="{color}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            left + pw + 10.0,
+            ly,
+            left + pw + 24.0,
+            ly + 9.0,
+            esc(name)
         );
     }
     s.push_str("</svg>\n");
@@ -325,7 +428,13 @@ mod tests {
         a.write_json(&d).unwrap();
         assert_eq!(Report::read_json(&d).unwrap(), a);
         let svg = dir.path().join("p.svg");
-        plot(&[("a".into(), a)], &svg).unwrap();
-        assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+        plot(&[("a".into(), a.clone())], &svg).unwrap();
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("<rect"));
+        let mut two = a.clone();
+        two.options = serde_json::json!({"clients": 2});
+        plot(&[("a".into(), a), ("b".into(), two)], &svg).unwrap();
+        assert!(std::fs::read_to_string(&svg)
+            .unwrap()
+            .contains("ops/s against clients"));
     }
 }
