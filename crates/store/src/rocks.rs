@@ -41,10 +41,16 @@ impl RocksEngine {
             o.set_block_based_table_factory(&bo);
             o.set_compression_type(rocksdb::DBCompressionType::Lz4);
             o.set_write_buffer_size(64 << 20);
-            if *cf == Cf::Dirent {
-                // Point lookups by (parent, hash) prefix.
-                o.set_prefix_extractor(rocksdb::SliceTransform::create_fixed_prefix(16));
+            if matches!(cf, Cf::Inode | Cf::Dirent | Cf::Xattr | Cf::Reply) {
+                // Point lookups dominate, and many miss (a new name, a new FID): a whole
+                // key bloom filter in the memtable spares the skip-list search (a quarter
+                // of the MDS's CPU in profiles before it).
                 o.set_memtable_prefix_bloom_ratio(0.1);
+                o.set_memtable_whole_key_filtering(true);
+            }
+            if *cf == Cf::Dirent {
+                // A directory's entries share the parent FID prefix.
+                o.set_prefix_extractor(rocksdb::SliceTransform::create_fixed_prefix(16));
             }
             ColumnFamilyDescriptor::new(cf.name(), o)
         });
