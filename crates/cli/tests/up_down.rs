@@ -25,7 +25,8 @@ fn lode_processes_for(dir: &Path) -> usize {
 fn up_then_down_twice_leaves_nothing_behind_and_keeps_data() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("data");
-    let base = 20000 + (std::process::id() % 2000) as u16 * 10;
+    // Below the ephemeral port range (32768+), so free_port() of other tests never collides.
+    let base = 20000 + (std::process::id() % 1200) as u16 * 10;
     let up = || {
         let out = lode()
             .args(["up", "--dir"])
