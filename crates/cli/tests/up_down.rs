@@ -223,3 +223,37 @@ fn lfs_commands_on_a_mount() {
     );
     assert!(run(&["df", "-i", &mp]).contains("Inodes"));
 }
+
+#[test]
+fn entry_timeout_zero_sees_other_clients_at_once_default_within_its_timeout() {
+    let c = cluster(1);
+    let strict = c.mount_with(&["attr_timeout=0", "entry_timeout=0"]);
+    let cached = c.mount();
+    // Both look the name up while it does not exist (the default mount caches that).
+    assert!(!strict.path().join("n").exists());
+    assert!(!cached.path().join("n").exists());
+    let s = c.client();
+    s.run(
+        s.client
+            .create(&root(), lode_base::Fid::ROOT, b"n", 0o644, None),
+    )
+    .unwrap();
+    assert!(
+        strict.path().join("n").exists(),
+        "a strict mount sees another client's create at once"
+    );
+    lode_testkit::wait_for(
+        "the default mount to see it",
+        std::time::Duration::from_secs(5),
+        || cached.path().join("n").exists(),
+    );
+    // Removal by another client likewise.
+    s.run(s.client.unlink(&root(), lode_base::Fid::ROOT, b"n"))
+        .unwrap();
+    assert!(!strict.path().join("n").exists());
+    lode_testkit::wait_for(
+        "the default mount to lose it",
+        std::time::Duration::from_secs(5),
+        || !cached.path().join("n").exists(),
+    );
+}

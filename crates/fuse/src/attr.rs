@@ -55,6 +55,27 @@ pub(crate) fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry (inode number 0).
+pub(crate) fn negative() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: time(0),
+        mtime: time(0),
+        ctime: time(0),
+        crtime: time(0),
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -231,10 +231,23 @@ impl Filesystem for LodeFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        self.reply_entry(reply, move |i| async move {
-            let p = i.fid(parent)?;
-            let b = i.client.lookup(&cred, p, &name).await?;
-            i.complete(b).await
+        self.spawn(|i| async move {
+            let r = async {
+                let p = i.fid(parent)?;
+                let b = i.client.lookup(&cred, p, &name).await?;
+                i.complete(b).await
+            };
+            match r.await {
+                Ok(b) => i.entry(&b, reply),
+                // A negative entry (inode 0): the kernel remembers "no such name" for
+                // entry_timeout, as it remembers names that exist; 0 keeps it strict.
+                Err(Errno::ENOENT) if !i.opts.entry_timeout.is_zero() => reply.entry(
+                    &i.opts.entry_timeout,
+                    &crate::attr::negative(),
+                    Generation(0),
+                ),
+                Err(e) => reply.error(ferr(e)),
+            }
         });
     }
 
