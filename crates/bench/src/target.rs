@@ -450,15 +450,7 @@ pub fn open(t: &Target, top: &str, create_top: bool) -> Result<Arc<dyn Ops>> {
             Ok(Arc::new(PosixOps { root }))
         }
         Target::Native(spec) => {
-            let (mgs, fs) = lode_client::parse_source(spec).map_err(|e| anyhow!(e))?;
-            let s = Session::connect(ClientConfig::new(&mgs, &fs))
-                .map_err(|e| anyhow!("{spec}: {e}"))?;
-            // SAFETY: geteuid/getegid cannot fail.
-            let cred = Cred {
-                uid: unsafe { libc::geteuid() },
-                gid: unsafe { libc::getegid() },
-                groups: vec![],
-            };
+            let (s, cred) = connect_native(spec)?;
             let root = if create_top {
                 s.run(
                     s.client
@@ -490,37 +482,39 @@ pub fn remove_tree(t: &Target, top: &str) -> Result<()> {
             }
             Ok(())
         }
-        Target::Native(_) => {
-            let ops = open(t, top, false);
-            let Ok(ops) = ops else { return Ok(()) };
-            remove_below(&*ops, "")?;
-            let parent = open_parent(t)?;
-            parent.rmdir(top)
+        Target::Native(spec) => {
+            // One client for both: the tree below the root, then the root itself.
+            let (s, cred) = connect_native(spec)?;
+            let root = match s.run(s.client.lookup(&cred, Fid::ROOT, top.as_bytes())) {
+                Ok(b) => b.attr.fid,
+                Err(_) => return Ok(()),
+            };
+            let ops = NativeOps {
+                s,
+                cred,
+                root,
+                dirs: dircache::DirCache::default(),
+            };
+            remove_below(&ops, "")?;
+            ops.s
+                .run(ops.s.client.rmdir(&ops.cred, Fid::ROOT, top.as_bytes()))
+                .map_err(|e| anyhow!("rmdir {top}: {e}"))
         }
     }
 }
 
-fn open_parent(t: &Target) -> Result<Arc<dyn Ops>> {
-    match t {
-        Target::Native(spec) => {
-            let (mgs, fs) = lode_client::parse_source(spec).map_err(|e| anyhow!(e))?;
-            let s = Session::connect(ClientConfig::new(&mgs, &fs))
-                .map_err(|e| anyhow!("{spec}: {e}"))?;
-            // SAFETY: geteuid/getegid cannot fail.
-            let cred = Cred {
-                uid: unsafe { libc::geteuid() },
-                gid: unsafe { libc::getegid() },
-                groups: vec![],
-            };
-            Ok(Arc::new(NativeOps {
-                s,
-                cred,
-                root: Fid::ROOT,
-                dirs: dircache::DirCache::default(),
-            }))
-        }
-        Target::Path(p) => Ok(Arc::new(PosixOps { root: p.clone() })),
-    }
+/// Connects the lode client library to `MGS_HOST:PORT:/FSNAME`, acting as this
+/// process's effective user.
+fn connect_native(spec: &str) -> Result<(Session, Cred)> {
+    let (mgs, fs) = lode_client::parse_source(spec).map_err(|e| anyhow!(e))?;
+    let s = Session::connect(ClientConfig::new(&mgs, &fs)).map_err(|e| anyhow!("{spec}: {e}"))?;
+    // SAFETY: geteuid/getegid cannot fail.
+    let cred = Cred {
+        uid: unsafe { libc::geteuid() },
+        gid: unsafe { libc::getegid() },
+        groups: vec![],
+    };
+    Ok((s, cred))
 }
 
 fn remove_below(ops: &dyn Ops, dir: &str) -> Result<()> {
