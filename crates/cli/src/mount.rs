@@ -215,13 +215,7 @@ pub fn daemonize(a: &MountArgs, log: Option<PathBuf>) -> Result<u32> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr);
-    // SAFETY: setsid is async-signal-safe; the child detaches from our terminal.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
+    detach(&mut cmd);
     let mut child = cmd
         .spawn()
         .context("mount: cannot start the mount process")?;
@@ -246,6 +240,18 @@ pub fn daemonize(a: &MountArgs, log: Option<PathBuf>) -> Result<u32> {
         "{}",
         last.unwrap_or_else(|| format!("mount: failed ({status})"))
     )
+}
+
+/// Makes `cmd`'s process a session leader, so it outlives this command and its
+/// terminal (a daemonized mount, the servers of `lode up`).
+pub fn detach(cmd: &mut Command) {
+    // SAFETY: setsid is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
 }
 
 /// Arguments of `lode umount`.

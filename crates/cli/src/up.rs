@@ -1,10 +1,9 @@
 //! `lode up`, `lode down`, `lode status`: the embedded default file system (one MGS, one
 //! MDT, two OSTs as separate background processes on 127.0.0.1, and a mount).
 
-use crate::mount::{daemonize, is_lode_mount, MountArgs};
+use crate::mount::{daemonize, detach, is_lode_mount, MountArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -234,13 +233,7 @@ pub fn up(a: UpArgs) -> Result<()> {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        // SAFETY: setsid is async-signal-safe; servers outlive this command.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
+        detach(&mut cmd);
         let child = cmd
             .spawn()
             .with_context(|| format!("up: starting {}", t.name))?;
