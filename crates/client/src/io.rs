@@ -320,24 +320,33 @@ impl Client {
         fh: &FileHandle,
         size: u64,
     ) -> Result<(), Errno> {
-        self.truncate_inner(
-            cred,
-            fh.fid,
-            size,
-            fh.writable() || fh.flags & libc::O_TRUNC != 0,
-        )
-        .await
-        .map(|_| ())
+        let sa = SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        let opened = fh.writable() || fh.flags & libc::O_TRUNC != 0;
+        self.setattr_as(cred, fh.fid, sa, opened).await.map(|_| ())
     }
 
     /// Sets attributes; a size change truncates the OST objects too.
     pub async fn setattr(&self, cred: &Cred, fid: Fid, sa: SetAttr) -> Result<MdtBody, Errno> {
+        self.setattr_as(cred, fid, sa, false).await
+    }
+
+    /// SETATTR on the MDT, then the OST objects: punched to a new size, given a new mtime.
+    async fn setattr_as(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        sa: SetAttr,
+        opened: bool,
+    ) -> Result<MdtBody, Errno> {
         let body = match self
             .md(Request::Setattr(SetattrReq {
                 cred: cred.clone(),
                 fid,
                 attr: sa.clone(),
-                opened_for_write: false,
+                opened_for_write: opened,
             }))
             .await?
         {
@@ -352,33 +361,6 @@ impl Client {
             self.set_object_mtime(fid, body.layout.as_ref(), body.attr.mtime)
                 .await?;
         }
-        Ok(body)
-    }
-
-    async fn truncate_inner(
-        &self,
-        cred: &Cred,
-        fid: Fid,
-        size: u64,
-        opened: bool,
-    ) -> Result<MdtBody, Errno> {
-        let sa = SetAttr {
-            size: Some(size),
-            ..Default::default()
-        };
-        let body = match self
-            .md(Request::Setattr(SetattrReq {
-                cred: cred.clone(),
-                fid,
-                attr: sa,
-                opened_for_write: opened,
-            }))
-            .await?
-        {
-            Reply::Setattr(b) => b,
-            _ => return Err(Errno::EPROTO),
-        };
-        self.punch_objects(fid, body.layout.as_ref(), size).await?;
         Ok(body)
     }
 
