@@ -278,18 +278,9 @@ impl Mdt {
         if parent.nlink == 0 {
             return Err(Errno::ENOENT.into());
         }
-        if !may_access(&parent.attr(r.parent), &r.cred, MAY_WRITE | MAY_EXEC) {
-            // An existing name is reported before the permission problem only if the
-            // caller could search the directory (as Linux's lookup would).
-            if may_access(&parent.attr(r.parent), &r.cred, MAY_EXEC)
-                && self.dirent(r.parent, &r.name)?.is_some()
-            {
-                if r.open_flags.is_some_and(|f| f as i32 & libc::O_EXCL == 0) {
-                    drop(held);
-                    return self.open_existing(ctx, slot, &r);
-                }
-                return Err(Errno::EEXIST.into());
-            }
+        // As Linux: no search permission hides the name; an existing name is reported
+        // (or opened) before a missing write permission.
+        if !may_access(&parent.attr(r.parent), &r.cred, MAY_EXEC) {
             return Err(Errno::EACCES.into());
         }
         if self.dirent(r.parent, &r.name)?.is_some() {
@@ -298,6 +289,9 @@ impl Mdt {
                 return self.open_existing(ctx, slot, &r);
             }
             return Err(Errno::EEXIST.into());
+        }
+        if !may_access(&parent.attr(r.parent), &r.cred, MAY_WRITE) {
+            return Err(Errno::EACCES.into());
         }
         if matches!(ftype, FileType::CharDev | FileType::BlockDev) && r.cred.uid != 0 {
             return Err(Errno::EPERM.into());
