@@ -57,3 +57,21 @@ pub const TARGETS_MAX: usize = 4096;
 pub const MDT_RESERVED_BYTES: u64 = 64 << 20;
 /// Longest file system name (Lustre: 8).
 pub const FSNAME_MAX: usize = 8;
+/// Connections one server accepts at once; more are closed at accept with a logged
+/// line (each costs a socket, buffers and an export).
+pub const CONNECTIONS_MAX: usize = 4096;
+/// Requests one connection may have read and not yet answered (executing or parked);
+/// beyond it the server stops reading that connection, so TCP throttles the client.
+pub const INFLIGHT_PER_CONN_MAX: usize = 256;
+/// A frame must arrive whole within this many milliseconds of its first byte; a peer
+/// that stops mid-frame is disconnected.
+pub const CONN_READ_TIMEOUT_MS: u64 = 30_000;
+/// A connection with nothing in flight and no bytes for this many milliseconds is
+/// closed (clients reconnect on their next request).
+pub const CONN_IDLE_TIMEOUT_MS: u64 = 900_000;
+/// Replies must leave within this many milliseconds once the socket stops accepting
+/// them; a client that does not read its replies is disconnected.
+pub const CONN_WRITE_TIMEOUT_MS: u64 = 30_000;
+/// Bytes read from one connection before its requests are executed, so a flooding
+/// client is served in bounded rounds and its buffer stays small.
+pub const READ_ROUND_BYTES: usize = 256 << 10;

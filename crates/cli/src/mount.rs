@@ -54,7 +54,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         entry_timeout: Duration::from_secs(1),
         allow_other: false,
         writeback: false,
-        threads: 2,
+        threads: 8,
         timeout: Duration::from_secs(100),
         key: Vec::new(),
     };

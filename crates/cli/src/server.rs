@@ -29,6 +29,22 @@ pub struct ServerArgs {
     /// RocksDB block cache for metadata, MiB (MDS only).
     #[arg(long, default_value_t = 256)]
     cache_mb: usize,
+    /// Connections served at once; more are refused at accept.
+    #[arg(long, default_value_t = lode_base::limits::CONNECTIONS_MAX)]
+    max_connections: usize,
+    /// Requests one connection may have read and not yet answered.
+    #[arg(long, default_value_t = lode_base::limits::INFLIGHT_PER_CONN_MAX)]
+    max_inflight_per_conn: usize,
+    /// Milliseconds a frame may take to arrive whole; a peer stopping mid-frame is
+    /// disconnected after it.
+    #[arg(long, default_value_t = lode_base::limits::CONN_READ_TIMEOUT_MS)]
+    read_timeout_ms: u64,
+    /// Milliseconds a connection with nothing in flight may stay silent.
+    #[arg(long, default_value_t = lode_base::limits::CONN_IDLE_TIMEOUT_MS)]
+    idle_timeout_ms: u64,
+    /// Milliseconds replies may wait for a client that does not read them.
+    #[arg(long, default_value_t = lode_base::limits::CONN_WRITE_TIMEOUT_MS)]
+    write_timeout_ms: u64,
     /// Formatted target directory.
     dir: PathBuf,
 }
@@ -42,6 +58,11 @@ impl Injector for FailLocInjector {
             FaultPoint::Sync => fail::check(fail::STORE_SYNC_FAIL),
             FaultPoint::Write => fail::check(fail::STORE_WRITE_FAIL),
         }
+    }
+
+    fn delay(&self, point: FaultPoint) -> Option<std::time::Duration> {
+        (point == FaultPoint::Sync && fail::check(fail::STORE_SYNC_DELAY))
+            .then(|| std::time::Duration::from_millis(u64::from(fail::val())))
     }
 }
 
@@ -91,9 +112,26 @@ pub fn init_logging() {
         .init();
 }
 
+/// Lets the process hold `max_connections` sockets plus its files: raises the soft
+/// descriptor limit toward the hard one, and says so when that is not enough.
+fn raise_fd_limit(max_connections: usize) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let want = max_connections as u64 + 256;
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let new = want.min(hard).max(soft);
+        if new > soft && setrlimit(Resource::RLIMIT_NOFILE, new, hard).is_err() {
+            warn!("cannot raise the descriptor limit to {new}");
+        }
+        if new < want {
+            warn!("descriptor limit {new} is below max_connections {max_connections} + 256: connections beyond it fail at accept");
+        }
+    }
+}
+
 /// Runs a server until killed.
 pub fn run(role: Role, a: ServerArgs) -> Result<()> {
     init_logging();
+    raise_fd_limit(a.max_connections);
     let cfg = TargetConfig::load(&a.dir, role).map_err(|e| anyhow!("{e}"))?;
     let _lock = lock_dir(&a.dir)?;
     let listen = a
@@ -164,7 +202,11 @@ pub fn run(role: Role, a: ServerArgs) -> Result<()> {
             } else {
                 a.threads
             },
-            ..Default::default()
+            max_inflight_per_conn: a.max_inflight_per_conn.max(1),
+            max_connections: a.max_connections.max(1),
+            read_timeout: Duration::from_millis(a.read_timeout_ms),
+            idle_timeout: Duration::from_millis(a.idle_timeout_ms),
+            write_timeout: Duration::from_millis(a.write_timeout_ms),
         },
     ));
     Ok(())

@@ -92,20 +92,32 @@ impl LodeFs {
         self.inner.groups.cred(req.uid(), req.gid(), req.pid())
     }
 
-    /// Runs `f` on the client runtime; the FUSE thread returns at once.
+    /// Runs `f` to completion on this FUSE thread: it sends its requests itself and is
+    /// woken once, by its reply, with no hand-off to another thread; the kernel gets
+    /// its answer from the thread that read the request. Requests in flight are bounded
+    /// by the FUSE threads (`-o threads=N`).
     fn spawn<F>(&self, f: impl FnOnce(Arc<Inner>) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.rt.block_on(f(self.inner.clone()));
+    }
+
+    /// Runs `f` on the client runtime; the FUSE thread returns at once. For work
+    /// whose outcome the application no longer waits for (the MDT close after RELEASE).
+    fn background<F>(&self, f: impl FnOnce(Arc<Inner>) -> F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
         self.rt.spawn(f(self.inner.clone()));
     }
-    /// Runs `f` on the runtime and answers an entry request with its result.
+    /// Runs `f` on this thread and answers an entry request with its result.
     fn reply_entry<F>(&self, reply: ReplyEntry, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
     where
         F: Future<Output = Result<MdtBody, Errno>> + Send + 'static,
     {
         let i = self.inner.clone();
-        self.rt.spawn(async move {
+        self.rt.block_on(async move {
             match f(i.clone()).await {
                 Ok(b) => i.entry(&b, reply),
                 Err(e) => reply.error(ferr(e)),
@@ -113,13 +125,13 @@ impl LodeFs {
         });
     }
 
-    /// Runs `f` on the runtime and answers with success or its errno.
+    /// Runs `f` on this thread and answers with success or its errno.
     fn reply_empty<F>(&self, reply: ReplyEmpty, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
     where
         F: Future<Output = Result<(), Errno>> + Send + 'static,
     {
         let i = self.inner.clone();
-        self.rt.spawn(async move {
+        self.rt.block_on(async move {
             match f(i).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(ferr(e)),
@@ -127,13 +139,13 @@ impl LodeFs {
         });
     }
 
-    /// Runs `f` on the runtime and answers an attribute request with its result.
+    /// Runs `f` on this thread and answers an attribute request with its result.
     fn reply_attr<F>(&self, reply: ReplyAttr, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
     where
         F: Future<Output = Result<lode_base::Attr, Errno>> + Send + 'static,
     {
         let i = self.inner.clone();
-        self.rt.spawn(async move {
+        self.rt.block_on(async move {
             match f(i.clone()).await {
                 Ok(a) => reply.attr(&i.opts.attr_timeout, &file_attr(&a)),
                 Err(e) => reply.error(ferr(e)),
@@ -594,7 +606,7 @@ impl Filesystem for LodeFs {
         // close(2) does not wait for RELEASE: answer now and close on the MDT in the
         // background (its errors could not reach the application anyway).
         reply.ok();
-        self.spawn(|i| async move {
+        self.background(|i| async move {
             if let Err(e) = i.client.close(&h).await {
                 tracing::warn!(fid = %h.fid, "close on the MDT failed: {e}");
             }

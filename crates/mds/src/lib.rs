@@ -13,7 +13,7 @@ mod xattr;
 
 use lode_base::{Cred, Errno, Fid};
 use lode_proto::{
-    ConnectRep, ConnectReq, Empty, Opcode, Reply, Request, SeqAllocRep, StatfsRep, SyncRep,
+    ConnectRep, ConnectReq, Empty, MdtRequest, Opcode, Reply, SeqAllocRep, StatfsRep, SyncRep,
     CONNECT_SUPPORTED,
 };
 use lode_rpc::{Incoming, OpStats, Outgoing, Service};
@@ -270,7 +270,14 @@ impl Mdt {
         let max_mod = (self.tun.max_mod_rpcs.load(Ordering::Relaxed) as u16)
             .min(req.max_mod_rpcs)
             .max(1);
-        self.exports.write().insert(
+        let mut exports = self.exports.write();
+        // One export per connection: a second CONNECT on it replaces the first.
+        let before = exports.len();
+        exports.retain(|_, e| e.conn_id != inc.conn_id);
+        if exports.len() != before {
+            warn!(peer = %inc.peer, client = %req.client_uuid, "CONNECT again on one connection: the earlier export is replaced");
+        }
+        exports.insert(
             handle,
             Arc::new(Export {
                 uuid: req.client_uuid.clone(),
@@ -318,13 +325,28 @@ impl Mdt {
         Ok(st)
     }
 
-    fn sync(&self) -> OpResult<SyncRep> {
-        Ok(SyncRep {
-            committed: self.store.sync()?,
-        })
+    /// SYNC: answered once everything applied so far is committed. Parked, so the
+    /// service thread goes on with other requests while the commit runs.
+    fn sync(&self, inc: &Incoming) -> Outgoing {
+        let Some(d) = inc.defer() else {
+            return match self.store.sync() {
+                Ok(c) => sync_out(c),
+                Err(e) => self.error_out(OpError::Store(e)),
+            };
+        };
+        self.store.when_committed(Box::new(move |r| {
+            d.send(match r {
+                Ok(c) => sync_out(c),
+                Err(e) => {
+                    warn!("sync failed: {e}");
+                    Outgoing::error(Errno::EIO)
+                }
+            })
+        }));
+        Outgoing::parked()
     }
 
-    fn dispatch(&self, inc: &Incoming, exp: &Export, req: Request) -> OpResult<(Reply, u64)> {
+    fn dispatch(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> OpResult<(Reply, u64)> {
         let slot = (inc.header.tag != 0).then_some(ReplySlot {
             slot: exp.slot,
             tag: inc.header.tag,
@@ -332,81 +354,82 @@ impl Mdt {
         });
         let ctx = Ctx { slot };
         Ok(match req {
-            Request::Ping(_) => (Reply::Ping(Empty {}), 0),
-            Request::Disconnect(_) => {
+            MdtRequest::Ping(_) => (Reply::Ping(Empty {}), 0),
+            MdtRequest::Disconnect(_) => {
                 self.exports.write().remove(&inc.header.handle);
                 self.close_all_of(exp.slot);
                 (Reply::Disconnect(Empty {}), 0)
             }
-            Request::Statfs(_) => (Reply::Statfs(self.statfs()?), 0),
-            Request::SeqAlloc(_) => (Reply::SeqAlloc(self.seq_alloc()?), 0),
-            Request::Sync(_) => (Reply::Sync(self.sync()?), 0),
-            Request::Getattr(r) => {
+            MdtRequest::Statfs(_) => (Reply::Statfs(self.statfs()?), 0),
+            MdtRequest::SeqAlloc(_) => (Reply::SeqAlloc(self.seq_alloc()?), 0),
+            // Parked in `handle` before dispatch.
+            MdtRequest::Sync(_) => return Err(Errno::EPROTO.into()),
+            MdtRequest::Getattr(r) => {
                 check_cred(&r.cred)?;
                 (Reply::Getattr(self.getattr(r.fid)?), 0)
             }
-            Request::Lookup(r) => {
+            MdtRequest::Lookup(r) => {
                 check_cred(&r.cred)?;
                 (Reply::Lookup(self.lookup(&r.cred, r.parent, &r.name)?), 0)
             }
-            Request::Readdir(r) => {
+            MdtRequest::Readdir(r) => {
                 check_cred(&r.cred)?;
                 (
                     Reply::Readdir(self.readdir(&r.cred, r.fid, r.cookie, r.plus)?),
                     0,
                 )
             }
-            Request::BatchGetattr(r) => {
+            MdtRequest::BatchGetattr(r) => {
                 check_cred(&r.cred)?;
                 (Reply::BatchGetattr(self.batch_getattr(&r.fids)?), 0)
             }
-            Request::Create(r) => {
+            MdtRequest::Create(r) => {
                 check_cred(&r.cred)?;
                 let (rep, t) = self.create(&ctx, exp.slot, r)?;
                 (Reply::Create(rep), t)
             }
-            Request::Open(r) => {
+            MdtRequest::Open(r) => {
                 check_cred(&r.cred)?;
                 let (rep, t) = self.open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags)?;
                 (Reply::Open(rep), t)
             }
-            Request::Close(r) => (
+            MdtRequest::Close(r) => (
                 Reply::Close(Empty {}),
                 self.close(&ctx, exp.slot, r.handle)?,
             ),
-            Request::Unlink(r) => {
+            MdtRequest::Unlink(r) => {
                 check_cred(&r.cred)?;
                 (
                     Reply::Unlink(Empty {}),
                     self.unlink(&ctx, &r.cred, r.parent, &r.name, r.rmdir)?,
                 )
             }
-            Request::Rename(r) => {
+            MdtRequest::Rename(r) => {
                 check_cred(&r.cred)?;
                 (Reply::Rename(Empty {}), self.rename(&ctx, &r)?)
             }
-            Request::Link(r) => {
+            MdtRequest::Link(r) => {
                 check_cred(&r.cred)?;
                 let (b, t) = self.link(&ctx, &r.cred, r.fid, r.parent, &r.name)?;
                 (Reply::Link(b), t)
             }
-            Request::Setattr(r) => {
+            MdtRequest::Setattr(r) => {
                 check_cred(&r.cred)?;
                 let (b, t) = self.setattr(&ctx, &r.cred, r.fid, &r.attr, r.opened_for_write)?;
                 (Reply::Setattr(b), t)
             }
-            Request::Getxattr(r) => {
+            MdtRequest::Getxattr(r) => {
                 check_cred(&r.cred)?;
                 (
                     Reply::Getxattr(self.getxattr(&r.cred, r.fid, &r.name, r.size)?),
                     0,
                 )
             }
-            Request::Listxattr(r) => {
+            MdtRequest::Listxattr(r) => {
                 check_cred(&r.cred)?;
                 (Reply::Listxattr(self.listxattr(&r.cred, r.fid, r.size)?), 0)
             }
-            Request::Setxattr(r) => {
+            MdtRequest::Setxattr(r) => {
                 check_cred(&r.cred)?;
                 let value = r.value.map(|v| v.into_vec());
                 (
@@ -415,9 +438,10 @@ impl Mdt {
                 )
             }
             // Data-on-MDT arrives with its own issue; say so rather than pretend.
-            Request::DomRead(_) | Request::DomWrite(_) => return Err(Errno::EOPNOTSUPP.into()),
-            Request::Connect(_) => return Err(Errno::EALREADY.into()),
-            _ => return Err(Errno::EOPNOTSUPP.into()),
+            MdtRequest::DomRead(_) | MdtRequest::DomWrite(_) => {
+                return Err(Errno::EOPNOTSUPP.into())
+            }
+            MdtRequest::Connect(_) => return Err(Errno::EALREADY.into()),
         })
     }
 
@@ -433,6 +457,14 @@ impl Mdt {
             return Err(Errno::ENOSPC.into());
         }
         Ok(())
+    }
+}
+
+fn sync_out(committed: u64) -> Outgoing {
+    Outgoing {
+        body: Reply::Sync(SyncRep { committed }).encode(),
+        last_committed: committed,
+        ..Default::default()
     }
 }
 
@@ -453,8 +485,11 @@ impl Service for Mdt {
                 ..Default::default()
             };
         }
-        let req = match Request::decode(inc.header.opcode, &inc.body) {
+        let req = match MdtRequest::decode(inc.header.opcode, &inc.body) {
             Ok(r) => r,
+            Err(lode_proto::DecodeError::Service(_)) => {
+                return Outgoing::error(Errno::EOPNOTSUPP);
+            }
             Err(e) => {
                 warn!(peer = %inc.peer, "bad request: {e}");
                 return Outgoing {
@@ -464,7 +499,7 @@ impl Service for Mdt {
                 };
             }
         };
-        if let Request::Connect(c) = req {
+        if let MdtRequest::Connect(c) = req {
             return match self.connect(inc, c) {
                 Ok(rep) => Outgoing {
                     body: Reply::Connect(rep).encode(),
@@ -481,6 +516,9 @@ impl Service for Mdt {
                 ..Default::default()
             };
         };
+        if let MdtRequest::Sync(_) = req {
+            return self.sync(inc);
+        }
         if inc.header.tag != 0 {
             if inc.header.tag > lode_base::limits::MAX_MOD_RPCS_LIMIT
                 || Opcode::from_u16(inc.header.opcode).is_none()
@@ -499,7 +537,7 @@ impl Service for Mdt {
                         transno: rec.transno,
                         last_committed: self.store.last_committed(),
                         body: rec.body,
-                        drop: false,
+                        ..Default::default()
                     };
                 }
                 Ok(_) => {}
@@ -526,6 +564,10 @@ impl Service for Mdt {
         self.run(inc, &exp, req)
     }
 
+    fn flush(&self) -> bool {
+        self.store.flush().is_ok()
+    }
+
     fn disconnected(&self, conn_id: u64) {
         // The export goes; its open handles stay, keyed by the client's slot, so a client
         // that reconnects keeps them (eviction of vanished clients is a recovery matter).
@@ -538,14 +580,14 @@ impl Service for Mdt {
 }
 
 impl Mdt {
-    fn run(&self, inc: &Incoming, exp: &Export, req: Request) -> Outgoing {
+    fn run(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> Outgoing {
         match self.dispatch(inc, exp, req) {
             Ok((rep, transno)) => Outgoing {
                 status: 0,
                 transno,
                 last_committed: self.store.last_committed(),
                 body: rep.encode(),
-                drop: false,
+                ..Default::default()
             },
             Err(e) => self.error_out(e),
         }

@@ -6,8 +6,8 @@ pub mod client;
 use lode_base::limits::TARGETS_MAX;
 use lode_base::Errno;
 use lode_proto::{
-    ConnectRep, Empty, MgsConfigRep, MgsRegisterReq, Opcode, Reply, Request, TargetInfo,
-    TargetKind, CONNECT_SUPPORTED,
+    ConnectRep, DecodeError, Empty, MgsConfigRep, MgsRegisterReq, MgsRequest, Opcode, Reply,
+    TargetInfo, TargetKind, CONNECT_SUPPORTED,
 };
 use lode_rpc::{Incoming, OpStats, Outgoing, Service};
 use parking_lot::Mutex;
@@ -120,15 +120,16 @@ impl Mgs {
 
 impl Service for Mgs {
     fn handle(&self, inc: &Incoming) -> Outgoing {
-        let req = match Request::decode(inc.header.opcode, &inc.body) {
+        let req = match MgsRequest::decode(inc.header.opcode, &inc.body) {
             Ok(r) => r,
+            Err(DecodeError::Service(_)) => return Outgoing::error(Errno::EOPNOTSUPP),
             Err(e) => {
                 warn!(peer = %inc.peer, "bad request: {e}");
                 return Outgoing::error(Errno::EPROTO);
             }
         };
         let rep = match req {
-            Request::Connect(c) => {
+            MgsRequest::Connect(c) => {
                 if c.fsname != self.fsname {
                     warn!(peer = %inc.peer, "refusing connect for file system {:?}", c.fsname);
                     return Outgoing::error(Errno::EINVAL);
@@ -145,9 +146,9 @@ impl Service for Mgs {
                     index: 0,
                 }))
             }
-            Request::Ping(_) => Ok(Reply::Ping(Empty {})),
-            Request::MgsRegister(r) => self.register(r).map(|_| Reply::MgsRegister(Empty {})),
-            Request::MgsConfig(_) => {
+            MgsRequest::Ping(_) => Ok(Reply::Ping(Empty {})),
+            MgsRequest::MgsRegister(r) => self.register(r).map(|_| Reply::MgsRegister(Empty {})),
+            MgsRequest::MgsConfig(_) => {
                 let st = self.state.lock();
                 Ok(Reply::MgsConfig(MgsConfigRep {
                     fsname: self.fsname.clone(),
@@ -155,7 +156,6 @@ impl Service for Mgs {
                     params: st.params.clone(),
                 }))
             }
-            _ => Err(Errno::EOPNOTSUPP),
         };
         match rep {
             Ok(r) => Outgoing {
@@ -172,12 +172,7 @@ impl Service for Mgs {
 }
 
 /// The opcodes the MGS serves (for documentation and tests).
-pub const MGS_OPCODES: &[Opcode] = &[
-    Opcode::Connect,
-    Opcode::Ping,
-    Opcode::MgsRegister,
-    Opcode::MgsConfig,
-];
+pub const MGS_OPCODES: &[Opcode] = MgsRequest::OPCODES;
 
 /// Parameters of the MGS process.
 pub struct MgsParams(pub std::sync::Arc<Mgs>);

@@ -4,12 +4,13 @@
 use lode_base::limits::BULK_MAX;
 use lode_base::Errno;
 use lode_proto::{
-    ConnectRep, DataRep, Empty, ObjAttr, ObjAttrsRep, ObjId, Reply, Request, StatfsRep,
+    ConnectRep, DataRep, Empty, ObjAttr, ObjAttrsRep, ObjId, OstRequest, Reply, StatfsRep,
     CONNECT_SUPPORTED,
 };
+use lode_rpc::server::Offload;
 use lode_rpc::{Incoming, OpStats, Outgoing, Service};
 use parking_lot::RwLock;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -42,8 +43,11 @@ impl OstConfig {
 pub struct Ost {
     cfg: OstConfig,
     objects: PathBuf,
-    handles: RwLock<HashSet<u64>>,
+    /// Connection handle → the TCP connection it was granted on.
+    handles: RwLock<HashMap<u64, u64>>,
     stats: OpStats,
+    /// fsyncs run here, parked, so a slow disk does not hold a service thread.
+    syncs: Offload,
 }
 
 fn io_errno(e: &std::io::Error) -> Errno {
@@ -58,21 +62,16 @@ impl Ost {
         Ok(Ost {
             cfg,
             objects,
-            handles: RwLock::new(HashSet::new()),
+            handles: RwLock::new(HashMap::new()),
             stats: OpStats::default(),
+            syncs: Offload::new("ost-sync", 2)?,
         })
     }
 
     /// The file of an object. Every part is a number, so no input can name a path
     /// outside the OST directory.
     pub fn object_path(&self, o: &ObjId) -> PathBuf {
-        self.objects
-            .join(format!("{:x}", o.fid.seq))
-            .join(format!("{:02x}", o.fid.oid & 0xff))
-            .join(format!(
-                "{:x}_{:x}_{}_{}",
-                o.fid.oid, o.fid.ver, o.comp, o.stripe
-            ))
+        object_path_in(&self.objects, o)
     }
 
     /// Opens an object read-write (punch needs write access even when it only
@@ -163,20 +162,6 @@ impl Ost {
         Ok(ObjAttrsRep { attrs })
     }
 
-    fn sync(&self, objs: &[ObjId]) -> Result<(), Errno> {
-        if objs.is_empty() {
-            let d = File::open(&self.objects).map_err(|e| io_errno(&e))?;
-            return nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d))
-                .map_err(|e| Errno(e as i32));
-        }
-        for o in objs {
-            if let Some(f) = self.open_obj(o, false)? {
-                f.sync_all().map_err(|e| io_errno(&e))?;
-            }
-        }
-        Ok(())
-    }
-
     fn set_mtime(&self, objs: &[ObjId], mtime: i64) -> Result<(), Errno> {
         let t = if mtime >= 0 {
             std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime as u64)
@@ -208,8 +193,8 @@ impl Ost {
             .map_err(|e| io_errno(&e))
     }
 
-    fn dispatch(&self, inc: &Incoming, req: Request) -> Result<Reply, Errno> {
-        if let Request::Connect(c) = &req {
+    fn dispatch(&self, inc: &Incoming, req: OstRequest) -> Result<Reply, Errno> {
+        if let OstRequest::Connect(c) = &req {
             if c.fsname != self.cfg.fsname {
                 warn!(peer = %inc.peer, "refusing connect for file system {:?}", c.fsname);
                 return Err(Errno::EINVAL);
@@ -222,7 +207,11 @@ impl Ost {
                 return Err(Errno::EACCES);
             }
             let handle = rand::random::<u64>() | 1;
-            self.handles.write().insert(handle);
+            let mut handles = self.handles.write();
+            // One export per connection: a second CONNECT on it replaces the first.
+            handles.retain(|_, conn| *conn != inc.conn_id);
+            handles.insert(handle, inc.conn_id);
+            drop(handles);
             info!(client = %c.client_uuid, peer = %inc.peer, "client connected");
             return Ok(Reply::Connect(ConnectRep {
                 handle,
@@ -232,42 +221,82 @@ impl Ost {
                 index: self.cfg.index,
             }));
         }
-        if !self.handles.read().contains(&inc.header.handle) {
+        if !self.handles.read().contains_key(&inc.header.handle) {
             return Err(Errno::ENOTCONN);
         }
         Ok(match req {
-            Request::Ping(_) => Reply::Ping(Empty {}),
-            Request::Disconnect(_) => {
+            OstRequest::Ping(_) => Reply::Ping(Empty {}),
+            OstRequest::Disconnect(_) => {
                 self.handles.write().remove(&inc.header.handle);
                 Reply::Disconnect(Empty {})
             }
-            Request::Statfs(_) => Reply::Statfs(self.statfs()?),
-            Request::OstRead(r) => Reply::OstRead(DataRep {
+            OstRequest::Statfs(_) => Reply::Statfs(self.statfs()?),
+            OstRequest::OstRead(r) => Reply::OstRead(DataRep {
                 data: self.read(&r.obj, r.offset, r.len)?,
             }),
-            Request::OstWrite(r) => {
+            OstRequest::OstWrite(r) => {
                 self.write(&r.obj, r.offset, &r.data)?;
                 Reply::OstWrite(Empty {})
             }
-            Request::Punch(r) => {
+            OstRequest::Punch(r) => {
                 self.punch(&r.obj, r.size)?;
                 Reply::Punch(Empty {})
             }
-            Request::OstGetattr(r) => Reply::OstGetattr(self.getattr(bounded(&r.objs)?)?),
-            Request::OstSync(r) => {
-                self.sync(bounded(&r.objs)?)?;
+            OstRequest::OstGetattr(r) => Reply::OstGetattr(self.getattr(bounded(&r.objs)?)?),
+            OstRequest::OstSync(r) => {
+                sync_objects(&self.objects, &r.objs)?;
                 Reply::OstSync(Empty {})
             }
-            Request::OstSetattr(r) => {
+            OstRequest::OstSetattr(r) => {
                 self.set_mtime(bounded(&r.objs)?, r.mtime)?;
                 Reply::OstSetattr(Empty {})
             }
-            Request::Destroy(r) => {
+            OstRequest::Destroy(r) => {
                 self.destroy(bounded(&r.objs)?)?;
                 Reply::Destroy(Empty {})
             }
-            _ => return Err(Errno::EOPNOTSUPP),
+            OstRequest::Connect(_) => return Err(Errno::EALREADY),
         })
+    }
+}
+
+/// The file of an object under `root`. Every part is a number, so no input can name a
+/// path outside the OST directory.
+fn object_path_in(root: &std::path::Path, o: &ObjId) -> PathBuf {
+    root.join(format!("{:x}", o.fid.seq))
+        .join(format!("{:02x}", o.fid.oid & 0xff))
+        .join(format!(
+            "{:x}_{:x}_{}_{}",
+            o.fid.oid, o.fid.ver, o.comp, o.stripe
+        ))
+}
+
+/// fsyncs objects (every object of the OST if `objs` is empty); runs on an offload
+/// thread.
+fn sync_objects(root: &std::path::Path, objs: &[ObjId]) -> Result<(), Errno> {
+    let objs = bounded(objs)?;
+    if objs.is_empty() {
+        let d = File::open(root).map_err(|e| io_errno(&e))?;
+        return nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d))
+            .map_err(|e| Errno(e as i32));
+    }
+    for o in objs {
+        match File::open(object_path_in(root, o)) {
+            Ok(f) => f.sync_all().map_err(|e| io_errno(&e))?,
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_errno(&e)),
+        }
+    }
+    Ok(())
+}
+
+fn answer(r: Result<Reply, Errno>) -> Outgoing {
+    match r {
+        Ok(r) => Outgoing {
+            body: r.encode(),
+            ..Default::default()
+        },
+        Err(e) => Outgoing::error(e),
     }
 }
 
@@ -280,20 +309,30 @@ fn bounded(objs: &[ObjId]) -> Result<&[ObjId], Errno> {
 
 impl Service for Ost {
     fn handle(&self, inc: &Incoming) -> Outgoing {
-        let req = match Request::decode(inc.header.opcode, &inc.body) {
+        let req = match OstRequest::decode(inc.header.opcode, &inc.body) {
             Ok(r) => r,
+            Err(lode_proto::DecodeError::Service(_)) => {
+                return Outgoing::error(Errno::EOPNOTSUPP);
+            }
             Err(e) => {
                 warn!(peer = %inc.peer, "bad request: {e}");
                 return Outgoing::error(Errno::EPROTO);
             }
         };
-        match self.dispatch(inc, req) {
-            Ok(r) => Outgoing {
-                body: r.encode(),
-                ..Default::default()
-            },
-            Err(e) => Outgoing::error(e),
+        if let OstRequest::OstSync(r) = req {
+            if !self.handles.read().contains_key(&inc.header.handle) {
+                return Outgoing::error(Errno::ENOTCONN);
+            }
+            let root = self.objects.clone();
+            return self.syncs.run(inc, move || {
+                answer(sync_objects(&root, &r.objs).map(|_| Reply::OstSync(Empty {})))
+            });
         }
+        answer(self.dispatch(inc, req))
+    }
+
+    fn disconnected(&self, conn_id: u64) {
+        self.handles.write().retain(|_, conn| *conn != conn_id);
     }
 
     fn stats(&self) -> Option<&OpStats> {

@@ -167,7 +167,8 @@ impl Frame {
         Ok(Frame { header, body: rest })
     }
 
-    /// Decodes one frame from the start of `buf` (tests and tools; servers read streams).
+    /// Decodes one frame from the start of `buf`, copying only its body; returns the
+    /// frame and the bytes it took. `Truncated` means more bytes are needed.
     pub fn decode(buf: &[u8]) -> Result<(Frame, usize), FrameError> {
         if buf.len() < 4 {
             return Err(FrameError::Truncated);
@@ -176,7 +177,13 @@ impl Frame {
         if buf.len() < 4 + len {
             return Err(FrameError::Truncated);
         }
-        let f = Frame::decode_rest(buf[4..4 + len].to_vec())?;
-        Ok((f, 4 + len))
+        let rest = &buf[4..4 + len];
+        let crc = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        if crc32c::crc32c(&rest[4..]) != crc {
+            return Err(FrameError::Checksum);
+        }
+        let header = Header::read(&rest[4..])?;
+        let body = rest[4 + HEADER_LEN..].to_vec();
+        Ok((Frame { header, body }, 4 + len))
     }
 }

@@ -510,8 +510,21 @@ pub fn decode_links(v: &[u8]) -> Option<Vec<(Fid, Vec<u8>)>> {
     postcard::from_bytes(v.strip_prefix(b"LNK1")?).ok()
 }
 
+/// The service that answers an opcode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ServiceKind {
+    /// Every target answers it (connection management, statfs).
+    Any,
+    /// The metadata target.
+    Mdt,
+    /// An object storage target.
+    Ost,
+    /// The management service.
+    Mgs,
+}
+
 macro_rules! messages {
-    ($( $(#[$doc:meta])* $op:ident = $code:literal : $req:ty => $rep:ty ,)*) => {
+    ($( $(#[$doc:meta])* $op:ident = $code:literal, $svc:ident, $modify:literal : $req:ty => $rep:ty ,)*) => {
         /// Every opcode of every service.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[repr(u16)]
@@ -530,6 +543,27 @@ macro_rules! messages {
 
             /// Every opcode.
             pub const ALL: &'static [Opcode] = &[ $( Opcode::$op, )* ];
+
+            /// True if the request changes state on its target: it takes a modify tag
+            /// and the target keeps a reply record for it.
+            pub fn is_modify(self) -> bool {
+                match self { $( Opcode::$op => $modify, )* }
+            }
+
+            /// The service that answers it.
+            pub fn service(self) -> ServiceKind {
+                match self { $( Opcode::$op => ServiceKind::$svc, )* }
+            }
+        }
+
+        /// The request body type of each opcode, for the per-service request enums.
+        pub mod req_ty {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[doc = concat!("Body of a `", stringify!($op), "` request.")]
+                pub type $op = $req;
+            )*
         }
 
         /// A request body, tagged by its opcode.
@@ -582,67 +616,122 @@ macro_rules! messages {
 
 messages! {
     /// Connect to a target.
-    Connect = 1: ConnectReq => ConnectRep,
+    Connect = 1, Any, false: ConnectReq => ConnectRep,
     /// Disconnect.
-    Disconnect = 2: Empty => Empty,
+    Disconnect = 2, Any, false: Empty => Empty,
     /// Liveness.
-    Ping = 3: Empty => Empty,
+    Ping = 3, Any, false: Empty => Empty,
     /// Space and inodes of a target.
-    Statfs = 4: Empty => StatfsRep,
+    Statfs = 4, Any, false: Empty => StatfsRep,
     /// Grant a FID sequence.
-    SeqAlloc = 10: Empty => SeqAllocRep,
+    SeqAlloc = 10, Mdt, false: Empty => SeqAllocRep,
     /// Attributes by FID.
-    Getattr = 11: GetattrReq => MdtBody,
+    Getattr = 11, Mdt, false: GetattrReq => MdtBody,
     /// Name to FID, attributes and layout.
-    Lookup = 12: LookupReq => MdtBody,
+    Lookup = 12, Mdt, false: LookupReq => MdtBody,
     /// One page of a directory.
-    Readdir = 13: ReaddirReq => ReaddirRep,
+    Readdir = 13, Mdt, false: ReaddirReq => ReaddirRep,
     /// Several getattrs.
-    BatchGetattr = 14: BatchGetattrReq => BatchGetattrRep,
+    BatchGetattr = 14, Mdt, false: BatchGetattrReq => BatchGetattrRep,
     /// Create (with optional open intent).
-    Create = 15: CreateReq => CreateRep,
+    Create = 15, Mdt, true: CreateReq => CreateRep,
     /// Open by FID.
-    Open = 16: OpenReq => CreateRep,
+    Open = 16, Mdt, true: OpenReq => CreateRep,
     /// Close a handle.
-    Close = 17: CloseReq => Empty,
+    Close = 17, Mdt, true: CloseReq => Empty,
     /// Unlink or rmdir.
-    Unlink = 18: UnlinkReq => Empty,
+    Unlink = 18, Mdt, true: UnlinkReq => Empty,
     /// Rename.
-    Rename = 19: RenameReq => Empty,
+    Rename = 19, Mdt, true: RenameReq => Empty,
     /// Hard link.
-    Link = 20: LinkReq => MdtBody,
+    Link = 20, Mdt, true: LinkReq => MdtBody,
     /// Change attributes.
-    Setattr = 21: SetattrReq => MdtBody,
+    Setattr = 21, Mdt, true: SetattrReq => MdtBody,
     /// Read an xattr.
-    Getxattr = 22: GetxattrReq => XattrRep,
+    Getxattr = 22, Mdt, false: GetxattrReq => XattrRep,
     /// Set or remove an xattr.
-    Setxattr = 23: SetxattrReq => Empty,
+    Setxattr = 23, Mdt, true: SetxattrReq => Empty,
     /// List xattr names.
-    Listxattr = 24: GetxattrReq => XattrRep,
+    Listxattr = 24, Mdt, false: GetxattrReq => XattrRep,
     /// Read Data-on-MDT bytes.
-    DomRead = 25: DomReadReq => DataRep,
+    DomRead = 25, Mdt, false: DomReadReq => DataRep,
     /// Write Data-on-MDT bytes.
-    DomWrite = 26: DomWriteReq => Empty,
+    DomWrite = 26, Mdt, true: DomWriteReq => Empty,
     /// Make everything so far durable.
-    Sync = 27: Empty => SyncRep,
+    Sync = 27, Mdt, false: Empty => SyncRep,
     /// Read from an OST object.
-    OstRead = 40: OstReadReq => DataRep,
+    OstRead = 40, Ost, false: OstReadReq => DataRep,
     /// Write to an OST object.
-    OstWrite = 41: OstWriteReq => Empty,
+    OstWrite = 41, Ost, false: OstWriteReq => Empty,
     /// Truncate an OST object.
-    Punch = 42: PunchReq => Empty,
+    Punch = 42, Ost, false: PunchReq => Empty,
     /// Glimpse OST objects.
-    OstGetattr = 43: ObjsReq => ObjAttrsRep,
+    OstGetattr = 43, Ost, false: ObjsReq => ObjAttrsRep,
     /// fsync OST objects (all if empty).
-    OstSync = 44: ObjsReq => Empty,
+    OstSync = 44, Ost, false: ObjsReq => Empty,
     /// Destroy OST objects.
-    Destroy = 45: ObjsReq => Empty,
+    Destroy = 45, Ost, false: ObjsReq => Empty,
     /// Set OST objects' modification time (explicit mtime, utimes).
-    OstSetattr = 46: OstSetattrReq => Empty,
+    OstSetattr = 46, Ost, false: OstSetattrReq => Empty,
     /// Register a target with the MGS.
-    MgsRegister = 60: MgsRegisterReq => Empty,
+    MgsRegister = 60, Mgs, false: MgsRegisterReq => Empty,
     /// Fetch the file system config.
-    MgsConfig = 61: Empty => MgsConfigRep,
+    MgsConfig = 61, Mgs, false: Empty => MgsConfigRep,
+}
+
+/// One service's requests: decoding refuses every opcode the service does not answer,
+/// so its dispatch matches every variant with no catch-all, and a new opcode for the
+/// service does not compile until it is answered.
+macro_rules! service_requests {
+    ($(#[$doc:meta])* $name:ident, $kind:ident: $($op:ident),* $(,)?) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum $name {
+            $(
+                #[doc = concat!("A `", stringify!($op), "` request.")]
+                $op(req_ty::$op),
+            )*
+        }
+
+        impl $name {
+            /// The opcodes this service answers.
+            pub const OPCODES: &'static [Opcode] = &[ $( Opcode::$op, )* ];
+            /// The service.
+            pub const KIND: ServiceKind = ServiceKind::$kind;
+
+            /// Decodes a body for `opcode`; an opcode of another service is refused.
+            pub fn decode(opcode: u16, body: &[u8]) -> Result<$name, DecodeError> {
+                let op = Opcode::from_u16(opcode).ok_or(DecodeError::Opcode(opcode))?;
+                Ok(match op {
+                    $( Opcode::$op => $name::$op(postcard::from_bytes(body)?), )*
+                    other => return Err(DecodeError::Service(other)),
+                })
+            }
+
+            /// The opcode.
+            pub fn opcode(&self) -> Opcode {
+                match self { $( $name::$op(_) => Opcode::$op, )* }
+            }
+        }
+    };
+}
+
+service_requests! {
+    /// What a metadata target answers.
+    MdtRequest, Mdt: Connect, Disconnect, Ping, Statfs, SeqAlloc, Getattr, Lookup, Readdir,
+    BatchGetattr, Create, Open, Close, Unlink, Rename, Link, Setattr, Getxattr, Setxattr,
+    Listxattr, DomRead, DomWrite, Sync,
+}
+
+service_requests! {
+    /// What an object storage target answers.
+    OstRequest, Ost: Connect, Disconnect, Ping, Statfs, OstRead, OstWrite, Punch, OstGetattr,
+    OstSync, Destroy, OstSetattr,
+}
+
+service_requests! {
+    /// What the management service answers.
+    MgsRequest, Mgs: Connect, Ping, MgsRegister, MgsConfig,
 }
 
 /// A body that does not decode.
@@ -654,4 +743,53 @@ pub enum DecodeError {
     /// The body bytes are malformed.
     #[error("malformed body: {0}")]
     Body(#[from] postcard::Error),
+    /// The opcode belongs to another service.
+    #[error("{0:?} is not answered by this service")]
+    Service(Opcode),
+}
+
+#[cfg(test)]
+mod service_table_tests {
+    use super::*;
+
+    /// The opcode table's service column and the per-service request types agree: every
+    /// opcode a service owns is in its type, and its type holds no other service's.
+    #[test]
+    fn service_types_match_the_opcode_table() {
+        for (kind, ops) in [
+            (MdtRequest::KIND, MdtRequest::OPCODES),
+            (OstRequest::KIND, OstRequest::OPCODES),
+            (MgsRequest::KIND, MgsRequest::OPCODES),
+        ] {
+            for op in Opcode::ALL {
+                if op.service() == kind {
+                    assert!(
+                        ops.contains(op),
+                        "{op:?} belongs to {kind:?} but its type lacks it"
+                    );
+                }
+            }
+            for op in ops {
+                assert!(
+                    op.service() == kind || op.service() == ServiceKind::Any,
+                    "{op:?} is in {kind:?}'s type but the table gives {:?}",
+                    op.service()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_service_refuses_another_services_opcode() {
+        let body = Request::Ping(Empty {}).encode();
+        assert!(MdtRequest::decode(Opcode::Ping as u16, &body).is_ok());
+        assert!(matches!(
+            OstRequest::decode(Opcode::MgsConfig as u16, &body),
+            Err(DecodeError::Service(Opcode::MgsConfig))
+        ));
+        assert!(matches!(
+            MgsRequest::decode(9999, &body),
+            Err(DecodeError::Opcode(9999))
+        ));
+    }
 }

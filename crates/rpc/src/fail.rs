@@ -13,6 +13,8 @@ pub const DELAY_REPLY: u32 = 0x103;
 pub const STORE_SYNC_FAIL: u32 = 0x201;
 /// Make the store's next batch write fail (the target must stop).
 pub const STORE_WRITE_FAIL: u32 = 0x202;
+/// Stall each WAL sync of the store by `fail_val` milliseconds (a slow disk).
+pub const STORE_SYNC_DELAY: u32 = 0x203;
 /// Flag bit: act once, then clear `fail_loc` (Lustre's `CFS_FAIL_ONCE`).
 pub const ONCE: u32 = 0x8000_0000;
 

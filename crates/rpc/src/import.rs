@@ -96,20 +96,10 @@ impl Drop for TagGuard {
     }
 }
 
-/// True if requests with this opcode modify state on the target and so take a tag.
+/// True if requests with this opcode modify state on the target and so take a tag (the
+/// opcode table in `lode_proto` is the one source of this fact).
 pub fn is_modify(op: Opcode) -> bool {
-    matches!(
-        op,
-        Opcode::Create
-            | Opcode::Open
-            | Opcode::Close
-            | Opcode::Unlink
-            | Opcode::Rename
-            | Opcode::Link
-            | Opcode::Setattr
-            | Opcode::Setxattr
-            | Opcode::DomWrite
-    )
+    op.is_modify()
 }
 
 impl Import {

@@ -1,19 +1,30 @@
-//! The server side: accept connections, read frames, run each request on a bounded pool
-//! of service threads (handlers may block on the store), write replies back batched.
+//! The server side, run to completion: each service thread owns the connections it was
+//! given at accept and runs its own reactor. A round on a connection reads every byte
+//! already there, executes every complete request inline, lets the service make the
+//! round's store writes visible to the OS once (`Service::flush`), and writes all the
+//! replies with one system call. No request crosses a thread between its read and its
+//! reply; a request that must wait (a SYNC for the commit, an fsync) is parked with a
+//! [`Deferred`] and answered later by whoever finishes it, without holding the thread.
+//!
+//! Bounds (each in `lode_base::limits`): connections per server, bytes per read round,
+//! requests read and unanswered per connection, how long a frame may take to arrive,
+//! how long a connection may idle, how long replies may wait for a client that does
+//! not read them. Frame bodies grow as their bytes arrive, never to an announced size.
 
 use crate::fail;
 use crate::stats::OpStats;
-use crate::wire::{read_frame, FrameSink, ReadError};
+use crate::wire::FrameSink;
+use lode_base::limits;
 use lode_proto::frame::FLAG_REPLY;
-use lode_proto::{Frame, Header, Opcode};
+use lode_proto::{Frame, FrameError, Header, Opcode};
+use parking_lot::Mutex;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::runtime::Handle;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tracing::{debug, warn};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Notify};
+use tracing::{debug, info, warn};
 
 /// One request as a service sees it.
 pub struct Incoming {
@@ -25,6 +36,78 @@ pub struct Incoming {
     pub peer: SocketAddr,
     /// Identifies the TCP connection, for services that tie state to it.
     pub conn_id: u64,
+    /// Where a parked request's reply goes; `None` for requests built in-process.
+    reply_to: Option<ReplyTo>,
+    start: Instant,
+}
+
+#[derive(Clone)]
+struct ReplyTo {
+    sink: Arc<FrameSink>,
+    conn: Arc<ConnShared>,
+    stats: Option<Arc<dyn Service>>,
+}
+
+impl Incoming {
+    /// A request built in-process (tests, tools): it has no connection to reply on, so
+    /// it cannot be parked.
+    pub fn local(header: Header, body: Vec<u8>, peer: SocketAddr, conn_id: u64) -> Incoming {
+        Incoming {
+            header,
+            body,
+            peer,
+            conn_id,
+            reply_to: None,
+            start: Instant::now(),
+        }
+    }
+
+    /// Parks this request: the service returns [`Outgoing::parked`] now and answers
+    /// through the [`Deferred`] later, from any thread. `None` when the request has no
+    /// connection (built in-process); the service must then answer inline.
+    pub fn defer(&self) -> Option<Deferred> {
+        let to = self.reply_to.clone()?;
+        to.conn.inflight.fetch_add(1, Ordering::AcqRel);
+        Some(Deferred {
+            to: Some(to),
+            header: self.header,
+            start: self.start,
+        })
+    }
+}
+
+/// A parked request's promise of a reply. It holds the request's in-flight permit on its
+/// connection until the reply is written; dropping it unanswered releases the permit and
+/// sends nothing (the client resends).
+pub struct Deferred {
+    to: Option<ReplyTo>,
+    header: Header,
+    start: Instant,
+}
+
+impl Deferred {
+    /// Sends the reply (from any thread).
+    pub fn send(mut self, out: Outgoing) {
+        let Some(to) = self.to.take() else { return };
+        let us = self.start.elapsed().as_micros() as u64;
+        if let (Some(svc), Some(op)) = (&to.stats, Opcode::from_u16(self.header.opcode)) {
+            if let Some(stats) = svc.stats() {
+                stats.record(op, us);
+            }
+        }
+        if !out.drop && !out.parked && !fail::check(fail::DROP_REPLY) {
+            to.sink.send(reply_frame(&self.header, &out, us));
+        }
+        to.conn.release();
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        if let Some(to) = self.to.take() {
+            to.conn.release();
+        }
+    }
 }
 
 /// A service's answer.
@@ -40,6 +123,8 @@ pub struct Outgoing {
     pub body: Vec<u8>,
     /// Send nothing (the request was dropped on purpose).
     pub drop: bool,
+    /// Send nothing now: the request was parked and a [`Deferred`] will answer it.
+    pub parked: bool,
 }
 
 impl Outgoing {
@@ -50,12 +135,27 @@ impl Outgoing {
             ..Default::default()
         }
     }
+
+    /// The answer of a request that was parked with [`Incoming::defer`].
+    pub fn parked() -> Outgoing {
+        Outgoing {
+            parked: true,
+            ..Default::default()
+        }
+    }
 }
 
-/// A request handler. `handle` runs on a service thread and may block.
+/// A request handler. `handle` runs on the service thread that read the request; it may
+/// block briefly (a store write, a short lock) but must park anything that waits long.
 pub trait Service: Send + Sync + 'static {
     /// Handles one request.
     fn handle(&self, req: &Incoming) -> Outgoing;
+    /// Called after a round of requests has executed and before their replies are
+    /// written: the place to make the round's writes reach the OS in one go (group
+    /// commit). Returns false if that failed; the replies are then not sent.
+    fn flush(&self) -> bool {
+        true
+    }
     /// Called when a connection closes.
     fn disconnected(&self, _conn_id: u64) {}
     /// Per-opcode statistics, if the service keeps them.
@@ -64,135 +164,387 @@ pub trait Service: Send + Sync + 'static {
     }
 }
 
-/// Server tuning.
+/// Server tuning; the defaults are the named limits.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// Service threads (`mds_num_threads`).
+    /// Service threads (`mds_num_threads`), each owning its connections.
     pub threads: usize,
-    /// Requests one connection may have queued or executing; the reader stops reading
-    /// beyond this, so a flooding client is throttled by TCP.
+    /// Requests one connection may have read and not yet answered.
     pub max_inflight_per_conn: usize,
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// A frame must arrive whole within this long of its first byte.
+    pub read_timeout: Duration,
+    /// A connection with nothing in flight and silent this long is closed.
+    pub idle_timeout: Duration,
+    /// Replies must drain within this long once the socket stops taking them.
+    pub write_timeout: Duration,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            threads: 4,
-            max_inflight_per_conn: 256,
+            threads: 2,
+            max_inflight_per_conn: limits::INFLIGHT_PER_CONN_MAX,
+            max_connections: limits::CONNECTIONS_MAX,
+            read_timeout: Duration::from_millis(limits::CONN_READ_TIMEOUT_MS),
+            idle_timeout: Duration::from_millis(limits::CONN_IDLE_TIMEOUT_MS),
+            write_timeout: Duration::from_millis(limits::CONN_WRITE_TIMEOUT_MS),
         }
     }
 }
 
-struct Job {
-    inc: Incoming,
-    reply: Arc<FrameSink>,
-    start: Instant,
-    _permit: OwnedSemaphorePermit,
+/// State of one connection shared with its parked requests.
+#[derive(Default)]
+struct ConnShared {
+    /// Requests read and not yet answered (parked ones).
+    inflight: AtomicUsize,
+    /// Signalled when a parked request is answered.
+    released: Notify,
+}
+
+impl ConnShared {
+    fn release(&self) {
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.released.notify_one();
+    }
 }
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
-/// Serves `svc` on `listener` until the process ends.
+struct Worker {
+    tx: mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
+    conns: Arc<AtomicUsize>,
+}
+
+/// Serves `svc` on `listener` until the process ends: accepts here, and hands each
+/// connection once to the service thread with the fewest.
 pub async fn serve(listener: TcpListener, svc: Arc<dyn Service>, cfg: ServerConfig) {
-    let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
-    let rt = Handle::current();
+    let open = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
     for i in 0..cfg.threads.max(1) {
-        let rx = jobs_rx.clone();
-        let svc = svc.clone();
-        let rt = rt.clone();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let conns = Arc::new(AtomicUsize::new(0));
+        let (svc, cfg2, conns2, open2) = (svc.clone(), cfg.clone(), conns.clone(), open.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("svc-{i}"))
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    run_job(&*svc, job, &rt);
-                }
-            });
-        if let Err(e) = spawned {
-            warn!("cannot start service thread: {e}");
+            .spawn(move || service_thread(rx, svc, cfg2, conns2, open2));
+        match spawned {
+            Ok(_) => workers.push(Worker { tx, conns }),
+            Err(e) => warn!("cannot start service thread: {e}"),
         }
     }
+    if workers.is_empty() {
+        warn!("no service thread could start; not serving");
+        return;
+    }
+    let refusals = RateLimited::default();
     loop {
         let (sock, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
+                // Out of descriptors or a transient error: wait rather than spin.
                 warn!("accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
-        let _ = sock.set_nodelay(true);
-        tokio::spawn(connection(
-            sock,
-            peer,
-            svc.clone(),
-            jobs_tx.clone(),
-            cfg.max_inflight_per_conn,
-        ));
+        let n = open.load(Ordering::Acquire);
+        if n >= cfg.max_connections {
+            refusals.warn(|dropped| {
+                warn!(%peer, "refusing connection: {n} open, max_connections {} ({dropped} more refused since the last line)", cfg.max_connections);
+            });
+            drop(sock);
+            continue;
+        }
+        let Ok(std_sock) = sock.into_std() else {
+            continue;
+        };
+        open.fetch_add(1, Ordering::AcqRel);
+        let w = workers
+            .iter()
+            .min_by_key(|w| w.conns.load(Ordering::Relaxed))
+            .expect("workers is not empty");
+        w.conns.fetch_add(1, Ordering::AcqRel);
+        if w.tx.send((std_sock, peer)).is_err() {
+            w.conns.fetch_sub(1, Ordering::AcqRel);
+            open.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
+/// A log line at most once a second, counting what it swallowed.
+#[derive(Default)]
+struct RateLimited {
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl RateLimited {
+    fn warn(&self, f: impl FnOnce(u64)) {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        if st
+            .0
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            let n = st.1;
+            *st = (Some(now), 0);
+            drop(st);
+            f(n);
+        } else {
+            st.1 += 1;
+        }
+    }
+}
+
+fn service_thread(
+    mut rx: mpsc::UnboundedReceiver<(std::net::TcpStream, SocketAddr)>,
+    svc: Arc<dyn Service>,
+    cfg: ServerConfig,
+    conns: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            warn!("cannot start a service thread's reactor: {e}");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        while let Some((sock, peer)) = rx.recv().await {
+            let (svc, cfg, conns, open) = (svc.clone(), cfg.clone(), conns.clone(), open.clone());
+            tokio::spawn(async move {
+                match tokio::net::TcpStream::from_std(sock) {
+                    Ok(s) => {
+                        let _ = s.set_nodelay(true);
+                        connection(s, peer, svc, &cfg).await;
+                    }
+                    Err(e) => warn!(%peer, "cannot register connection: {e}"),
+                }
+                conns.fetch_sub(1, Ordering::AcqRel);
+                open.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+    });
+}
+
+/// Why a connection's loop ended.
+enum Closed {
+    Peer,
+    Io(std::io::Error),
+    Frame(FrameError),
+    ReadTimeout(usize),
+    Idle,
+    NotReading,
+    StoreFailed,
+}
+
 async fn connection(
-    sock: TcpStream,
+    sock: tokio::net::TcpStream,
     peer: SocketAddr,
     svc: Arc<dyn Service>,
-    jobs: crossbeam_channel::Sender<Job>,
-    max_inflight: usize,
+    cfg: &ServerConfig,
 ) {
     let conn_id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     let (rd, wr) = sock.into_split();
-    let tx = FrameSink::new(wr);
-    let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
-    let inflight = Arc::new(Semaphore::new(max_inflight.max(1)));
-    loop {
-        let frame = match read_frame(&mut rd).await {
-            Ok(f) => f,
-            Err(ReadError::Io(e)) => {
-                debug!(%peer, "connection closed: {e}");
-                break;
-            }
-            Err(ReadError::Frame(e)) => {
-                warn!(%peer, "closing connection: {e}");
-                break;
-            }
-        };
-        if fail::check(fail::DROP_REQUEST) {
-            debug!(xid = frame.header.xid, "fail_loc: dropping request");
-            continue;
-        }
-        let Ok(permit) = inflight.clone().acquire_owned().await else {
-            break;
-        };
-        let inc = Incoming {
-            header: frame.header,
-            body: frame.body,
-            peer,
-            conn_id,
-        };
-        if jobs
-            .send(Job {
-                inc,
-                reply: tx.clone(),
-                start: Instant::now(),
-                _permit: permit,
-            })
-            .is_err()
-        {
-            break;
-        }
+    let reply_to = ReplyTo {
+        sink: FrameSink::new(wr),
+        conn: Arc::new(ConnShared::default()),
+        stats: svc.stats().is_some().then(|| svc.clone()),
+    };
+    let why = serve_connection(&rd, &reply_to, conn_id, peer, &*svc, cfg).await;
+    match why {
+        Closed::Peer => debug!(%peer, "connection closed by peer"),
+        Closed::Io(e) => debug!(%peer, "connection lost: {e}"),
+        Closed::Frame(e) => warn!(%peer, "closing connection: malformed frame: {e}"),
+        Closed::ReadTimeout(n) => warn!(
+            %peer,
+            "closing connection: a frame stayed incomplete ({n} bytes) for {:?} (read timeout)",
+            cfg.read_timeout
+        ),
+        Closed::Idle => info!(%peer, "closing idle connection after {:?}", cfg.idle_timeout),
+        Closed::NotReading => warn!(
+            %peer,
+            "closing connection: its replies were not read for {:?} (write timeout)",
+            cfg.write_timeout
+        ),
+        Closed::StoreFailed => warn!(%peer, "closing connection: the store failed"),
     }
     svc.disconnected(conn_id);
 }
 
-fn run_job(svc: &dyn Service, job: Job, rt: &Handle) {
-    let out = svc.handle(&job.inc);
-    let us = job.start.elapsed().as_micros() as u64;
-    if let (Some(stats), Some(op)) = (svc.stats(), Opcode::from_u16(job.inc.header.opcode)) {
-        stats.record(op, us);
+async fn serve_connection(
+    rd: &tokio::net::tcp::OwnedReadHalf,
+    to: &ReplyTo,
+    conn_id: u64,
+    peer: SocketAddr,
+    svc: &dyn Service,
+    cfg: &ServerConfig,
+) -> Closed {
+    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    // When the oldest incomplete frame started arriving.
+    let mut partial_since: Option<Instant> = None;
+    let mut out: Vec<u8> = Vec::new();
+    // Requests executed since the last flush (a delayed or dropped reply still needs its
+    // writes flushed before anything else is answered).
+    let mut executed = false;
+    loop {
+        // Wait for bytes, bounded by the read timeout (a frame under way) or the idle
+        // timeout (nothing under way, nothing parked).
+        let wait = match partial_since {
+            Some(t) => Some(cfg.read_timeout.saturating_sub(t.elapsed())),
+            None if to.conn.inflight.load(Ordering::Acquire) == 0 => Some(cfg.idle_timeout),
+            None => None,
+        };
+        let ready = match wait {
+            Some(d) => tokio::time::timeout(d, rd.readable()).await.ok(),
+            None => Some(rd.readable().await),
+        };
+        match ready {
+            None if partial_since.is_some() => return Closed::ReadTimeout(buf.len()),
+            None => return Closed::Idle,
+            Some(Err(e)) => return Closed::Io(e),
+            Some(Ok(())) => {}
+        }
+        // Read what is there, up to one round's worth.
+        let before = buf.len();
+        loop {
+            if buf.len() - before >= limits::READ_ROUND_BYTES {
+                break;
+            }
+            buf.reserve(64 << 10);
+            match rd.try_read_buf(&mut buf) {
+                Ok(0) => return Closed::Peer,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Closed::Io(e),
+            }
+        }
+        if buf.len() == before {
+            continue;
+        }
+        // Execute every complete request, collecting the replies.
+        let mut off = 0;
+        loop {
+            while to.conn.inflight.load(Ordering::Acquire) >= cfg.max_inflight_per_conn {
+                // Parked requests hold every permit: answer what we have, then wait
+                // for one to finish before reading on.
+                if !flush_replies(svc, to, &mut out, &mut executed) {
+                    return Closed::StoreFailed;
+                }
+                let released = to.conn.released.notified();
+                if to.conn.inflight.load(Ordering::Acquire) >= cfg.max_inflight_per_conn {
+                    released.await;
+                }
+            }
+            match Frame::decode(&buf[off..]) {
+                Ok((frame, used)) => {
+                    off += used;
+                    executed = true;
+                    execute(svc, to, frame, peer, conn_id, &mut out);
+                }
+                Err(FrameError::Truncated) => break,
+                Err(e) => return Closed::Frame(e),
+            }
+        }
+        buf.drain(..off);
+        partial_since = match (buf.is_empty(), partial_since) {
+            (true, _) => None,
+            (false, Some(t)) if off == 0 => Some(t),
+            (false, _) => Some(Instant::now()),
+        };
+        if buf.capacity() > (1 << 20) && buf.len() < (64 << 10) {
+            buf.shrink_to(64 << 10);
+        }
+        if !flush_replies(svc, to, &mut out, &mut executed) {
+            return Closed::StoreFailed;
+        }
+        // A bounded reply queue: read no more while this connection's replies wait.
+        if to.sink.backlogged()
+            && tokio::time::timeout(cfg.write_timeout, to.sink.wait_drained())
+                .await
+                .is_err()
+        {
+            return Closed::NotReading;
+        }
+        if to.sink.broken() {
+            return Closed::Peer;
+        }
     }
-    if out.drop || fail::check(fail::DROP_REPLY) {
+}
+
+/// Lets the service flush the round's writes, then sends the round's replies at once.
+fn flush_replies(svc: &dyn Service, to: &ReplyTo, out: &mut Vec<u8>, executed: &mut bool) -> bool {
+    if !std::mem::take(executed) {
+        return true;
+    }
+    if !svc.flush() {
+        out.clear();
+        return false;
+    }
+    if !out.is_empty() {
+        to.sink.send(std::mem::take(out));
+    }
+    true
+}
+
+fn execute(
+    svc: &dyn Service,
+    to: &ReplyTo,
+    frame: Frame,
+    peer: SocketAddr,
+    conn_id: u64,
+    out: &mut Vec<u8>,
+) {
+    if fail::check(fail::DROP_REQUEST) {
+        debug!(xid = frame.header.xid, "fail_loc: dropping request");
         return;
     }
-    let h = &job.inc.header;
+    let inc = Incoming {
+        header: frame.header,
+        body: frame.body,
+        peer,
+        conn_id,
+        reply_to: Some(to.clone()),
+        start: Instant::now(),
+    };
+    let res = svc.handle(&inc);
+    if res.parked {
+        return;
+    }
+    let us = inc.start.elapsed().as_micros() as u64;
+    if let (Some(stats), Some(op)) = (svc.stats(), Opcode::from_u16(inc.header.opcode)) {
+        stats.record(op, us);
+    }
+    if res.drop || fail::check(fail::DROP_REPLY) {
+        return;
+    }
+    let mut delay = fail::rpc_delay_us();
+    if fail::check(fail::DELAY_REPLY) {
+        delay += u64::from(fail::val()) * 1000;
+    }
+    if delay == 0 {
+        out.extend_from_slice(&reply_frame(&inc.header, &res, us));
+        return;
+    }
+    // An emulated slow network: the reply leaves later, the thread goes on.
+    if let Some(mut d) = inc.defer() {
+        if let Some(to) = d.to.as_mut() {
+            to.stats = None; // recorded above
+        }
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(delay)).await;
+            d.send(res);
+        });
+    }
+}
+
+fn reply_frame(h: &Header, out: &Outgoing, us: u64) -> Vec<u8> {
     let header = Header {
         opcode: h.opcode,
         flags: FLAG_REPLY,
@@ -206,18 +558,46 @@ fn run_job(svc: &dyn Service, job: Job, rt: &Handle) {
         service_us: us.min(u64::from(u32::MAX)) as u32,
         conn_cnt: h.conn_cnt,
     };
-    let bytes = Frame::encode(&header, &out.body);
-    let mut delay = fail::rpc_delay_us();
-    if fail::check(fail::DELAY_REPLY) {
-        delay += u64::from(fail::val()) * 1000;
+    Frame::encode(&header, &out.body)
+}
+
+/// A few threads for requests that wait on a disk (an fsync): the request is parked and
+/// runs here, so its service thread goes on serving its other connections.
+pub struct Offload {
+    tx: crossbeam_channel::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl Offload {
+    /// Starts `threads` threads named `name-N`.
+    pub fn new(name: &str, threads: usize) -> std::io::Result<Offload> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Box<dyn FnOnce() + Send>>();
+        for i in 0..threads.max(1) {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("{name}-{i}"))
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                })?;
+        }
+        Ok(Offload { tx })
     }
-    if delay == 0 {
-        job.reply.send(bytes);
-    } else {
-        let tx = job.reply.clone();
-        rt.spawn(async move {
-            tokio::time::sleep(Duration::from_micros(delay)).await;
-            tx.send(bytes);
-        });
+
+    /// Parks `inc` and answers it with `f`'s result, computed on an offload thread.
+    /// A request built in-process (no connection) runs `f` inline instead.
+    pub fn run(&self, inc: &Incoming, f: impl FnOnce() -> Outgoing + Send + 'static) -> Outgoing {
+        let Some(d) = inc.defer() else {
+            return f();
+        };
+        let job: Box<dyn FnOnce() + Send> = Box::new(move || d.send(f()));
+        match self.tx.send(job) {
+            Ok(()) => Outgoing::parked(),
+            // The threads are gone: run it here rather than lose it.
+            Err(crossbeam_channel::SendError(job)) => {
+                job();
+                Outgoing::parked()
+            }
+        }
     }
 }

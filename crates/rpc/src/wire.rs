@@ -35,6 +35,8 @@ pub struct FrameSink {
     wr: std::sync::Arc<tokio::net::tcp::OwnedWriteHalf>,
     state: parking_lot::Mutex<SinkState>,
     tx: mpsc::UnboundedSender<Vec<u8>>,
+    /// Signalled when a backlog has drained (or the socket broke).
+    drained: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -57,6 +59,7 @@ impl FrameSink {
             wr: std::sync::Arc::new(wr),
             state: parking_lot::Mutex::new(SinkState::default()),
             tx,
+            drained: tokio::sync::Notify::new(),
         });
         tokio::spawn(Self::drain(
             std::sync::Arc::downgrade(&sink),
@@ -97,6 +100,8 @@ impl FrameSink {
                         let mut st = self.state.lock();
                         st.broken = true;
                         st.flushing = false;
+                        drop(st);
+                        self.drained.notify_waiters();
                         return false;
                     }
                 }
@@ -119,6 +124,37 @@ impl FrameSink {
         }
     }
 
+    /// True while frames wait for the socket to accept them.
+    pub fn backlogged(&self) -> bool {
+        self.state.lock().backlogged
+    }
+
+    /// True once the socket has failed.
+    pub fn broken(&self) -> bool {
+        self.state.lock().broken
+    }
+
+    /// Waits until no frame waits for the socket, or the socket fails.
+    pub async fn wait_drained(&self) {
+        loop {
+            let notified = self.drained.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.state.lock();
+                if !st.backlogged || st.broken {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn mark_broken(&self) {
+        self.state.lock().broken = true;
+        self.drained.notify_waiters();
+    }
+
     async fn drain(
         sink: std::sync::Weak<FrameSink>,
         wr: std::sync::Arc<tokio::net::tcp::OwnedWriteHalf>,
@@ -127,13 +163,21 @@ impl FrameSink {
         while let Some(buf) = rx.recv().await {
             let mut off = 0;
             while off < buf.len() {
-                if wr.writable().await.is_err() {
+                let failed = match wr.writable().await {
+                    Err(_) => true,
+                    Ok(()) => match wr.try_write(&buf[off..]) {
+                        Ok(n) => {
+                            off += n;
+                            false
+                        }
+                        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                    },
+                };
+                if failed {
+                    if let Some(s) = sink.upgrade() {
+                        s.mark_broken();
+                    }
                     return;
-                }
-                match wr.try_write(&buf[off..]) {
-                    Ok(n) => off += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(_) => return,
                 }
             }
             if rx.is_empty() {
@@ -142,6 +186,8 @@ impl FrameSink {
                 // Checked again under the lock: senders queue only while holding it.
                 if rx.is_empty() {
                     st.backlogged = false;
+                    drop(st);
+                    s.drained.notify_waiters();
                 }
             }
         }

@@ -115,6 +115,10 @@ pub trait Engine: Send + Sync {
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Applies a batch atomically (WAL written, not synced).
     fn write(&self, batch: &Batch) -> Result<(), StoreError>;
+    /// Hands every written batch's WAL bytes to the OS (no sync): after it, a crash of
+    /// the process alone loses none of them. Batches written meanwhile by other threads
+    /// go in the same system call (group commit).
+    fn flush_wal(&self) -> Result<(), StoreError>;
     /// Makes every written batch durable.
     fn sync(&self) -> Result<(), StoreError>;
     /// Visits keys of `cf` that start with `prefix`, from `start` (≥ prefix) in key

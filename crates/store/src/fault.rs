@@ -16,6 +16,10 @@ pub enum FaultPoint {
 pub trait Injector: Send + Sync {
     /// True if this operation must fail.
     fn fail(&self, point: FaultPoint) -> bool;
+    /// How long to stall before this operation (a slow disk); none by default.
+    fn delay(&self, _point: FaultPoint) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// An engine that consults an injector before each write and sync.
@@ -41,7 +45,15 @@ impl<E: Engine> Engine for Faulty<E> {
         }
         self.inner.write(batch)
     }
+    fn flush_wal(&self) -> Result<(), StoreError> {
+        // Faults are injected at the batch write and the sync, where tests count them.
+        self.inner.flush_wal()
+    }
+
     fn sync(&self) -> Result<(), StoreError> {
+        if let Some(d) = self.injector.delay(FaultPoint::Sync) {
+            std::thread::sleep(d);
+        }
         if self.injector.fail(FaultPoint::Sync) {
             return Err(StoreError::Injected(FaultPoint::Sync));
         }

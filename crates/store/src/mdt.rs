@@ -42,8 +42,14 @@ pub struct ReplySlot {
 /// Called once when the store stops after a failure.
 pub type StopHook = Box<dyn Fn(&StoreError) + Send>;
 
+/// Called once with the committed transno (or the failure) when a commit covers what
+/// the waiter asked for.
+pub type CommitWaiter = Box<dyn FnOnce(Result<u64, StoreError>) + Send>;
+
 struct CommitState {
     requested: bool,
+    /// Parked waiters: (transno wanted, callback), answered by the commit thread.
+    waiters: Vec<(u64, CommitWaiter)>,
 }
 
 /// The MDT's transactional store.
@@ -77,7 +83,10 @@ impl MdtStore {
             last_committed: AtomicU64::new(last),
             stopped: AtomicBool::new(false),
             interval_ms: AtomicU64::new(100),
-            commit: Mutex::new(CommitState { requested: false }),
+            commit: Mutex::new(CommitState {
+                requested: false,
+                waiters: Vec::new(),
+            }),
             commit_cv: Condvar::new(),
             committed_cv: Condvar::new(),
             on_stop: Mutex::new(None),
@@ -126,7 +135,41 @@ impl MdtStore {
                 f(e);
             }
         }
+        let waiters = std::mem::take(&mut self.commit.lock().waiters);
+        for (_, w) in waiters {
+            w(Err(StoreError::Stopped));
+        }
         self.committed_cv.notify_all();
+    }
+
+    /// Hands every batch written so far to the OS in one system call (the WAL is
+    /// buffered in memory until then). Servers call it once per round of requests,
+    /// before the round's replies leave, so a reply never describes a change that a
+    /// crash of the process alone could lose. A failure stops the target.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        if self.is_stopped() {
+            return Err(StoreError::Stopped);
+        }
+        self.engine.flush_wal().inspect_err(|e| self.stop(e))
+    }
+
+    /// Calls `f` once everything applied before this call is committed: at once if it
+    /// is, else from the commit thread (which is asked to commit now). The caller does
+    /// not wait: a parked SYNC holds no service thread.
+    pub fn when_committed(&self, f: CommitWaiter) {
+        let want = self.last_transno();
+        if self.is_stopped() {
+            f(Err(StoreError::Stopped));
+            return;
+        }
+        if self.last_committed() >= want {
+            f(Ok(self.last_committed()));
+            return;
+        }
+        let mut st = self.commit.lock();
+        st.waiters.push((want, f));
+        st.requested = true;
+        self.commit_cv.notify_one();
     }
 
     /// Applies `batch` atomically with a reply record for `reply` (if any), assigning
@@ -234,8 +277,22 @@ impl MdtStore {
                 }
                 self.last_committed.store(target, Ordering::Release);
             }
-            let _st = self.commit.lock();
-            self.committed_cv.notify_all();
+            let committed = self.last_committed();
+            let ready = {
+                let mut st = self.commit.lock();
+                self.committed_cv.notify_all();
+                let (ready, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiters)
+                    .into_iter()
+                    .partition(|(want, _)| *want <= committed);
+                st.waiters = wait;
+                if !st.waiters.is_empty() {
+                    st.requested = true;
+                }
+                ready
+            };
+            for (_, w) in ready {
+                w(Ok(committed));
+            }
         }
     }
 }

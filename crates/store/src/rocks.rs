@@ -29,6 +29,9 @@ impl RocksEngine {
         db_opts.set_max_background_jobs(2);
         db_opts.set_keep_log_file_num(4);
         db_opts.set_max_total_wal_size(256 << 20);
+        // Batches go to an in-memory WAL buffer; the MDS hands it to the OS once per
+        // round of requests, before their replies (`flush_wal`), and syncs it on commit.
+        db_opts.set_manual_wal_flush(true);
         let cfs = Cf::ALL.iter().map(|cf| {
             let mut bo = BlockBasedOptions::default();
             bo.set_block_cache(&cache);
@@ -81,6 +84,10 @@ impl Engine for RocksEngine {
         let mut wo = WriteOptions::default();
         wo.set_sync(false);
         self.db.write_opt(wb, &wo).map_err(err)
+    }
+
+    fn flush_wal(&self) -> Result<(), StoreError> {
+        self.db.flush_wal(false).map_err(err)
     }
 
     fn sync(&self) -> Result<(), StoreError> {

@@ -21,6 +21,7 @@ pub struct Cluster {
     procs: BTreeMap<String, Child>,
     osts: u32,
     key: Option<Vec<u8>>,
+    server_args: BTreeMap<String, Vec<String>>,
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
@@ -66,6 +67,7 @@ impl Cluster {
             procs: BTreeMap::new(),
             osts,
             key: key.map(|k| k.to_vec()),
+            server_args: BTreeMap::new(),
         };
         if let Some(k) = key {
             std::fs::write(c.dir.path().join("key"), k).expect("key file");
@@ -139,6 +141,16 @@ impl Cluster {
         c
     }
 
+    /// Extra command-line arguments for target `name`'s server from its next start
+    /// (e.g. `--max-connections 8`); restart it with [`Cluster::kill9`] and
+    /// [`Cluster::start_target`].
+    pub fn set_server_args(&mut self, name: &str, args: &[&str]) {
+        self.server_args.insert(
+            name.to_string(),
+            args.iter().map(|a| a.to_string()).collect(),
+        );
+    }
+
     /// Starts (or restarts) the server of target `name`.
     pub fn start_target(&mut self, name: &str) {
         let role = match name {
@@ -151,17 +163,17 @@ impl Cluster {
             .append(true)
             .open(self.dir.path().join(format!("{name}.log")))
             .expect("log file");
+        let extra = self.server_args.get(name).cloned().unwrap_or_default();
+        let threads: &[&str] = if extra.iter().any(|a| a == "--threads") {
+            &[]
+        } else {
+            &["--threads", "4"]
+        };
         let child = self
             .lode()
-            .args([
-                role,
-                "--listen",
-                &self.addrs[name],
-                "--threads",
-                "4",
-                "--cache-mb",
-                "64",
-            ])
+            .args([role, "--listen", &self.addrs[name], "--cache-mb", "64"])
+            .args(threads)
+            .args(extra)
             .arg(self.target_dir(name))
             .env("LODE_LOG", "info")
             .stdout(Stdio::null())
