@@ -3,7 +3,7 @@
 //! committed, and watching its own free space.
 
 use crate::layout::OstState;
-use crate::Mdt;
+use crate::Namespace;
 use lode_base::limits::MDT_RESERVED_BYTES;
 use lode_proto::{ObjId, ObjsReq, Reply, Request, TargetKind};
 use lode_rpc::{Import, ImportConfig};
@@ -57,7 +57,7 @@ pub struct Links {
     key: Vec<u8>,
 }
 
-impl Mdt {
+impl Namespace {
     /// Starts the background work: OST table refresh, OST statfs, object destroy.
     pub fn start_background(self: &Arc<Self>, rt: Handle, mgs: Arc<Import>) {
         let links = Arc::new(Links {

@@ -1,6 +1,6 @@
 //! Reading and writing inode and dirent records; name and time helpers.
 
-use crate::{Mdt, OpResult};
+use crate::{Namespace, OpResult};
 use lode_base::hash::name_hash;
 use lode_base::limits::NAME_MAX;
 use lode_base::{Errno, Fid};
@@ -26,7 +26,7 @@ pub(crate) fn check_name(name: &[u8]) -> Result<(), Errno> {
     Ok(())
 }
 
-impl Mdt {
+impl Namespace {
     /// The inode record of `fid`, or ENOENT.
     pub(crate) fn inode(&self, fid: Fid) -> OpResult<InodeRec> {
         match self.store.engine().get(Cf::Inode, &fid.to_bytes())? {

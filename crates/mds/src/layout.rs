@@ -2,7 +2,7 @@
 //! or an explicit request) into a layout with OSTs chosen, round robin while free space
 //! is balanced and by free space when it is not (Lustre's `qos_threshold_rr`, 17%).
 
-use crate::{Mdt, OpResult};
+use crate::{Namespace, OpResult};
 use lode_base::{Errno, Layout, Pattern};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -96,7 +96,7 @@ impl Osts {
     }
 }
 
-impl Mdt {
+impl Namespace {
     /// Instantiates a layout for a new regular file from an explicit request, the
     /// directory's default, or the file system default.
     pub(crate) fn new_layout(

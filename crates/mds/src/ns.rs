@@ -2,7 +2,7 @@
 
 use crate::inode::{check_name, del_dirent, dtype_of, is_dir, now_ns, put_dirent, put_inode};
 use crate::pdo::Mode;
-use crate::{Ctx, Mdt, OpResult, OpenHandle};
+use crate::{Ctx, Namespace, OpResult, OpenHandle};
 use lode_base::hash::{name_hash, DOTDOT_COOKIE, DOT_COOKIE, END_COOKIE};
 use lode_base::limits::{
     LINK_MAX, READDIR_GROUP_MAX, READDIR_PAGE_BYTES, READDIR_PAGE_ENTRIES, SYMLINK_MAX,
@@ -17,7 +17,7 @@ use tracing::info;
 /// Size reported for directories (ldiskfs reports block multiples too).
 const DIR_SIZE: u64 = 4096;
 
-impl Mdt {
+impl Namespace {
     pub(crate) fn body(&self, fid: Fid, rec: &InodeRec) -> MdtBody {
         let has_objects = rec.layout.as_ref().is_some_and(|l| {
             l.components.iter().any(|c| matches!(&c.pattern, lode_base::Pattern::Raid0 { osts, .. } if !osts.is_empty()))

@@ -19,11 +19,11 @@ fn parse<T: TryFrom<u64>>(v: &str) -> Result<T, String> {
 
 impl MdtParams {
     fn mdt(&self) -> String {
-        format!("mdt.{}", self.0.cfg.target_name())
+        format!("mdt.{}", self.0.config().target_name())
     }
 
     fn lod(&self) -> String {
-        format!("lod.{}-mdtlov", self.0.cfg.target_name())
+        format!("lod.{}-mdtlov", self.0.config().target_name())
     }
 }
 
@@ -62,24 +62,26 @@ impl Params for MdtParams {
                 "fail_loc" => format!("{:#x}", fail::loc()),
                 "fail_val" => fail::val().to_string(),
                 "rpc_delay_us" => fail::rpc_delay_us().to_string(),
-                "max_mod_rpcs_in_flight" => m.tun.max_mod_rpcs.load(Ordering::Relaxed).to_string(),
-                "commit_interval_ms" => m.store.commit_interval_ms().to_string(),
-                "last_transno" => m.store.last_transno().to_string(),
-                "last_committed" => m.store.last_committed().to_string(),
+                "max_mod_rpcs_in_flight" => {
+                    m.tun().max_mod_rpcs.load(Ordering::Relaxed).to_string()
+                }
+                "commit_interval_ms" => m.store().commit_interval_ms().to_string(),
+                "last_transno" => m.store().last_transno().to_string(),
+                "last_committed" => m.store().last_committed().to_string(),
                 "num_exports" => m.export_count().to_string(),
                 "open_files" => m.open_count().to_string(),
                 "stats" => m.op_stats().render(),
-                "uuid" => m.cfg.uuid.clone(),
+                "uuid" => m.config().uuid.clone(),
                 _ => return None,
             },
             (x, p) if x == self.lod() => match p {
                 "stripecount" => m
-                    .tun
+                    .tun()
                     .default_stripe_count
                     .load(Ordering::Relaxed)
                     .to_string(),
                 "stripesize" => m
-                    .tun
+                    .tun()
                     .default_stripe_size
                     .load(Ordering::Relaxed)
                     .to_string(),
@@ -116,14 +118,14 @@ impl Params for MdtParams {
                         "Numerical result out of range (1..{MAX_MOD_RPCS_LIMIT})"
                     ));
                 }
-                m.tun.max_mod_rpcs.store(v, Ordering::Relaxed);
+                m.tun().max_mod_rpcs.store(v, Ordering::Relaxed);
             }
             (x, "commit_interval_ms") if x == self.mdt() => {
                 let v: u64 = parse(value)?;
                 if v == 0 || v > 60_000 {
                     return Err("Numerical result out of range (1..60000)".into());
                 }
-                m.store.set_commit_interval_ms(v);
+                m.store().set_commit_interval_ms(v);
             }
             (x, "stats") if x == self.mdt() => m.op_stats().clear(),
             (x, "stripecount") if x == self.lod() => {
@@ -135,7 +137,7 @@ impl Params for MdtParams {
                 if !(-1..=i64::from(lode_base::limits::STRIPE_COUNT_MAX)).contains(&v) || v == 0 {
                     return Err("invalid stripe count".into());
                 }
-                m.tun
+                m.tun()
                     .default_stripe_count
                     .store(if v < 0 { u32::MAX } else { v as u32 }, Ordering::Relaxed);
             }
@@ -147,7 +149,7 @@ impl Params for MdtParams {
                 {
                     return Err("stripe size must be a multiple of 65536".into());
                 }
-                m.tun.default_stripe_size.store(v, Ordering::Relaxed);
+                m.tun().default_stripe_size.store(v, Ordering::Relaxed);
             }
             _ => return Err("read-only parameter".into()),
         }
@@ -156,18 +158,18 @@ impl Params for MdtParams {
 
     fn prometheus(&self) -> String {
         let m = &self.0;
-        let t = m.cfg.target_name();
+        let t = m.config().target_name();
         let mut s = String::new();
         m.op_stats().prometheus("lode_mdt", &t, &mut s);
         let _ = writeln!(
             s,
             "# TYPE lode_mdt_last_transno gauge\nlode_mdt_last_transno{{target=\"{t}\"}} {}",
-            m.store.last_transno()
+            m.store().last_transno()
         );
         let _ = writeln!(
             s,
             "# TYPE lode_mdt_last_committed gauge\nlode_mdt_last_committed{{target=\"{t}\"}} {}",
-            m.store.last_committed()
+            m.store().last_committed()
         );
         let _ = writeln!(
             s,

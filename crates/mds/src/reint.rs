@@ -2,7 +2,7 @@
 
 use crate::inode::{check_name, dtype_of, is_dir, now_ns, put_dirent, put_inode};
 use crate::pdo::Mode;
-use crate::{Ctx, Mdt, OpResult};
+use crate::{Ctx, Namespace, OpResult};
 use lode_base::hash::name_hash;
 use lode_base::limits::{FILE_SIZE_MAX, LINK_MAX};
 use lode_base::perm::{is_owner_or_root, may_access, may_delete_in_sticky, MAY_EXEC, MAY_WRITE};
@@ -15,7 +15,7 @@ use lode_store::Batch;
 const RENAME_NOREPLACE: u32 = 1;
 const RENAME_EXCHANGE: u32 = 2;
 
-impl Mdt {
+impl Namespace {
     pub(crate) fn unlink(
         &self,
         ctx: &Ctx,
@@ -67,7 +67,7 @@ impl Mdt {
         self.pdo.lock_inodes(&mut held, &[parent, ent.fid]);
         let now = now_ns();
         let mut b = Batch::new();
-        Mdt::remove_entry(&mut b, parent, name);
+        Namespace::remove_entry(&mut b, parent, name);
         let mut child_rec = self.inode(ent.fid)?;
         self.unlink_inode(&mut b, (parent, name), ent.fid, &mut child_rec, now)?;
         let mut p = self.dir_inode(parent)?;
@@ -268,14 +268,14 @@ impl Mdt {
                 put_inode(&mut b, d.fid, &drec);
             }
             Some(d) => {
-                Mdt::remove_entry(&mut b, sp, &r.src_name);
+                Namespace::remove_entry(&mut b, sp, &r.src_name);
                 let mut drec = self.inode(d.fid)?;
                 if is_dir(drec.mode) {
                     ddir.nlink = ddir.nlink.saturating_sub(1);
                 }
                 self.unlink_inode(&mut b, (dp, &r.dst_name), d.fid, &mut drec, now)?;
             }
-            None => Mdt::remove_entry(&mut b, sp, &r.src_name),
+            None => Namespace::remove_entry(&mut b, sp, &r.src_name),
         }
         put_inode(&mut b, src.fid, &srec);
         for d in [&mut sdir, &mut ddir] {

@@ -2,7 +2,7 @@
 //! xattr through which layouts are read and set (so `getfattr`/`setfattr` work too).
 
 use crate::inode::{is_dir, now_ns, put_inode};
-use crate::{Ctx, Mdt, OpResult};
+use crate::{Ctx, Namespace, OpResult};
 use lode_base::limits::{XATTR_LIST_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 use lode_base::perm::{is_owner_or_root, may_access, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, Layout};
@@ -51,7 +51,7 @@ fn namespace(name: &[u8]) -> Result<Ns, Errno> {
     }
 }
 
-impl Mdt {
+impl Namespace {
     fn check_xattr_access(
         &self,
         ns: &Ns,

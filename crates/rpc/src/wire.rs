@@ -37,6 +37,15 @@ pub struct FrameSink {
     tx: mpsc::UnboundedSender<Vec<u8>>,
     /// Signalled when a backlog has drained (or the socket broke).
     drained: tokio::sync::Notify,
+    /// Signalled when the sink is dropped, so a writer task blocked on a peer that
+    /// never reads lets go of the socket (and the descriptor closes).
+    closed: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl Drop for FrameSink {
+    fn drop(&mut self) {
+        self.closed.notify_one();
+    }
 }
 
 #[derive(Default)]
@@ -55,16 +64,19 @@ impl FrameSink {
     /// Wraps a write half; must be called inside a tokio runtime.
     pub fn new(wr: tokio::net::tcp::OwnedWriteHalf) -> std::sync::Arc<FrameSink> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let closed = std::sync::Arc::new(tokio::sync::Notify::new());
         let sink = std::sync::Arc::new(FrameSink {
             wr: std::sync::Arc::new(wr),
             state: parking_lot::Mutex::new(SinkState::default()),
             tx,
             drained: tokio::sync::Notify::new(),
+            closed: closed.clone(),
         });
         tokio::spawn(Self::drain(
             std::sync::Arc::downgrade(&sink),
             sink.wr.clone(),
             rx,
+            closed,
         ));
         sink
     }
@@ -159,11 +171,17 @@ impl FrameSink {
         sink: std::sync::Weak<FrameSink>,
         wr: std::sync::Arc<tokio::net::tcp::OwnedWriteHalf>,
         mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+        closed: std::sync::Arc<tokio::sync::Notify>,
     ) {
         while let Some(buf) = rx.recv().await {
             let mut off = 0;
             while off < buf.len() {
-                let failed = match wr.writable().await {
+                let writable = tokio::select! {
+                    r = wr.writable() => r,
+                    // The sink is gone: nobody will send more; drop the socket.
+                    () = closed.notified() => return,
+                };
+                let failed = match writable {
                     Err(_) => true,
                     Ok(()) => match wr.try_write(&buf[off..]) {
                         Ok(n) => {

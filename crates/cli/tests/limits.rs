@@ -1,0 +1,690 @@
+//! The server's bounds: peers that stall mid-frame, flood without reading, open too many
+//! connections or CONNECT twice are cut off or contained, and everyone else keeps being
+//! served, correctly, while that happens.
+
+mod common;
+
+use common::*;
+use lode_base::{Errno, Fid};
+use lode_client::{Client, Session};
+use lode_proto::{ConnectRep, Empty, Frame, FrameError, Header, Reply, Request, CONNECT_SUPPORTED};
+use lode_testkit::{wait_for, Cluster};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MDT: &str = "testfs-MDT0000";
+
+#[test]
+fn a_peer_that_stops_mid_frame_is_disconnected_after_the_read_timeout() {
+    let mut c = cluster(1);
+    // One service thread: the stalled peer and the good client share it.
+    restart_mds(&mut c, &["--threads", "1", "--read-timeout-ms", "500"]);
+    let s = c.client();
+    let dir = s.run(mkdir_p(&s.client, "/served"));
+
+    let mut stalled = RawPeer::connect(&c.addr("mdt0"));
+    let whole = ping_frame(1, 0);
+    stalled.send(&whole[..whole.len() / 2]);
+
+    // The good client is served while the half frame waits, until the peer is cut off.
+    let mut served_while_stalled = 0;
+    let end = Instant::now() + Duration::from_secs(30);
+    for i in 0.. {
+        assert!(
+            Instant::now() < end,
+            "the stalled peer was not disconnected within 30 s"
+        );
+        create_and_stat(&s, dir, &format!("f{i}"));
+        if stalled.is_closed() {
+            break;
+        }
+        served_while_stalled += 1;
+    }
+    assert!(
+        served_while_stalled > 0,
+        "no request of the good client completed while the half frame was pending"
+    );
+    assert!(
+        stalled.received.is_empty(),
+        "half a frame got an answer: {:?}",
+        stalled.received
+    );
+
+    let log = c.log("mdt0");
+    let timeouts = lines_with(&log, "read timeout");
+    assert_eq!(
+        timeouts.len(),
+        1,
+        "only the stalled peer hit the read timeout (an idle client must not): {timeouts:#?}"
+    );
+    assert!(
+        timeouts[0].contains(&stalled.local_addr),
+        "the read timeout line names the stalled peer {}: {}",
+        stalled.local_addr,
+        timeouts[0]
+    );
+    // The good client kept its connection and is still served.
+    create_and_stat(&s, dir, "after");
+}
+
+#[test]
+fn connections_beyond_max_connections_are_closed_at_once_and_the_others_keep_working() {
+    let mut c = cluster(1);
+    restart_mds(&mut c, &["--max-connections", "8"]);
+    let addr = c.addr("mdt0");
+    let r = root();
+    let s1 = c.client();
+    let s2 = c.client();
+    let handle_of = |s: &Session| s.client.mdc().granted().expect("connected").handle;
+    let (h1, h2) = (handle_of(&s1), handle_of(&s2));
+    let d1 = s1.run(mkdir_p(&s1.client, "/one"));
+    let d2 = s2.run(mkdir_p(&s2.client, "/two"));
+
+    // Six raw peers fill the eight connections; each is served (a PING is answered,
+    // ENOTCONN since it never connected). A probe of the testkit's may still hold a slot
+    // for a moment, hence the retry.
+    let fillers: Vec<RawPeer> = (0..6)
+        .map(|i| {
+            let mut served = None;
+            wait_for(
+                &format!("filler {i} to be served"),
+                Duration::from_secs(10),
+                || {
+                    let mut p = RawPeer::connect(&addr);
+                    if p.try_ping(0).is_some() {
+                        served = Some(p);
+                    }
+                    served.is_some()
+                },
+            );
+            served.expect("served")
+        })
+        .collect();
+
+    // Every further connection is accepted and closed straight away.
+    let mut extras: Vec<RawPeer> = (0..4).map(|_| RawPeer::connect(&addr)).collect();
+    for (i, p) in extras.iter_mut().enumerate() {
+        assert!(
+            p.closed_by_server(Duration::from_secs(5)),
+            "connection {} beyond max_connections was left open",
+            i + 9
+        );
+    }
+    let log = c.log("mdt0");
+    let refusals = lines_with(&log, "max_connections");
+    assert!(!refusals.is_empty(), "no max_connections line in the log");
+    assert!(
+        extras.iter().any(|p| refusals[0].contains(&p.local_addr)),
+        "the refusal names a refused peer: {}",
+        refusals[0]
+    );
+
+    // The connections that were in keep working, on their original connections.
+    create_and_stat(&s1, d1, "still");
+    create_and_stat(&s2, d2, "still");
+    assert_eq!(handle_of(&s1), h1, "client 1 kept its connection");
+    assert_eq!(handle_of(&s2), h2, "client 2 kept its connection");
+    for (i, mut p) in fillers.into_iter().enumerate() {
+        assert!(p.try_ping(0).is_some(), "filler {i} is still served");
+    }
+    // (the fillers are closed here, as they go out of scope)
+    drop(extras);
+
+    // With the raw peers gone there is room again: a new client connects and works.
+    wait_for("a free connection slot", Duration::from_secs(10), || {
+        RawPeer::connect(&addr).try_ping(0).is_some()
+    });
+    let s3 = c.client();
+    let d3 = s3.run(mkdir_p(&s3.client, "/three"));
+    create_and_stat(&s3, d3, "new");
+    assert!(s3
+        .run(s3.client.lookup(&r, d1, b"still"))
+        .is_ok_and(|b| b.attr.mode == libc::S_IFREG | 0o644));
+}
+
+#[test]
+fn a_client_that_never_reads_its_replies_is_disconnected_after_the_write_timeout() {
+    let mut c = cluster(1);
+    // One service thread: the flooder and the good client share it.
+    restart_mds(&mut c, &["--threads", "1", "--write-timeout-ms", "1000"]);
+    let s = c.client();
+    let dir = s.run(mkdir_p(&s.client, "/served"));
+
+    let mut flooder = RawPeer::connect(&c.addr("mdt0"));
+    let handle = flooder.connect_as("flooder").handle;
+    let flooder_addr = flooder.local_addr.clone();
+    let written = Arc::new(AtomicUsize::new(0));
+    let cut_off = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let sock = flooder.sock.try_clone().expect("clone socket");
+        let (written, cut_off) = (written.clone(), cut_off.clone());
+        std::thread::spawn(move || flood_pings(sock, handle, &written, &cut_off))
+    };
+    wait_for("the flood to be under way", Duration::from_secs(30), || {
+        written.load(Ordering::Relaxed) >= 1 << 20
+    });
+
+    // The good client is served while the flooder's replies pile up, until the
+    // flooder is cut off.
+    let mut served_during_flood = 0;
+    let end = Instant::now() + Duration::from_secs(30);
+    for i in 0.. {
+        assert!(
+            Instant::now() < end,
+            "the flooder was not disconnected within 30 s ({} bytes sent)",
+            written.load(Ordering::Relaxed)
+        );
+        create_and_stat(&s, dir, &format!("f{i}"));
+        if c.log("mdt0").contains("write timeout") {
+            break;
+        }
+        served_during_flood += 1;
+    }
+    assert!(
+        served_during_flood > 0,
+        "no request of the good client completed during the flood"
+    );
+    wait_for(
+        "the MDS to close the flooder's socket after its write timeout",
+        Duration::from_secs(10),
+        || cut_off.load(Ordering::Relaxed),
+    );
+    writer.join().expect("flood thread");
+
+    let log = c.log("mdt0");
+    let timeouts = lines_with(&log, "write timeout");
+    assert_eq!(timeouts.len(), 1, "only the flooder: {timeouts:#?}");
+    assert!(
+        timeouts[0].contains(&flooder_addr),
+        "the write timeout line names the flooder {flooder_addr}: {}",
+        timeouts[0]
+    );
+    // The MDS held the flood in bounded memory (its peak resident set, generously).
+    match mds_pid(&c) {
+        Some(pid) => {
+            let peak = proc_status_kib(pid, "VmHWM").expect("VmHWM");
+            let now = proc_status_kib(pid, "VmRSS").expect("VmRSS");
+            eprintln!(
+                "flood: {} bytes sent; MDS resident now {now} KiB, peak {peak} KiB",
+                written.load(Ordering::Relaxed)
+            );
+            assert!(
+                peak < 1 << 20,
+                "MDS peak resident set {peak} KiB exceeds 1 GiB"
+            );
+        }
+        None => eprintln!("MDS pid not found: resident set not checked"),
+    }
+    create_and_stat(&s, dir, "after");
+}
+
+#[test]
+fn a_second_connect_on_one_connection_replaces_its_export() {
+    let c = cluster(1);
+    wait_for(
+        "the testkit's own clients' exports to go",
+        Duration::from_secs(10),
+        || num_exports(&c) == 0,
+    );
+    let mut p = RawPeer::connect(&c.addr("mdt0"));
+    let first = p.connect_as("twice");
+    assert_eq!(num_exports(&c), 1);
+
+    let second = p.connect_as("twice");
+    assert_ne!(first.handle, second.handle);
+    assert_eq!(num_exports(&c), 1, "one export for the one connection");
+    assert!(c.log("mdt0").contains("earlier export is replaced"));
+    assert_eq!(
+        p.ping(first.handle).header.status,
+        Errno::ENOTCONN.status(),
+        "the replaced export's handle is gone"
+    );
+    assert_eq!(p.ping(second.handle).header.status, 0);
+
+    // Under another client UUID it is still one export per connection.
+    let third = p.connect_as("someone-else");
+    assert_eq!(num_exports(&c), 1);
+    assert_eq!(p.ping(third.handle).header.status, 0);
+
+    drop(p);
+    wait_for(
+        "the export to go with its connection",
+        Duration::from_secs(10),
+        || num_exports(&c) == 0,
+    );
+}
+
+#[test]
+fn a_sync_waiting_for_a_slow_commit_does_not_hold_up_other_clients() {
+    let mut c = cluster(1);
+    // One service thread: the parked SYNC and the other client's requests share it.
+    restart_mds(&mut c, &["--threads", "1"]);
+    let r = root();
+    let a = c.client();
+    let b = c.client();
+    let dir = b.run(mkdir_p(&b.client, "/busy"));
+
+    c.set_param(&format!("mdt.{MDT}.fail_val=2000"));
+    c.set_param(&format!("mdt.{MDT}.fail_loc=0x203"));
+    // Something to commit: A's sync must wait for a commit that starts after it, and
+    // every commit now takes 2 s.
+    a.run(a.client.create(&r, Fid::ROOT, b"to-commit", 0o644, None))
+        .expect("create before sync");
+
+    let sync_sent = AtomicBool::new(false);
+    let sync_returned = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let syncer = scope.spawn(|| {
+            sync_sent.store(true, Ordering::SeqCst);
+            // The MDT's SYNC alone (`Client::sync` goes on to sync the OSTs too).
+            let res = a
+                .run(a.client.mdc().call(Request::Sync(Empty {})))
+                .map(|_| ());
+            sync_returned.store(true, Ordering::SeqCst);
+            res
+        });
+        wait_for("A to send its sync", Duration::from_secs(10), || {
+            sync_sent.load(Ordering::SeqCst)
+        });
+        for i in 0..50 {
+            create_and_stat(&b, dir, &format!("f{i}"));
+        }
+        let sync_returned_before_b_finished = sync_returned.load(Ordering::SeqCst);
+
+        wait_for("A's sync to return", Duration::from_secs(30), || {
+            sync_returned.load(Ordering::SeqCst)
+        });
+        let res = syncer.join().expect("sync thread");
+        c.set_param(&format!("mdt.{MDT}.fail_loc=0"));
+        assert!(
+            !sync_returned_before_b_finished,
+            "B's 50 creates and stats waited for A's slow sync"
+        );
+        assert_eq!(res, Ok(()), "A's sync completes once the commit does");
+    });
+    assert!(a.run(a.client.lookup(&r, Fid::ROOT, b"to-commit")).is_ok());
+}
+
+#[test]
+fn sixty_four_clients_on_two_service_threads_all_get_correct_answers() {
+    const CLIENTS: usize = 64;
+    const FILES: usize = 30;
+    let mut c = cluster(1);
+    restart_mds(&mut c, &["--threads", "2"]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let cfg = c.client_config();
+    let clients: Vec<Arc<Client>> = rt.block_on(async {
+        futures::future::join_all((0..CLIENTS).map(|_| Client::connect(cfg.clone())))
+            .await
+            .into_iter()
+            .map(|r| r.expect("client connects"))
+            .collect()
+    });
+    let uuids: std::collections::BTreeSet<&str> = clients.iter().map(|cl| cl.uuid()).collect();
+    assert_eq!(uuids.len(), CLIENTS, "every client has its own UUID");
+    wait_for("one export per client", Duration::from_secs(10), || {
+        num_exports(&c) == CLIENTS
+    });
+
+    let start = Arc::new(tokio::sync::Barrier::new(CLIENTS));
+    let failures: Vec<String> = rt.block_on(async {
+        let tasks: Vec<_> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, cl)| {
+                let (cl, start) = (cl.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    create_stat_unlink(&cl, i, FILES).await
+                })
+            })
+            .collect();
+        let mut failures = Vec::new();
+        for (i, t) in futures::future::join_all(tasks)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            match t {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failures.push(e),
+                Err(e) => failures.push(format!("client {i}: task failed: {e}")),
+            }
+        }
+        failures
+    });
+    assert!(
+        failures.is_empty(),
+        "{} clients saw wrong answers: {failures:#?}",
+        failures.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+/// Restarts the MDS with extra server flags and waits until it can place objects again.
+fn restart_mds(c: &mut Cluster, args: &[&str]) {
+    c.set_server_args("mdt0", args);
+    c.kill9("mdt0");
+    c.start_target("mdt0");
+    wait_for(
+        "the restarted MDS to see its OST",
+        Duration::from_secs(30),
+        || {
+            c.get_param("lod.*.target_obd")
+                .lines()
+                .any(|l| l.ends_with(" ACTIVE"))
+        },
+    );
+}
+
+/// Creates `name` in `dir` and checks what create and getattr say about it.
+fn create_and_stat(s: &Session, dir: Fid, name: &str) {
+    let r = root();
+    let made = s
+        .run(s.client.create(&r, dir, name.as_bytes(), 0o644, None))
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+    assert_eq!(made.attr.mode, libc::S_IFREG | 0o644, "create {name}");
+    let attr = s
+        .run(s.client.getattr(&r, made.attr.fid))
+        .unwrap_or_else(|e| panic!("getattr {name}: {e}"));
+    assert_eq!(attr.fid, made.attr.fid, "getattr {name}");
+    assert_eq!(attr.mode, libc::S_IFREG | 0o644, "getattr {name}");
+}
+
+/// One client's share of the concurrency test: its own directory, `files` files
+/// created, stat'ed, unlinked and looked up again; every answer checked.
+async fn create_stat_unlink(cl: &Client, i: usize, files: usize) -> Result<(), String> {
+    let r = root();
+    let mode = libc::S_IFREG | 0o640;
+    let dir = cl
+        .mkdir(&r, Fid::ROOT, format!("c{i}").as_bytes(), 0o755, None)
+        .await
+        .map_err(|e| format!("client {i}: mkdir: {e}"))?
+        .attr
+        .fid;
+    let mut fids = Vec::with_capacity(files);
+    for j in 0..files {
+        let name = format!("f{j}");
+        let made = cl
+            .create(&r, dir, name.as_bytes(), 0o640, None)
+            .await
+            .map_err(|e| format!("client {i}: create {name}: {e}"))?;
+        if made.attr.mode != mode {
+            return Err(format!(
+                "client {i}: create {name}: mode {:o}",
+                made.attr.mode
+            ));
+        }
+        fids.push(made.attr.fid);
+    }
+    for (j, fid) in fids.iter().enumerate() {
+        let attr = cl
+            .getattr(&r, *fid)
+            .await
+            .map_err(|e| format!("client {i}: getattr f{j}: {e}"))?;
+        if attr.fid != *fid || attr.mode != mode {
+            return Err(format!(
+                "client {i}: getattr f{j}: got {:?} mode {:o}, created {fid:?} mode {mode:o}",
+                attr.fid, attr.mode
+            ));
+        }
+    }
+    for j in 0..files {
+        let name = format!("f{j}");
+        cl.unlink(&r, dir, name.as_bytes())
+            .await
+            .map_err(|e| format!("client {i}: unlink {name}: {e}"))?;
+        match cl.lookup(&r, dir, name.as_bytes()).await {
+            Err(Errno::ENOENT) => {}
+            other => {
+                return Err(format!(
+                    "client {i}: lookup {name} after unlink: {:?}",
+                    other.map(|b| b.attr.fid)
+                ))
+            }
+        }
+    }
+    let left = cl
+        .readdir_all(&r, dir, false)
+        .await
+        .map_err(|e| format!("client {i}: readdir: {e}"))?;
+    if left.len() != 2 {
+        return Err(format!(
+            "client {i}: {} entries left, want . and ..",
+            left.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Writes PING frames as fast as the socket takes them and never reads, until the
+/// server cuts the connection (`cut_off`), 256 MiB went out, or a minute passed.
+fn flood_pings(mut sock: TcpStream, handle: u64, written: &AtomicUsize, cut_off: &AtomicBool) {
+    const MAX_BYTES: usize = 256 << 20;
+    sock.set_write_timeout(Some(Duration::from_millis(200)))
+        .expect("write timeout");
+    let batch: Vec<u8> = (0..1024u64)
+        .flat_map(|x| ping_frame(x + 10, handle))
+        .collect();
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut off = 0;
+    while Instant::now() < end && written.load(Ordering::Relaxed) < MAX_BYTES {
+        match sock.write(&batch[off..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                written.fetch_add(n, Ordering::Relaxed);
+                off = (off + n) % batch.len();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(_) => {
+                cut_off.store(true, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+}
+
+/// A PING frame.
+fn ping_frame(xid: u64, handle: u64) -> Vec<u8> {
+    request_frame(&Request::Ping(Empty {}), xid, handle)
+}
+
+fn request_frame(req: &Request, xid: u64, handle: u64) -> Vec<u8> {
+    let header = Header {
+        opcode: req.opcode() as u16,
+        xid,
+        handle,
+        ..Default::default()
+    };
+    Frame::encode(&header, &req.encode())
+}
+
+/// A peer of the MDS speaking the wire format by hand over a plain socket.
+struct RawPeer {
+    sock: TcpStream,
+    /// Bytes received and not yet taken as a frame.
+    received: Vec<u8>,
+    /// This end's address, as the server logs the peer.
+    local_addr: String,
+    xid: u64,
+}
+
+impl RawPeer {
+    fn connect(addr: &str) -> RawPeer {
+        let sock = TcpStream::connect(addr).expect("connect to the MDS");
+        sock.set_nodelay(true).expect("nodelay");
+        let local_addr = sock.local_addr().expect("local address").to_string();
+        RawPeer {
+            sock,
+            received: Vec::new(),
+            local_addr,
+            xid: 0,
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.sock.write_all(bytes).expect("send to the MDS");
+    }
+
+    fn call(&mut self, req: &Request, handle: u64) -> Option<Frame> {
+        self.xid += 1;
+        let xid = self.xid;
+        self.sock.write_all(&request_frame(req, xid, handle)).ok()?;
+        let reply = self.next_frame(Duration::from_secs(10))?;
+        assert_eq!(reply.header.xid, xid, "the reply echoes the request's xid");
+        Some(reply)
+    }
+
+    /// A PING with `handle`; `None` if the connection is gone.
+    fn try_ping(&mut self, handle: u64) -> Option<Frame> {
+        self.call(&Request::Ping(Empty {}), handle)
+    }
+
+    fn ping(&mut self, handle: u64) -> Frame {
+        self.try_ping(handle).expect("PING answered")
+    }
+
+    /// CONNECT to the MDT as client `uuid` (the cluster has no key).
+    fn connect_as(&mut self, uuid: &str) -> ConnectRep {
+        let req = Request::Connect(lode_proto::ConnectReq {
+            fsname: "testfs".into(),
+            target: MDT.into(),
+            client_uuid: uuid.into(),
+            flags: CONNECT_SUPPORTED,
+            max_mod_rpcs: 1,
+            auth: lode_rpc::auth::proof(&[], uuid, MDT),
+        });
+        let reply = self.call(&req, 0).expect("CONNECT answered");
+        assert_eq!(reply.header.status, 0, "CONNECT accepted");
+        match Reply::decode(reply.header.opcode, &reply.body) {
+            Ok(Reply::Connect(rep)) => rep,
+            other => panic!("CONNECT reply: {other:?}"),
+        }
+    }
+
+    /// The next whole frame, or `None` if the connection closes or `within` passes.
+    fn next_frame(&mut self, within: Duration) -> Option<Frame> {
+        let end = Instant::now() + within;
+        loop {
+            match Frame::decode(&self.received) {
+                Ok((frame, used)) => {
+                    self.received.drain(..used);
+                    return Some(frame);
+                }
+                Err(FrameError::Truncated) => {}
+                Err(e) => panic!("malformed frame from the MDS: {e}"),
+            }
+            let left = end.checked_duration_since(Instant::now())?;
+            if left.is_zero() || !self.read_some(left).ok()? {
+                return None;
+            }
+        }
+    }
+
+    /// Reads what arrives within `within` into `received`: Ok(false) at end of stream,
+    /// Ok(true) otherwise (data or not), Err if the connection failed.
+    fn read_some(&mut self, within: Duration) -> std::io::Result<bool> {
+        self.sock
+            .set_read_timeout(Some(within.max(Duration::from_millis(1))))?;
+        let mut chunk = [0u8; 64 << 10];
+        match self.sock.read(&mut chunk) {
+            Ok(0) => Ok(false),
+            Ok(n) => {
+                self.received.extend_from_slice(&chunk[..n]);
+                Ok(true)
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// True if the server has closed (or reset) the connection, looking without waiting.
+    fn is_closed(&mut self) -> bool {
+        self.sock.set_nonblocking(true).expect("nonblocking");
+        let mut chunk = [0u8; 4096];
+        let closed = loop {
+            match self.sock.read(&mut chunk) {
+                Ok(0) => break true,
+                Ok(n) => self.received.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
+                Err(_) => break true,
+            }
+        };
+        self.sock.set_nonblocking(false).expect("blocking");
+        closed
+    }
+
+    /// Waits up to `within` for the server to close the connection.
+    fn closed_by_server(&mut self, within: Duration) -> bool {
+        let end = Instant::now() + within;
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            match self.read_some(left.min(Duration::from_millis(100))) {
+                Ok(true) => {}
+                Ok(false) | Err(_) => return true,
+            }
+        }
+        false
+    }
+}
+
+/// `mdt.*.num_exports`: connected clients of the MDT.
+fn num_exports(c: &Cluster) -> usize {
+    let v = c.get_param(&format!("mdt.{MDT}.num_exports"));
+    v.parse()
+        .unwrap_or_else(|_| panic!("num_exports is not a number: {v:?}"))
+}
+
+/// The lines of `log` that contain `needle`.
+fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
+    log.lines().filter(|l| l.contains(needle)).collect()
+}
+
+/// The MDS's pid, from its target directory's lock file, if that process is the MDS
+/// serving that directory.
+fn mds_pid(c: &Cluster) -> Option<u32> {
+    let dir = c.target_dir("mdt0");
+    let pid: u32 = std::fs::read_to_string(dir.join("lock"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let dir = dir.to_string_lossy();
+    cmdline
+        .split(|b| *b == 0)
+        .any(|arg| arg == dir.as_bytes())
+        .then_some(pid)
+}
+
+/// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`).
+fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}

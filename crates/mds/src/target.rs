@@ -1,0 +1,475 @@
+//! The target layer of an MDT (Lustre's mdt): CONNECT and exports, client slots, reply
+//! reconstruction for resends, in-flight tracking, parked SYNCs, and the exhaustive
+//! dispatch of `MdtRequest` to the namespace layer.
+
+use crate::{Ctx, MdtConfig, Namespace, OpError, OpResult, OstState, Tunables};
+use lode_base::{Cred, Errno};
+use lode_proto::{
+    ConnectRep, ConnectReq, Empty, MdtRequest, Opcode, Reply, SyncRep, CONNECT_SUPPORTED,
+};
+use lode_rpc::{Incoming, OpStats, Outgoing, Service};
+use lode_store::mdt::ReplySlot;
+use lode_store::records::{self, ClientRec};
+use lode_store::{Batch, Cf, MdtStore, StoreError};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tracing::{info, warn};
+
+/// A connected client.
+pub struct Export {
+    /// The client's UUID.
+    pub uuid: String,
+    /// Its reply slot.
+    pub slot: u32,
+    /// Its TCP connection.
+    pub conn_id: u64,
+}
+
+/// One metadata target, its target layer (Lustre's mdt): exports and client slots,
+/// reply reconstruction, in-flight tracking and dispatch, over the namespace layer.
+pub struct Mdt {
+    ns: Arc<Namespace>,
+    exports: RwLock<HashMap<u64, Arc<Export>>>,
+    clients: Mutex<ClientTable>,
+    /// Modifications executing now, by (slot, tag): a resend of one of them is dropped
+    /// (its original's reply is on the way) instead of being executed twice.
+    inflight: Mutex<HashMap<(u32, u16), u64>>,
+    stats: OpStats,
+}
+
+struct ClientTable {
+    by_uuid: HashMap<String, u32>,
+    next_slot: u32,
+}
+
+impl Mdt {
+    /// Opens the MDT over `store`: loads the known clients (their reply slots) and opens
+    /// the namespace.
+    pub fn open(cfg: MdtConfig, store: Arc<MdtStore>) -> Result<Arc<Mdt>, StoreError> {
+        let mut by_uuid = HashMap::new();
+        let mut next_slot = 0;
+        let mut bad = None;
+        store.engine().scan(Cf::Clients, b"", b"", &mut |k, v| {
+            match records::decode::<ClientRec>("clients", v) {
+                Ok(c) => {
+                    next_slot = next_slot.max(c.slot + 1);
+                    by_uuid.insert(String::from_utf8_lossy(k).into_owned(), c.slot);
+                }
+                Err(e) => bad = Some(e),
+            }
+            true
+        })?;
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        Ok(Arc::new(Mdt {
+            ns: Namespace::open(cfg, store)?,
+            exports: RwLock::new(HashMap::new()),
+            clients: Mutex::new(ClientTable { by_uuid, next_slot }),
+            inflight: Mutex::new(HashMap::new()),
+            stats: OpStats::default(),
+        }))
+    }
+
+    /// The namespace layer.
+    pub fn ns(&self) -> &Arc<Namespace> {
+        &self.ns
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<MdtStore> {
+        &self.ns.store
+    }
+
+    /// The config.
+    pub fn config(&self) -> &MdtConfig {
+        &self.ns.cfg
+    }
+
+    /// Tunables.
+    pub fn tun(&self) -> &Tunables {
+        &self.ns.tun
+    }
+
+    /// Number of connected clients.
+    pub fn export_count(&self) -> usize {
+        self.exports.read().len()
+    }
+
+    /// Number of open handles.
+    pub fn open_count(&self) -> usize {
+        self.ns.open_count()
+    }
+
+    /// Updates the OST table from the MGS config.
+    pub fn set_osts(&self, osts: Vec<OstState>) {
+        self.ns.set_osts(osts);
+    }
+
+    /// OSTs as the MDS sees them.
+    pub fn osts(&self) -> Vec<OstState> {
+        self.ns.osts()
+    }
+
+    /// Starts the background work: OST table refresh, OST statfs, object destroy.
+    pub fn start_background(&self, rt: tokio::runtime::Handle, mgs: Arc<lode_rpc::Import>) {
+        self.ns.start_background(rt, mgs);
+    }
+
+    fn connect(&self, inc: &Incoming, req: ConnectReq) -> Result<ConnectRep, OpError> {
+        if req.fsname != self.ns.cfg.fsname {
+            warn!(peer = %inc.peer, "refusing connect for file system {:?}", req.fsname);
+            return Err(Errno::EINVAL.into());
+        }
+        if req.target != self.ns.cfg.target_name() {
+            warn!(peer = %inc.peer, "refusing connect for target {:?}", req.target);
+            return Err(Errno::ENODEV.into());
+        }
+        if !lode_rpc::auth::verify(&self.ns.cfg.key, &req.client_uuid, &req.target, &req.auth) {
+            warn!(peer = %inc.peer, client = %req.client_uuid, "refusing connect: bad key");
+            return Err(Errno::EACCES.into());
+        }
+        if req.client_uuid.is_empty() || req.client_uuid.len() > 64 {
+            return Err(Errno::EINVAL.into());
+        }
+        let slot = {
+            let mut ct = self.clients.lock();
+            match ct.by_uuid.get(&req.client_uuid) {
+                Some(s) => *s,
+                None => {
+                    if ct.next_slot >= lode_base::limits::CLIENTS_MAX {
+                        return Err(Errno::ENOSPC.into());
+                    }
+                    let slot = ct.next_slot;
+                    let mut b = Batch::new();
+                    b.put(
+                        Cf::Clients,
+                        req.client_uuid.as_bytes().to_vec(),
+                        records::encode(&ClientRec { slot }),
+                    );
+                    self.ns.store.apply_untracked(&b)?;
+                    ct.next_slot += 1;
+                    ct.by_uuid.insert(req.client_uuid.clone(), slot);
+                    slot
+                }
+            }
+        };
+        let handle = loop {
+            let h: u64 = rand::random();
+            if h != 0 && !self.exports.read().contains_key(&h) {
+                break h;
+            }
+        };
+        let max_mod = (self.ns.tun.max_mod_rpcs.load(Ordering::Relaxed) as u16)
+            .min(req.max_mod_rpcs)
+            .max(1);
+        let mut exports = self.exports.write();
+        // One export per connection: a second CONNECT on it replaces the first.
+        let before = exports.len();
+        exports.retain(|_, e| e.conn_id != inc.conn_id);
+        if exports.len() != before {
+            warn!(peer = %inc.peer, client = %req.client_uuid, "CONNECT again on one connection: the earlier export is replaced");
+        }
+        exports.insert(
+            handle,
+            Arc::new(Export {
+                uuid: req.client_uuid.clone(),
+                slot,
+                conn_id: inc.conn_id,
+            }),
+        );
+        info!(client = %req.client_uuid, slot, peer = %inc.peer, "client connected");
+        Ok(ConnectRep {
+            handle,
+            flags: req.flags & CONNECT_SUPPORTED,
+            max_mod_rpcs: max_mod,
+            target_uuid: self.ns.cfg.uuid.clone(),
+            index: self.ns.cfg.index,
+        })
+    }
+
+    /// SYNC: answered once everything applied so far is committed. Parked, so the
+    /// service thread goes on with other requests while the commit runs.
+    fn sync(&self, inc: &Incoming) -> Outgoing {
+        let Some(d) = inc.defer() else {
+            return match self.ns.store.sync() {
+                Ok(c) => sync_out(c),
+                Err(e) => self.error_out(OpError::Store(e)),
+            };
+        };
+        self.ns.store.when_committed(Box::new(move |r| {
+            d.send(match r {
+                Ok(c) => sync_out(c),
+                Err(e) => {
+                    warn!("sync failed: {e}");
+                    Outgoing::error(Errno::EIO)
+                }
+            })
+        }));
+        Outgoing::parked()
+    }
+
+    fn dispatch(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> OpResult<(Reply, u64)> {
+        let slot = (inc.header.tag != 0).then_some(ReplySlot {
+            slot: exp.slot,
+            tag: inc.header.tag,
+            xid: inc.header.xid,
+        });
+        let ctx = Ctx { slot };
+        Ok(match req {
+            MdtRequest::Ping(_) => (Reply::Ping(Empty {}), 0),
+            MdtRequest::Disconnect(_) => {
+                self.exports.write().remove(&inc.header.handle);
+                self.ns.close_all_of(exp.slot);
+                (Reply::Disconnect(Empty {}), 0)
+            }
+            MdtRequest::Statfs(_) => (Reply::Statfs(self.ns.statfs()?), 0),
+            MdtRequest::SeqAlloc(_) => (Reply::SeqAlloc(self.ns.seq_alloc()?), 0),
+            // Parked in `handle` before dispatch.
+            MdtRequest::Sync(_) => return Err(Errno::EPROTO.into()),
+            MdtRequest::Getattr(r) => {
+                check_cred(&r.cred)?;
+                (Reply::Getattr(self.ns.getattr(r.fid)?), 0)
+            }
+            MdtRequest::Lookup(r) => {
+                check_cred(&r.cred)?;
+                (
+                    Reply::Lookup(self.ns.lookup(&r.cred, r.parent, &r.name)?),
+                    0,
+                )
+            }
+            MdtRequest::Readdir(r) => {
+                check_cred(&r.cred)?;
+                (
+                    Reply::Readdir(self.ns.readdir(&r.cred, r.fid, r.cookie, r.plus)?),
+                    0,
+                )
+            }
+            MdtRequest::BatchGetattr(r) => {
+                check_cred(&r.cred)?;
+                (Reply::BatchGetattr(self.ns.batch_getattr(&r.fids)?), 0)
+            }
+            MdtRequest::Create(r) => {
+                check_cred(&r.cred)?;
+                let (rep, t) = self.ns.create(&ctx, exp.slot, r)?;
+                (Reply::Create(rep), t)
+            }
+            MdtRequest::Open(r) => {
+                check_cred(&r.cred)?;
+                let (rep, t) = self.ns.open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags)?;
+                (Reply::Open(rep), t)
+            }
+            MdtRequest::Close(r) => (
+                Reply::Close(Empty {}),
+                self.ns.close(&ctx, exp.slot, r.handle)?,
+            ),
+            MdtRequest::Unlink(r) => {
+                check_cred(&r.cred)?;
+                (
+                    Reply::Unlink(Empty {}),
+                    self.ns.unlink(&ctx, &r.cred, r.parent, &r.name, r.rmdir)?,
+                )
+            }
+            MdtRequest::Rename(r) => {
+                check_cred(&r.cred)?;
+                (Reply::Rename(Empty {}), self.ns.rename(&ctx, &r)?)
+            }
+            MdtRequest::Link(r) => {
+                check_cred(&r.cred)?;
+                let (b, t) = self.ns.link(&ctx, &r.cred, r.fid, r.parent, &r.name)?;
+                (Reply::Link(b), t)
+            }
+            MdtRequest::Setattr(r) => {
+                check_cred(&r.cred)?;
+                let (b, t) = self
+                    .ns
+                    .setattr(&ctx, &r.cred, r.fid, &r.attr, r.opened_for_write)?;
+                (Reply::Setattr(b), t)
+            }
+            MdtRequest::Getxattr(r) => {
+                check_cred(&r.cred)?;
+                (
+                    Reply::Getxattr(self.ns.getxattr(&r.cred, r.fid, &r.name, r.size)?),
+                    0,
+                )
+            }
+            MdtRequest::Listxattr(r) => {
+                check_cred(&r.cred)?;
+                (
+                    Reply::Listxattr(self.ns.listxattr(&r.cred, r.fid, r.size)?),
+                    0,
+                )
+            }
+            MdtRequest::Setxattr(r) => {
+                check_cred(&r.cred)?;
+                let value = r.value.map(|v| v.into_vec());
+                (
+                    Reply::Setxattr(Empty {}),
+                    self.ns
+                        .setxattr(&ctx, &r.cred, r.fid, &r.name, value, r.flags)?,
+                )
+            }
+            // Data-on-MDT arrives with its own issue; say so rather than pretend.
+            MdtRequest::DomRead(_) | MdtRequest::DomWrite(_) => {
+                return Err(Errno::EOPNOTSUPP.into())
+            }
+            MdtRequest::Connect(_) => return Err(Errno::EALREADY.into()),
+        })
+    }
+}
+
+fn sync_out(committed: u64) -> Outgoing {
+    Outgoing {
+        body: Reply::Sync(SyncRep { committed }).encode(),
+        last_committed: committed,
+        ..Default::default()
+    }
+}
+
+fn check_cred(c: &Cred) -> Result<(), Errno> {
+    if c.groups.len() > lode_base::limits::GROUPS_MAX {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+impl Service for Mdt {
+    fn handle(&self, inc: &Incoming) -> Outgoing {
+        let last_committed = self.ns.store.last_committed();
+        if self.ns.store.is_stopped() {
+            return Outgoing {
+                status: Errno::ESHUTDOWN.status(),
+                last_committed,
+                ..Default::default()
+            };
+        }
+        let req = match MdtRequest::decode(inc.header.opcode, &inc.body) {
+            Ok(r) => r,
+            Err(lode_proto::DecodeError::Service(_)) => {
+                return Outgoing::error(Errno::EOPNOTSUPP);
+            }
+            Err(e) => {
+                warn!(peer = %inc.peer, "bad request: {e}");
+                return Outgoing {
+                    status: Errno::EPROTO.status(),
+                    last_committed,
+                    ..Default::default()
+                };
+            }
+        };
+        if let MdtRequest::Connect(c) = req {
+            return match self.connect(inc, c) {
+                Ok(rep) => Outgoing {
+                    body: Reply::Connect(rep).encode(),
+                    last_committed,
+                    ..Default::default()
+                },
+                Err(e) => self.error_out(e),
+            };
+        }
+        let Some(exp) = self.exports.read().get(&inc.header.handle).cloned() else {
+            return Outgoing {
+                status: Errno::ENOTCONN.status(),
+                last_committed,
+                ..Default::default()
+            };
+        };
+        if let MdtRequest::Sync(_) = req {
+            return self.sync(inc);
+        }
+        if inc.header.tag != 0 {
+            if inc.header.tag > lode_base::limits::MAX_MOD_RPCS_LIMIT
+                || Opcode::from_u16(inc.header.opcode).is_none()
+            {
+                return Outgoing {
+                    status: Errno::EPROTO.status(),
+                    last_committed,
+                    ..Default::default()
+                };
+            }
+            // A resend of an executed request is answered from its reply record.
+            match self.ns.store.reply_record(exp.slot, inc.header.tag) {
+                Ok(Some(rec)) if rec.xid == inc.header.xid => {
+                    return Outgoing {
+                        status: rec.status,
+                        transno: rec.transno,
+                        last_committed: self.ns.store.last_committed(),
+                        body: rec.body,
+                        ..Default::default()
+                    };
+                }
+                Ok(_) => {}
+                Err(e) => return self.error_out(OpError::Store(e)),
+            }
+            let key = (exp.slot, inc.header.tag);
+            {
+                let mut inflight = self.inflight.lock();
+                if inflight.get(&key) == Some(&inc.header.xid) {
+                    return Outgoing {
+                        drop: true,
+                        ..Default::default()
+                    };
+                }
+                inflight.insert(key, inc.header.xid);
+            }
+            let out = self.run(inc, &exp, req);
+            let mut inflight = self.inflight.lock();
+            if inflight.get(&key) == Some(&inc.header.xid) {
+                inflight.remove(&key);
+            }
+            return out;
+        }
+        self.run(inc, &exp, req)
+    }
+
+    fn flush(&self) -> bool {
+        self.ns.store.flush().is_ok()
+    }
+
+    fn disconnected(&self, conn_id: u64) {
+        // The export goes; its open handles stay, keyed by the client's slot, so a client
+        // that reconnects keeps them (eviction of vanished clients is a recovery matter).
+        self.exports.write().retain(|_, e| e.conn_id != conn_id);
+    }
+
+    fn stats(&self) -> Option<&OpStats> {
+        Some(&self.stats)
+    }
+}
+
+impl Mdt {
+    fn run(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> Outgoing {
+        match self.dispatch(inc, exp, req) {
+            Ok((rep, transno)) => Outgoing {
+                status: 0,
+                transno,
+                last_committed: self.ns.store.last_committed(),
+                body: rep.encode(),
+                ..Default::default()
+            },
+            Err(e) => self.error_out(e),
+        }
+    }
+
+    fn error_out(&self, e: OpError) -> Outgoing {
+        let errno = match e {
+            OpError::Errno(e) => e,
+            OpError::Store(e) => {
+                warn!("store error: {e}");
+                Errno::EIO
+            }
+        };
+        Outgoing {
+            status: errno.status(),
+            last_committed: self.ns.store.last_committed(),
+            ..Default::default()
+        }
+    }
+
+    /// Per-opcode statistics.
+    pub fn op_stats(&self) -> &OpStats {
+        &self.stats
+    }
+}
