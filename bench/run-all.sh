@@ -51,4 +51,6 @@ for t in "${targets[@]}"; do
     run "walk-$n" walk $args --dirs 1 --files "$WALK_FILES" --walkers 2
     run "io-$n" io $args --clients 2 --block 256M --transfer 1M
 done
+# One client, eight threads sharing it (many RPCs in flight on one connection).
+run "md-native8-lode-native" md --native 127.0.0.1:19880:/lode --threads 8 --items "$ITEMS" --unique-dir
 echo "results in $OUT" >&2
