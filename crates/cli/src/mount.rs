@@ -144,6 +144,7 @@ pub fn run(a: MountArgs) -> Result<()> {
             attr_timeout: opts.attr_timeout,
             entry_timeout: opts.entry_timeout,
             writeback: opts.writeback,
+            threads: opts.threads,
         },
         rt.handle().clone(),
     );

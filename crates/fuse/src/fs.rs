@@ -17,7 +17,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::runtime::Handle;
@@ -34,6 +34,8 @@ pub struct MountOptions {
     pub entry_timeout: Duration,
     /// Use the kernel's writeback cache.
     pub writeback: bool,
+    /// FUSE threads reading requests (`-o threads=N`).
+    pub threads: usize,
 }
 
 struct DirHandle {
@@ -53,6 +55,8 @@ struct Inner {
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
     next_fh: AtomicU64,
     groups: Groups,
+    /// FUSE threads running a request inline now.
+    inline: AtomicUsize,
 }
 
 /// A lode file system as FUSE sees it.
@@ -83,6 +87,7 @@ impl LodeFs {
                 dirs: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 groups: Groups::default(),
+                inline: AtomicUsize::new(0),
             }),
             rt,
         }
@@ -94,13 +99,22 @@ impl LodeFs {
 
     /// Runs `f` to completion on this FUSE thread: it sends its requests itself and is
     /// woken once, by its reply, with no hand-off to another thread; the kernel gets
-    /// its answer from the thread that read the request. Requests in flight are bounded
-    /// by the FUSE threads (`-o threads=N`).
+    /// its answer from the thread that read the request. While all FUSE threads but one
+    /// are busy that way (a slow or dead server), further requests go to the client
+    /// runtime instead, so one thread always keeps reading the kernel's requests.
     fn spawn<F>(&self, f: impl FnOnce(Arc<Inner>) -> F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        self.rt.block_on(f(self.inner.clone()));
+        let fut = f(self.inner.clone());
+        let max_inline = self.inner.opts.threads.saturating_sub(1).max(1);
+        if self.inner.inline.fetch_add(1, Ordering::AcqRel) < max_inline {
+            self.rt.block_on(fut);
+            self.inner.inline.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            self.inner.inline.fetch_sub(1, Ordering::AcqRel);
+            self.rt.spawn(fut);
+        }
     }
 
     /// Runs `f` on the client runtime; the FUSE thread returns at once. For work
@@ -111,13 +125,12 @@ impl LodeFs {
     {
         self.rt.spawn(f(self.inner.clone()));
     }
-    /// Runs `f` on this thread and answers an entry request with its result.
+    /// Runs `f` (see [`LodeFs::spawn`]) and answers an entry request with its result.
     fn reply_entry<F>(&self, reply: ReplyEntry, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
     where
         F: Future<Output = Result<MdtBody, Errno>> + Send + 'static,
     {
-        let i = self.inner.clone();
-        self.rt.block_on(async move {
+        self.spawn(move |i| async move {
             match f(i.clone()).await {
                 Ok(b) => i.entry(&b, reply),
                 Err(e) => reply.error(ferr(e)),
@@ -125,13 +138,12 @@ impl LodeFs {
         });
     }
 
-    /// Runs `f` on this thread and answers with success or its errno.
+    /// Runs `f` (see [`LodeFs::spawn`]) and answers with success or its errno.
     fn reply_empty<F>(&self, reply: ReplyEmpty, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
     where
         F: Future<Output = Result<(), Errno>> + Send + 'static,
     {
-        let i = self.inner.clone();
-        self.rt.block_on(async move {
+        self.spawn(move |i| async move {
             match f(i).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(ferr(e)),
@@ -139,13 +151,12 @@ impl LodeFs {
         });
     }
 
-    /// Runs `f` on this thread and answers an attribute request with its result.
+    /// Runs `f` (see [`LodeFs::spawn`]) and answers an attribute request with its result.
     fn reply_attr<F>(&self, reply: ReplyAttr, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
     where
         F: Future<Output = Result<lode_base::Attr, Errno>> + Send + 'static,
     {
-        let i = self.inner.clone();
-        self.rt.block_on(async move {
+        self.spawn(move |i| async move {
             match f(i.clone()).await {
                 Ok(a) => reply.attr(&i.opts.attr_timeout, &file_attr(&a)),
                 Err(e) => reply.error(ferr(e)),
