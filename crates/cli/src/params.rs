@@ -37,21 +37,33 @@ pub struct SetArgs {
     pairs: Vec<String>,
 }
 
+/// Where to look for admin sockets: `$LODE_RUN_DIR` if set; else `/run/lode` and the
+/// run directory of a `lode up` in the current directory (`./lode-data/run`), so
+/// `lode up` followed by `lode get-param` works with no setup.
+fn search_dirs() -> Vec<PathBuf> {
+    match std::env::var_os("LODE_RUN_DIR") {
+        Some(d) => vec![PathBuf::from(d)],
+        None => vec![
+            PathBuf::from("/run/lode"),
+            PathBuf::from(crate::up::DEFAULT_DIR).join("run"),
+        ],
+    }
+}
+
 fn sockets() -> Result<Vec<PathBuf>> {
-    let dir = run_dir();
-    let mut v: Vec<PathBuf> = match std::fs::read_dir(&dir) {
-        Ok(rd) => rd
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "sock"))
-            .collect(),
-        Err(_) => Vec::new(),
-    };
+    let dirs = search_dirs();
+    let mut v: Vec<PathBuf> = dirs
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+        .collect();
     v.sort();
     if v.is_empty() {
+        let shown: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
         bail!(
-            "no lode servers running here (no admin sockets in {})",
-            dir.display()
+            "no lode servers running here (no admin sockets in {}; set LODE_RUN_DIR to DIR/run for a `lode up --dir DIR`)",
+            shown.join(" or ")
         );
     }
     Ok(v)

@@ -8,11 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Where `lode up` keeps everything unless told otherwise.
+pub const DEFAULT_DIR: &str = "./lode-data";
+
 /// Arguments of `lode up`.
 #[derive(Args)]
 pub struct UpArgs {
     /// Where the targets, logs and pid files live.
-    #[arg(long, default_value = "./lode-data")]
+    #[arg(long, default_value = DEFAULT_DIR)]
     dir: PathBuf,
     /// Mount point (default DIR/mnt).
     #[arg(long)]
@@ -29,7 +32,7 @@ pub struct UpArgs {
 #[derive(Args)]
 pub struct DirArgs {
     /// The directory given to `lode up`.
-    #[arg(long, default_value = "./lode-data")]
+    #[arg(long, default_value = DEFAULT_DIR)]
     dir: PathBuf,
 }
 

@@ -257,3 +257,30 @@ fn entry_timeout_zero_sees_other_clients_at_once_default_within_its_timeout() {
         || !cached.path().join("n").exists(),
     );
 }
+
+#[test]
+fn get_param_finds_the_servers_of_lode_up_in_the_current_directory() {
+    let t = tempfile::tempdir().unwrap();
+    // Its own port range, apart from the other up/down test's, below the ephemeral range.
+    let base = 8000 + (std::process::id() % 1000) as u16 * 10;
+    let run = |args: &[&str]| {
+        let out = lode()
+            .args(args)
+            .current_dir(t.path())
+            .env_remove("LODE_RUN_DIR")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, _, err) = run(&["up", "--port-base", &base.to_string()]);
+    assert!(ok, "up: {err}");
+    let (ok, out, err) = run(&["get-param", "-n", "mdt.*.num_exports"]);
+    let (down_ok, _, down_err) = run(&["down"]);
+    assert!(ok, "get-param after lode up, with no LODE_RUN_DIR: {err}");
+    assert_eq!(out.trim(), "1", "the mount is the MDT's one export");
+    assert!(down_ok, "down: {down_err}");
+}
