@@ -107,7 +107,8 @@ impl LodeFs {
         F: Future<Output = ()> + Send + 'static,
     {
         let fut = f(self.inner.clone());
-        let max_inline = self.inner.opts.threads.saturating_sub(1).max(1);
+        // With one FUSE thread nothing runs inline: it must always be free to read.
+        let max_inline = self.inner.opts.threads.saturating_sub(1);
         if self.inner.inline.fetch_add(1, Ordering::AcqRel) < max_inline {
             self.rt.block_on(fut);
             self.inner.inline.fetch_sub(1, Ordering::AcqRel);
