@@ -367,6 +367,41 @@ fn sixty_four_clients_on_two_service_threads_all_get_correct_answers() {
     );
 }
 
+#[test]
+fn a_client_closed_for_idling_reconnects_on_its_next_request_and_keeps_its_open_file() {
+    let mut c = cluster(1);
+    restart_mds(&mut c, &["--idle-timeout-ms", "500"]);
+    let s = c.client();
+    let r = root();
+    let dir = s.run(mkdir_p(&s.client, "/idle"));
+    create_and_stat(&s, dir, "before");
+    // An open handle lives in the client's slot, not in the closed connection.
+    let made = s
+        .run(
+            s.client
+                .create_open(&r, dir, b"open", 0o644, libc::O_RDWR, None),
+        )
+        .expect("create and open");
+    wait_for(
+        "the MDS to close the idle connection",
+        Duration::from_secs(10),
+        || c.log("mdt0").contains("closing idle connection"),
+    );
+    create_and_stat(&s, dir, "after");
+    assert_eq!(
+        c.get_param("mdt.*.open_files"),
+        "1",
+        "the handle outlived the connection"
+    );
+    s.run(s.client.close(&made))
+        .expect("close after reconnecting");
+    assert_eq!(c.get_param("mdt.*.open_files"), "0");
+    assert!(
+        c.log("mdt0").matches("client connected").count() >= 2,
+        "the client connected again"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Helpers
 
