@@ -41,13 +41,11 @@ pub struct SetArgs {
 /// run directory of a `lode up` in the current directory (`./lode-data/run`), so
 /// `lode up` followed by `lode get-param` works with no setup.
 fn search_dirs() -> Vec<PathBuf> {
-    match std::env::var_os("LODE_RUN_DIR") {
-        Some(d) => vec![PathBuf::from(d)],
-        None => vec![
-            PathBuf::from("/run/lode"),
-            PathBuf::from(crate::up::DEFAULT_DIR).join("run"),
-        ],
+    let mut dirs = vec![run_dir()];
+    if std::env::var_os("LODE_RUN_DIR").is_none() {
+        dirs.push(PathBuf::from(crate::up::DEFAULT_DIR).join("run"));
     }
+    dirs
 }
 
 fn sockets() -> Result<Vec<PathBuf>> {

@@ -345,15 +345,11 @@ impl Service for Mdt {
                 ..Default::default()
             };
         }
-        let req = match MdtRequest::decode(inc.header.opcode, &inc.body) {
+        let req = match inc.decode(MdtRequest::decode) {
             Ok(r) => r,
-            Err(lode_proto::DecodeError::Service(_)) => {
-                return Outgoing::error(Errno::EOPNOTSUPP);
-            }
             Err(e) => {
-                warn!(peer = %inc.peer, "bad request: {e}");
                 return Outgoing {
-                    status: Errno::EPROTO.status(),
+                    status: e.status(),
                     last_committed,
                     ..Default::default()
                 };

@@ -6,8 +6,8 @@ pub mod client;
 use lode_base::limits::TARGETS_MAX;
 use lode_base::Errno;
 use lode_proto::{
-    ConnectRep, DecodeError, Empty, MgsConfigRep, MgsRegisterReq, MgsRequest, Opcode, Reply,
-    TargetInfo, TargetKind, CONNECT_SUPPORTED,
+    ConnectRep, Empty, MgsConfigRep, MgsRegisterReq, MgsRequest, Opcode, Reply, TargetInfo,
+    TargetKind, CONNECT_SUPPORTED,
 };
 use lode_rpc::{Incoming, OpStats, Outgoing, Service};
 use parking_lot::Mutex;
@@ -120,13 +120,9 @@ impl Mgs {
 
 impl Service for Mgs {
     fn handle(&self, inc: &Incoming) -> Outgoing {
-        let req = match MgsRequest::decode(inc.header.opcode, &inc.body) {
+        let req = match inc.decode(MgsRequest::decode) {
             Ok(r) => r,
-            Err(DecodeError::Service(_)) => return Outgoing::error(Errno::EOPNOTSUPP),
-            Err(e) => {
-                warn!(peer = %inc.peer, "bad request: {e}");
-                return Outgoing::error(Errno::EPROTO);
-            }
+            Err(e) => return Outgoing::error(e),
         };
         let rep = match req {
             MgsRequest::Connect(c) => {
@@ -157,13 +153,7 @@ impl Service for Mgs {
                 }))
             }
         };
-        match rep {
-            Ok(r) => Outgoing {
-                body: r.encode(),
-                ..Default::default()
-            },
-            Err(e) => Outgoing::error(e),
-        }
+        Outgoing::answer(rep)
     }
 
     fn stats(&self) -> Option<&OpStats> {

@@ -193,6 +193,14 @@ impl Ost {
             .map_err(|e| io_errno(&e))
     }
 
+    /// ENOTCONN unless the request's handle was granted by a CONNECT.
+    fn check_export(&self, inc: &Incoming) -> Result<(), Errno> {
+        if !self.handles.read().contains_key(&inc.header.handle) {
+            return Err(Errno::ENOTCONN);
+        }
+        Ok(())
+    }
+
     fn dispatch(&self, inc: &Incoming, req: OstRequest) -> Result<Reply, Errno> {
         if let OstRequest::Connect(c) = &req {
             if c.fsname != self.cfg.fsname {
@@ -221,9 +229,7 @@ impl Ost {
                 index: self.cfg.index,
             }));
         }
-        if !self.handles.read().contains_key(&inc.header.handle) {
-            return Err(Errno::ENOTCONN);
-        }
+        self.check_export(inc)?;
         Ok(match req {
             OstRequest::Ping(_) => Reply::Ping(Empty {}),
             OstRequest::Disconnect(_) => {
@@ -243,10 +249,8 @@ impl Ost {
                 Reply::Punch(Empty {})
             }
             OstRequest::OstGetattr(r) => Reply::OstGetattr(self.getattr(bounded(&r.objs)?)?),
-            OstRequest::OstSync(r) => {
-                sync_objects(&self.objects, &r.objs)?;
-                Reply::OstSync(Empty {})
-            }
+            // Parked on the offload threads in `handle` before dispatch.
+            OstRequest::OstSync(_) => return Err(Errno::EPROTO),
             OstRequest::OstSetattr(r) => {
                 self.set_mtime(bounded(&r.objs)?, r.mtime)?;
                 Reply::OstSetattr(Empty {})
@@ -290,16 +294,6 @@ fn sync_objects(root: &std::path::Path, objs: &[ObjId]) -> Result<(), Errno> {
     Ok(())
 }
 
-fn answer(r: Result<Reply, Errno>) -> Outgoing {
-    match r {
-        Ok(r) => Outgoing {
-            body: r.encode(),
-            ..Default::default()
-        },
-        Err(e) => Outgoing::error(e),
-    }
-}
-
 fn bounded(objs: &[ObjId]) -> Result<&[ObjId], Errno> {
     if objs.len() > 4096 {
         return Err(Errno::E2BIG);
@@ -309,26 +303,20 @@ fn bounded(objs: &[ObjId]) -> Result<&[ObjId], Errno> {
 
 impl Service for Ost {
     fn handle(&self, inc: &Incoming) -> Outgoing {
-        let req = match OstRequest::decode(inc.header.opcode, &inc.body) {
+        let req = match inc.decode(OstRequest::decode) {
             Ok(r) => r,
-            Err(lode_proto::DecodeError::Service(_)) => {
-                return Outgoing::error(Errno::EOPNOTSUPP);
-            }
-            Err(e) => {
-                warn!(peer = %inc.peer, "bad request: {e}");
-                return Outgoing::error(Errno::EPROTO);
-            }
+            Err(e) => return Outgoing::error(e),
         };
         if let OstRequest::OstSync(r) = req {
-            if !self.handles.read().contains_key(&inc.header.handle) {
-                return Outgoing::error(Errno::ENOTCONN);
+            if let Err(e) = self.check_export(inc) {
+                return Outgoing::error(e);
             }
             let root = self.objects.clone();
             return self.syncs.run(inc, move || {
-                answer(sync_objects(&root, &r.objs).map(|_| Reply::OstSync(Empty {})))
+                Outgoing::answer(sync_objects(&root, &r.objs).map(|_| Reply::OstSync(Empty {})))
             });
         }
-        answer(self.dispatch(inc, req))
+        Outgoing::answer(self.dispatch(inc, req))
     }
 
     fn disconnected(&self, conn_id: u64) {

@@ -138,6 +138,18 @@ pub fn check_len(len: u32) -> Result<usize, FrameError> {
     Ok(len)
 }
 
+/// Checks what follows the length field (CRC, header, body) and parses the header.
+fn check_rest(rest: &[u8]) -> Result<Header, FrameError> {
+    if rest.len() < 4 + HEADER_LEN {
+        return Err(FrameError::Truncated);
+    }
+    let crc = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+    if crc32c::crc32c(&rest[4..]) != crc {
+        return Err(FrameError::Checksum);
+    }
+    Header::read(&rest[4..])
+}
+
 impl Frame {
     /// Encodes a whole frame (length, CRC, header, body) into one buffer.
     pub fn encode(header: &Header, body: &[u8]) -> Vec<u8> {
@@ -155,14 +167,7 @@ impl Frame {
     /// Decodes what follows the length field (`rest` = CRC, header, body), as read off a
     /// stream after [`check_len`].
     pub fn decode_rest(mut rest: Vec<u8>) -> Result<Frame, FrameError> {
-        if rest.len() < 4 + HEADER_LEN {
-            return Err(FrameError::Truncated);
-        }
-        let crc = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
-        if crc32c::crc32c(&rest[4..]) != crc {
-            return Err(FrameError::Checksum);
-        }
-        let header = Header::read(&rest[4..])?;
+        let header = check_rest(&rest)?;
         rest.drain(..4 + HEADER_LEN);
         Ok(Frame { header, body: rest })
     }
@@ -178,11 +183,7 @@ impl Frame {
             return Err(FrameError::Truncated);
         }
         let rest = &buf[4..4 + len];
-        let crc = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
-        if crc32c::crc32c(&rest[4..]) != crc {
-            return Err(FrameError::Checksum);
-        }
-        let header = Header::read(&rest[4..])?;
+        let header = check_rest(rest)?;
         let body = rest[4 + HEADER_LEN..].to_vec();
         Ok((Frame { header, body }, 4 + len))
     }

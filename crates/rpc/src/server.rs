@@ -16,7 +16,7 @@ use crate::stats::OpStats;
 use crate::wire::FrameSink;
 use lode_base::limits;
 use lode_proto::frame::FLAG_REPLY;
-use lode_proto::{Frame, FrameError, Header, Opcode};
+use lode_proto::{DecodeError, Frame, FrameError, Header, Opcode, Reply};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -62,6 +62,22 @@ impl Incoming {
         }
     }
 
+    /// Decodes the body with a service's decoder (`MdtRequest::decode`, …). An opcode of
+    /// another service gets EOPNOTSUPP; a malformed body gets EPROTO and a log line
+    /// naming the peer.
+    pub fn decode<T>(
+        &self,
+        decode: fn(u16, &[u8]) -> Result<T, DecodeError>,
+    ) -> Result<T, lode_base::Errno> {
+        decode(self.header.opcode, &self.body).map_err(|e| match e {
+            DecodeError::Service(_) => lode_base::Errno::EOPNOTSUPP,
+            e => {
+                warn!(peer = %self.peer, "bad request: {e}");
+                lode_base::Errno::EPROTO
+            }
+        })
+    }
+
     /// Parks this request: the service returns [`Outgoing::parked`] now and answers
     /// through the [`Deferred`] later, from any thread. `None` when the request has no
     /// connection (built in-process); the service must then answer inline.
@@ -87,18 +103,30 @@ pub struct Deferred {
 
 impl Deferred {
     /// Sends the reply (from any thread).
-    pub fn send(mut self, out: Outgoing) {
-        let Some(to) = self.to.take() else { return };
+    pub fn send(self, out: Outgoing) {
         let us = self.start.elapsed().as_micros() as u64;
-        if let (Some(svc), Some(op)) = (&to.stats, Opcode::from_u16(self.header.opcode)) {
-            if let Some(stats) = svc.stats() {
-                stats.record(op, us);
-            }
+        if let Some(svc) = self.to.as_ref().and_then(|t| t.stats.as_ref()) {
+            record(&**svc, &self.header, us);
         }
-        if !out.drop && !out.parked && !fail::check(fail::DROP_REPLY) {
-            to.sink.send(reply_frame(&self.header, &out, us));
+        let frame = (!out.drop && !out.parked && !fail::check(fail::DROP_REPLY))
+            .then(|| reply_frame(&self.header, &out, us));
+        self.send_frame(frame);
+    }
+
+    /// Sends an encoded reply (or none) and releases the request's permit.
+    fn send_frame(mut self, frame: Option<Vec<u8>>) {
+        let Some(to) = self.to.take() else { return };
+        if let Some(f) = frame {
+            to.sink.send(f);
         }
         to.conn.release();
+    }
+}
+
+/// Adds one request's service time to the service's per-opcode statistics.
+fn record(svc: &dyn Service, h: &Header, us: u64) {
+    if let (Some(stats), Some(op)) = (svc.stats(), Opcode::from_u16(h.opcode)) {
+        stats.record(op, us);
     }
 }
 
@@ -133,6 +161,17 @@ impl Outgoing {
         Outgoing {
             status: errno.status(),
             ..Default::default()
+        }
+    }
+
+    /// The reply to a request that changes nothing (no transno), or its errno.
+    pub fn answer(r: Result<Reply, lode_base::Errno>) -> Outgoing {
+        match r {
+            Ok(rep) => Outgoing {
+                body: rep.encode(),
+                ..Default::default()
+            },
+            Err(e) => Outgoing::error(e),
         }
     }
 
@@ -518,28 +557,24 @@ fn execute(
         return;
     }
     let us = inc.start.elapsed().as_micros() as u64;
-    if let (Some(stats), Some(op)) = (svc.stats(), Opcode::from_u16(inc.header.opcode)) {
-        stats.record(op, us);
-    }
+    record(svc, &inc.header, us);
     if res.drop || fail::check(fail::DROP_REPLY) {
         return;
     }
+    let frame = reply_frame(&inc.header, &res, us);
     let mut delay = fail::rpc_delay_us();
     if fail::check(fail::DELAY_REPLY) {
         delay += u64::from(fail::val()) * 1000;
     }
     if delay == 0 {
-        out.extend_from_slice(&reply_frame(&inc.header, &res, us));
+        out.extend_from_slice(&frame);
         return;
     }
     // An emulated slow network: the reply leaves later, the thread goes on.
-    if let Some(mut d) = inc.defer() {
-        if let Some(to) = d.to.as_mut() {
-            to.stats = None; // recorded above
-        }
+    if let Some(d) = inc.defer() {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(delay)).await;
-            d.send(res);
+            d.send_frame(Some(frame));
         });
     }
 }
