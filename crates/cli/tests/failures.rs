@@ -131,6 +131,10 @@ fn a_failed_sync_stops_the_mdt() {
     s.run(cl.create(&r, Fid::ROOT, b"before", 0o644, None))
         .unwrap();
     s.run(cl.sync()).unwrap();
+    // Only the explicit sync below may commit: a periodic commit landing between the
+    // create and its reply would stop the MDT first and fail the create with EIO.
+    c.set_param("mdt.*.commit_interval_ms=60000");
+    std::thread::sleep(Duration::from_millis(300));
     c.set_param("mdt.*.fail_loc=0x201");
     // A change, then a commit that fails: the MDT stops instead of acknowledging more.
     s.run(cl.create(&r, Fid::ROOT, b"pending", 0o644, None))
