@@ -21,6 +21,7 @@ use tokio::runtime::Handle;
 
 pub use io::FileHandle;
 pub use lode_proto::{DirEntry, MdtBody};
+pub use lode_rpc::blocking_caller;
 
 /// Client settings; the names follow Lustre's tunables.
 #[derive(Clone, Debug)]
@@ -345,9 +346,10 @@ impl Session {
         Ok(Session { rt, client })
     }
 
-    /// Runs a future to completion; callable from many threads at once.
+    /// Runs a future to completion; callable from many threads at once. The calling
+    /// thread reads its own MDT replies (see [`blocking_caller`]).
     pub fn run<F: Future>(&self, f: F) -> F::Output {
-        self.rt.handle().block_on(f)
+        blocking_caller(|| self.rt.handle().block_on(f))
     }
 
     /// The runtime handle.

@@ -115,7 +115,7 @@ impl LodeFs {
         // With one FUSE thread nothing runs inline: it must always be free to read.
         let max_inline = self.inner.opts.threads.saturating_sub(1);
         if self.inner.inline.fetch_add(1, Ordering::AcqRel) < max_inline {
-            self.rt.block_on(fut);
+            lode_client::blocking_caller(|| self.rt.block_on(fut));
             self.inner.inline.fetch_sub(1, Ordering::AcqRel);
         } else {
             self.inner.inline.fetch_sub(1, Ordering::AcqRel);
@@ -123,14 +123,6 @@ impl LodeFs {
         }
     }
 
-    /// Runs `f` on the client runtime; the FUSE thread returns at once. For work
-    /// whose outcome the application no longer waits for (the MDT close after RELEASE).
-    fn background<F>(&self, f: impl FnOnce(Arc<Inner>) -> F)
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        self.rt.spawn(f(self.inner.clone()));
-    }
     /// Runs `f` (see [`LodeFs::spawn`]) and answers an entry request with its result.
     fn reply_entry<F>(&self, reply: ReplyEntry, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
     where
@@ -620,10 +612,11 @@ impl Filesystem for LodeFs {
             reply.error(FErrno::EBADF);
             return;
         };
-        // close(2) does not wait for RELEASE: answer now and close on the MDT in the
-        // background (its errors could not reach the application anyway).
+        // close(2) does not wait for RELEASE: answer now, then close on the MDT from
+        // this thread (like any call, on the runtime when the threads are busy); its
+        // errors could not reach the application anyway.
         reply.ok();
-        self.background(|i| async move {
+        self.spawn(|i| async move {
             if let Err(e) = i.client.close(&h).await {
                 tracing::warn!(fid = %h.fid, "close on the MDT failed: {e}");
             }

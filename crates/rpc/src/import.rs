@@ -1,20 +1,86 @@
 //! The client side of one target connection (Lustre's import): xids, modify tags,
 //! the in-flight limit, reconnect after a lost connection and resend of every request
 //! still waiting for its reply (same xid, `RESENT` flag).
+//!
+//! Replies are read leader/follower, not by a reactor: the socket is registered with
+//! the runtime for writability only. A call made by a thread inside
+//! [`blocking_caller`] that has no other call outstanding reads the socket itself
+//! while no one else does: it hands every other reply to its waiter and, once its own
+//! has come, passes the reading to a waiting caller. So a lone caller is woken once per
+//! call, by its own reply. Calls that cannot block their thread (tasks on the runtime,
+//! calls joined with others) are served by the import's reader thread, which reads
+//! only while such calls wait.
 
 use crate::wire::{read_frame, FrameSink};
 use lode_base::Errno;
-use lode_proto::frame::{FLAG_REPLY, FLAG_RESENT};
+use lode_proto::frame::{check_len, FLAG_REPLY, FLAG_RESENT};
 use lode_proto::{ConnectRep, ConnectReq, Empty, Frame, Header, Opcode, Reply, Request};
-use parking_lot::Mutex;
-use std::collections::BTreeMap;
+use parking_lot::{Condvar, Mutex};
+use std::cell::Cell;
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, Semaphore};
 use tracing::{debug, info, warn};
+
+thread_local! {
+    static BLOCKING: Cell<bool> = const { Cell::new(false) };
+    /// Calls this thread has sent and waits for, on every import.
+    static WAITING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Runs `f` with this thread marked as one that may block waiting for replies: a call
+/// it makes (inside `f`, typically a `block_on`) while it has no other call outstanding
+/// reads its reply on this thread instead of being woken by another. For threads that
+/// run one operation at a time: while the call reads, nothing else in `f` runs.
+pub fn blocking_caller<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BLOCKING.with(|b| b.set(self.0));
+        }
+    }
+    let _restore = Restore(BLOCKING.with(|b| b.replace(true)));
+    f()
+}
+
+/// Counts a call in [`WAITING`] for as long as it lives, on a blocking thread only (a
+/// task may move between the runtime's threads; a `block_on` future never does).
+struct Waiting(bool);
+
+impl Waiting {
+    fn enter() -> Waiting {
+        let counted = BLOCKING.with(|b| b.get());
+        if counted {
+            WAITING.with(|w| w.set(w.get() + 1));
+        }
+        Waiting(counted)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.0 {
+            WAITING.with(|w| w.set(w.get().saturating_sub(1)));
+        }
+    }
+}
+
+/// True if the call being polled may read for itself: a blocking thread with no other
+/// call outstanding.
+fn may_lead() -> bool {
+    BLOCKING.with(|b| b.get()) && WAITING.with(|w| w.get()) == 1
+}
 
 /// Settings of one import.
 #[derive(Clone, Debug)]
@@ -54,10 +120,75 @@ struct Pending {
     tag: u16,
     body: Arc<Vec<u8>>,
     tx: oneshot::Sender<Frame>,
+    /// Its caller cannot read (a task, or a thread with several calls out).
+    passive: bool,
+}
+
+#[derive(Default)]
+struct PendingMap {
+    map: BTreeMap<u64, Pending>,
+    /// Passive entries: the reader thread reads while there are any.
+    n_passive: usize,
+}
+
+impl PendingMap {
+    fn insert(&mut self, xid: u64, p: Pending) {
+        self.n_passive += usize::from(p.passive);
+        self.map.insert(xid, p);
+    }
+
+    fn remove(&mut self, xid: u64) -> Option<Pending> {
+        let p = self.map.remove(&xid)?;
+        self.n_passive -= usize::from(p.passive);
+        Some(p)
+    }
+
+    /// Marks `xid`'s caller as one that cannot read; false if it is answered already.
+    fn make_passive(&mut self, xid: u64) -> bool {
+        match self.map.get_mut(&xid) {
+            Some(p) if !p.passive => {
+                p.passive = true;
+                self.n_passive += 1;
+                true
+            }
+            Some(_) => true,
+            None => false,
+        }
+    }
+}
+
+/// Who reads the socket now.
+#[derive(Default)]
+struct Lead {
+    /// Someone reads (a caller or the reader thread).
+    leader: bool,
+    /// Callers that may read, waiting while someone else does (xid, waker), oldest
+    /// first.
+    followers: VecDeque<(u64, Waker)>,
+    /// The follower last woken to take over the reading, until it has looked.
+    baton: Option<u64>,
+    /// The reader thread should read.
+    kick: bool,
+}
+
+/// One TCP connection to the target.
+struct Conn {
+    gen: u64,
+    sock: Arc<AsyncFd<std::net::TcpStream>>,
+    sink: Arc<FrameSink<AsyncFd<std::net::TcpStream>>>,
+    /// Bytes read and not yet a whole frame; only the leader touches it.
+    rd: Mutex<RdBuf>,
+}
+
+#[derive(Default)]
+struct RdBuf {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
 }
 
 struct ConnState {
-    tx: Option<Arc<FrameSink>>,
+    tx: Option<Arc<Conn>>,
     gen: u64,
     handle: u64,
     conn_cnt: u32,
@@ -78,10 +209,12 @@ pub struct Import {
     rt: Handle,
     xid: AtomicU64,
     state: Mutex<ConnState>,
-    pending: Mutex<BTreeMap<u64, Pending>>,
+    pending: Mutex<PendingMap>,
     rif: Semaphore,
     tags: Mutex<Arc<Tags>>,
     last_committed: AtomicU64,
+    lead: Mutex<Lead>,
+    reader_cv: Condvar,
 }
 
 struct TagGuard {
@@ -96,11 +229,52 @@ impl Drop for TagGuard {
     }
 }
 
+/// Ends a call's wait however it ends (answer, timeout, refusal, or the caller dropping
+/// the call): its entry leaves the pending map and the followers, and a hand-over of the
+/// reading it was given goes to someone else.
+struct WaitGuard<'a> {
+    imp: &'a Import,
+    xid: u64,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        let mut lead = self.imp.lead.lock();
+        lead.followers.retain(|(x, _)| *x != self.xid);
+        self.imp.pending.lock().remove(self.xid);
+        if lead.baton == Some(self.xid) {
+            lead.baton = None;
+            self.imp.kick(&mut lead);
+        }
+    }
+}
+
+/// Returns `Pending` once (asking to be polled again at once), so that futures joined
+/// with this one get polled before it goes on.
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
 /// True if requests with this opcode modify state on the target and so take a tag (the
 /// opcode table in `lode_proto` is the one source of this fact).
 pub fn is_modify(op: Opcode) -> bool {
     op.is_modify()
 }
+
+/// How long the reader thread reads before it looks again at who should.
+const READER_ROUND: Duration = Duration::from_millis(100);
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 64 << 10;
 
 impl Import {
     /// A new, not yet connected import of target at `addr`.
@@ -113,7 +287,7 @@ impl Import {
             bits: Mutex::new(vec![false; usize::from(cfg.max_mod_rpcs) + 1]),
             sem: Semaphore::new(usize::from(cfg.max_mod_rpcs.max(1))),
         });
-        Arc::new(Import {
+        let imp = Arc::new(Import {
             addr: Mutex::new(addr),
             rt,
             xid: AtomicU64::new(start),
@@ -126,12 +300,23 @@ impl Import {
                 refused: None,
                 granted: None,
             }),
-            pending: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(PendingMap::default()),
             rif: Semaphore::new(cfg.max_rpcs_in_flight.max(1)),
             tags: Mutex::new(tags),
             last_committed: AtomicU64::new(0),
+            lead: Mutex::new(Lead::default()),
+            reader_cv: Condvar::new(),
             cfg,
-        })
+        });
+        let weak = Arc::downgrade(&imp);
+        let spawned = std::thread::Builder::new()
+            .name(format!("rd-{}", imp.cfg.target))
+            .spawn(move || reader_thread(weak));
+        if let Err(e) = spawned {
+            // Blocked callers still read for themselves; tasks would wait forever.
+            warn!(target = %imp.cfg.target, "cannot start the reader thread: {e}");
+        }
+        imp
     }
 
     /// The target's name.
@@ -187,44 +372,7 @@ impl Import {
         let xid = self.next_xid();
         let tag = _tag.as_ref().map_or(0, |t| t.tag);
         let body = Arc::new(req.encode());
-        let (tx, rx) = oneshot::channel();
-        self.pending.lock().insert(
-            xid,
-            Pending {
-                opcode: op as u16,
-                tag,
-                body: body.clone(),
-                tx,
-            },
-        );
-        self.send(xid, op as u16, tag, &body, 0);
-        let deadline = tokio::time::Instant::now() + self.cfg.timeout;
-        let mut rx = rx;
-        let frame = loop {
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                self.pending.lock().remove(&xid);
-                warn!(target = %self.cfg.target, xid, "request timed out after {:?}", self.cfg.timeout);
-                return Err(Errno::EIO);
-            }
-            let wait = self
-                .cfg
-                .resend_interval
-                .max(Duration::from_millis(10))
-                .min(deadline - now);
-            match tokio::time::timeout(wait, &mut rx).await {
-                Ok(Ok(f)) => break f,
-                Ok(Err(_)) => {
-                    // Dropped sender: the import refused (e.g. CONNECT was refused).
-                    self.pending.lock().remove(&xid);
-                    return Err(self.state.lock().refused.unwrap_or(Errno::EIO));
-                }
-                Err(_) => {
-                    debug!(target = %self.cfg.target, xid, "no reply yet, resending");
-                    self.send(xid, op as u16, tag, &body, FLAG_RESENT);
-                }
-            }
-        };
+        let frame = self.wait(xid, op as u16, tag, body).await?;
         self.last_committed
             .fetch_max(frame.header.last_committed, Ordering::Relaxed);
         if frame.header.status < 0 {
@@ -238,6 +386,266 @@ impl Import {
             header: frame.header,
             reply,
         })
+    }
+
+    fn resend_interval(&self) -> Duration {
+        self.cfg.resend_interval.max(Duration::from_millis(10))
+    }
+
+    /// Sends the request and waits for its reply: reading the socket itself when it
+    /// may and nobody else does, else woken by whoever reads.
+    async fn wait(
+        self: &Arc<Self>,
+        xid: u64,
+        op: u16,
+        tag: u16,
+        body: Arc<Vec<u8>>,
+    ) -> Result<Frame, Errno> {
+        let (tx, mut rx) = oneshot::channel();
+        self.pending.lock().insert(
+            xid,
+            Pending {
+                opcode: op,
+                tag,
+                body: body.clone(),
+                tx,
+                passive: false,
+            },
+        );
+        let _waiting = Waiting::enter();
+        let guard = WaitGuard { imp: self, xid };
+        self.send(xid, op, tag, &body, 0);
+        // Let calls joined with this one send theirs before deciding who may read.
+        YieldOnce(false).await;
+        let active = may_lead();
+        if !active && self.pending.lock().make_passive(xid) {
+            self.kick(&mut self.lead.lock());
+        }
+        let deadline = tokio::time::Instant::now() + self.cfg.timeout;
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                drop(guard);
+                warn!(target = %self.cfg.target, xid, "request timed out after {:?}", self.cfg.timeout);
+                return Err(Errno::EIO);
+            }
+            let until = deadline.min(now + self.resend_interval());
+            let timer = tokio::time::sleep_until(until);
+            tokio::pin!(timer);
+            let got = std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = Pin::new(&mut rx).poll(cx) {
+                    return Poll::Ready(Some(r));
+                }
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                if active {
+                    if let Some(f) = self.lead_or_follow(xid, &mut rx, until.into_std(), cx) {
+                        return Poll::Ready(Some(Ok(f)));
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
+            match got {
+                Some(Ok(f)) => return Ok(f),
+                Some(Err(_)) => {
+                    // Dropped sender: the import refused (e.g. CONNECT was refused).
+                    return Err(self.state.lock().refused.unwrap_or(Errno::EIO));
+                }
+                None if tokio::time::Instant::now() >= deadline => {}
+                None => {
+                    debug!(target = %self.cfg.target, xid, "no reply yet, resending");
+                    self.send(xid, op, tag, &body, FLAG_RESENT);
+                }
+            }
+        }
+    }
+
+    /// For a caller that may read: reads the socket until its reply comes (returned) or
+    /// `until`, if nobody else reads; else joins the followers, to be woken by its
+    /// reply or to take over the reading.
+    fn lead_or_follow(
+        self: &Arc<Self>,
+        xid: u64,
+        rx: &mut oneshot::Receiver<Frame>,
+        until: Instant,
+        cx: &mut Context<'_>,
+    ) -> Option<Frame> {
+        let conn = self.state.lock().tx.clone();
+        let mut lead = self.lead.lock();
+        if lead.baton == Some(xid) {
+            lead.baton = None;
+        }
+        match conn {
+            Some(conn) if !lead.leader => {
+                lead.leader = true;
+                lead.followers.retain(|(x, _)| *x != xid);
+                drop(lead);
+                let mut mine = None;
+                let alive = self.read_until(&conn, rx, &mut mine, until);
+                let mut lead = self.lead.lock();
+                lead.leader = false;
+                if alive {
+                    self.kick(&mut lead);
+                }
+                drop(lead);
+                if mine.is_none() {
+                    // Timed out or the connection failed: come back through the timer.
+                    cx.waker().wake_by_ref();
+                }
+                mine
+            }
+            _ => {
+                match lead.followers.iter_mut().find(|(x, _)| *x == xid) {
+                    Some((_, w)) => w.clone_from(cx.waker()),
+                    None => lead.followers.push_back((xid, cx.waker().clone())),
+                }
+                None
+            }
+        }
+    }
+
+    /// With nobody reading: wakes a caller that may read to take over, else (if
+    /// passive calls wait) the reader thread. Called with `lead` held.
+    fn kick(&self, lead: &mut Lead) {
+        if lead.leader {
+            return;
+        }
+        if let Some((xid, w)) = lead.followers.pop_front() {
+            lead.baton = Some(xid);
+            w.wake();
+            return;
+        }
+        // Callers that may read and are not among the followers are on their way and
+        // will read themselves; only passive calls need the reader thread.
+        if self.pending.lock().n_passive > 0 {
+            lead.kick = true;
+            self.reader_cv.notify_one();
+        }
+    }
+
+    /// Reads replies on `conn` and hands them out until the caller's own arrives on
+    /// `rx` (put in `mine`) or `until` passes. False if the connection failed (a
+    /// reconnect has been started).
+    fn read_until(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        rx: &mut oneshot::Receiver<Frame>,
+        mine: &mut Option<Frame>,
+        until: Instant,
+    ) -> bool {
+        loop {
+            if let Ok(f) = rx.try_recv() {
+                *mine = Some(f);
+                return true;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return true;
+            }
+            if let Err(e) = self.read_some(conn, until - now) {
+                debug!(target = %self.cfg.target, "connection lost: {e}");
+                self.conn_lost(conn.gen);
+                return false;
+            }
+        }
+    }
+
+    /// Waits up to `wait` for bytes, reads all there are and hands out every whole
+    /// reply.
+    fn read_some(&self, conn: &Conn, wait: Duration) -> Result<(), String> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let ms = u16::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
+        let sock = conn.sock.get_ref();
+        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => return Ok(()),
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        let mut rd = conn.rd.lock();
+        let rd = &mut *rd;
+        loop {
+            if rd.buf.len() - rd.end < READ_CHUNK / 4 {
+                // Move what is left to the front, and grow if a frame needs more room.
+                rd.buf.copy_within(rd.start..rd.end, 0);
+                rd.end -= rd.start;
+                rd.start = 0;
+                if rd.buf.len() - rd.end < READ_CHUNK / 4 {
+                    let n = rd.buf.len().max(READ_CHUNK) * 2;
+                    rd.buf.resize(n, 0);
+                }
+            }
+            match (&*sock).read(&mut rd.buf[rd.end..]) {
+                Ok(0) => return Err("closed by the target".into()),
+                Ok(n) => {
+                    rd.end += n;
+                    self.take_frames(rd)?;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// Hands out every whole frame in `rd`.
+    fn take_frames(&self, rd: &mut RdBuf) -> Result<(), String> {
+        while rd.end - rd.start >= 4 {
+            let mut len = [0u8; 4];
+            len.copy_from_slice(&rd.buf[rd.start..rd.start + 4]);
+            let len = check_len(u32::from_le_bytes(len)).map_err(|e| e.to_string())?;
+            if rd.end - rd.start < 4 + len {
+                if rd.buf.len() < 4 + len {
+                    let need = 4 + len;
+                    rd.buf.resize(need.max(READ_CHUNK), 0);
+                }
+                return Ok(());
+            }
+            let rest = rd.buf[rd.start + 4..rd.start + 4 + len].to_vec();
+            rd.start += 4 + len;
+            let frame = Frame::decode_rest(rest).map_err(|e| e.to_string())?;
+            if frame.header.flags & FLAG_REPLY == 0 {
+                continue;
+            }
+            if frame.header.status == Errno::ENOTCONN.status() {
+                // The target does not know our handle (it restarted): reconnect, resend.
+                return Err("the target does not know this client".into());
+            }
+            let p = self.pending.lock().remove(frame.header.xid);
+            if let Some(p) = p {
+                let _ = p.tx.send(frame);
+            }
+        }
+        if rd.start == rd.end {
+            rd.start = 0;
+            rd.end = 0;
+        }
+        Ok(())
+    }
+
+    /// The connection of generation `gen` failed: forget it and, if anyone waits,
+    /// reconnect.
+    fn conn_lost(self: &Arc<Self>, gen: u64) {
+        let restart = {
+            let mut st = self.state.lock();
+            if st.gen != gen || st.tx.is_none() {
+                false
+            } else {
+                st.tx = None;
+                let r = !st.connecting && !self.pending.lock().map.is_empty();
+                if r {
+                    st.connecting = true;
+                }
+                r
+            }
+        };
+        if restart {
+            warn!(target = %self.cfg.target, "connection lost, reconnecting");
+            let me = self.clone();
+            self.rt.spawn(me.reconnect());
+        }
     }
 
     async fn take_tag(&self) -> Result<TagGuard, Errno> {
@@ -261,7 +669,7 @@ impl Import {
 
     /// Lowest unreplied xid minus one: the server may drop reply records at or below it.
     fn last_xid(&self) -> u64 {
-        match self.pending.lock().keys().next() {
+        match self.pending.lock().map.keys().next() {
             Some(x) => x - 1,
             None => self.xid.load(Ordering::Relaxed),
         }
@@ -269,7 +677,7 @@ impl Import {
 
     fn send(self: &Arc<Self>, xid: u64, opcode: u16, tag: u16, body: &[u8], flags: u16) {
         let mut st = self.state.lock();
-        let Some(tx) = st.tx.clone() else {
+        let Some(conn) = st.tx.clone() else {
             if let Some(e) = st.refused {
                 drop(st);
                 // Fail fast: the target refused us and will keep refusing.
@@ -299,16 +707,17 @@ impl Import {
             last_xid: self.last_xid(),
             ..header
         };
-        tx.send(Frame::encode(&header, body));
+        conn.sink.send(Frame::encode(&header, body));
     }
 
     fn fail_pending(&self, _e: Errno) {
         // Dropping the senders wakes every waiter with the refusal.
-        self.pending.lock().clear();
+        let map = std::mem::take(&mut *self.pending.lock());
+        drop(map);
     }
 
-    /// Boxed: the reader task of a new connection may start another reconnect, and a
-    /// boxed future breaks that type cycle.
+    /// Boxed: a reconnect may be started from code that a reconnect runs, and a boxed
+    /// future breaks that type cycle.
     fn reconnect(
         self: Arc<Self>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
@@ -329,7 +738,7 @@ impl Import {
                     return;
                 }
                 Err(None) => {
-                    if self.pending.lock().is_empty() {
+                    if self.pending.lock().map.is_empty() {
                         // Nobody waits: connect again when someone asks.
                         self.state.lock().connecting = false;
                         return;
@@ -343,19 +752,21 @@ impl Import {
         let resend: Vec<(u64, u16, u16, Arc<Vec<u8>>)> = self
             .pending
             .lock()
+            .map
             .iter()
             .map(|(x, p)| (*x, p.opcode, p.tag, p.body.clone()))
             .collect();
         for (xid, op, tag, body) in resend {
             self.send(xid, op, tag, &body, FLAG_RESENT);
         }
+        self.kick(&mut self.lead.lock());
     }
 
     /// One connection attempt: TCP, then CONNECT. `Err(Some(e))` is a refusal by the
     /// target (bad fsname, key or version), `Err(None)` a transient failure.
     async fn try_connect(self: &Arc<Self>) -> Result<(), Option<Errno>> {
         let addr = self.addr();
-        let sock =
+        let mut sock =
             match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(&addr)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
@@ -365,8 +776,6 @@ impl Import {
                 Err(_) => return Err(None),
             };
         let _ = sock.set_nodelay(true);
-        let (rd, mut wr) = sock.into_split();
-        let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
         let req = Request::Connect(ConnectReq {
             fsname: self.cfg.fsname.clone(),
             target: self.cfg.target.clone(),
@@ -382,14 +791,15 @@ impl Import {
             ..Default::default()
         };
         use tokio::io::AsyncWriteExt;
-        if wr
+        if sock
             .write_all(&Frame::encode(&header, &req.encode()))
             .await
             .is_err()
         {
             return Err(None);
         }
-        let frame = match tokio::time::timeout(Duration::from_secs(10), read_frame(&mut rd)).await {
+        let frame = match tokio::time::timeout(Duration::from_secs(10), read_frame(&mut sock)).await
+        {
             Ok(Ok(f)) => f,
             _ => return Err(None),
         };
@@ -401,26 +811,41 @@ impl Import {
         let Ok(Reply::Connect(rep)) = Reply::decode(Opcode::Connect as u16, &frame.body) else {
             return Err(Some(Errno::EPROTO));
         };
-        let tx = FrameSink::new(wr);
-        let gen = {
-            let mut st = self.state.lock();
-            st.gen += 1;
-            st.conn_cnt = st.conn_cnt.wrapping_add(1);
-            st.handle = rep.handle;
-            st.tx = Some(tx);
-            st.connecting = false;
-            let reconnect = st.granted.is_some();
-            if rep.max_mod_rpcs < self.cfg.max_mod_rpcs {
-                self.shrink_tags(rep.max_mod_rpcs);
+        // From here on the runtime watches the socket for room to write only; replies
+        // are read by waiting callers or the reader thread.
+        let registered = sock.into_std().and_then(|s| {
+            // SAFETY: the TcpStream owns its descriptor, keeps it open and returns the
+            // same one for as long as the AsyncFd owns the stream.
+            unsafe { AsyncFd::register_with_interest(s, Interest::WRITABLE) }
+                .map_err(|e| e.into_parts().1)
+        });
+        let sock = match registered {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                debug!(target = %self.cfg.target, %addr, "socket setup failed: {e}");
+                return Err(None);
             }
-            st.granted = Some(rep);
-            if reconnect {
-                info!(target = %self.cfg.target, %addr, "reconnected");
-            }
-            st.gen
         };
-        let me = self.clone();
-        tokio::spawn(async move { me.read_loop(rd, gen).await });
+        let sink = FrameSink::with_writer(sock.clone());
+        let mut st = self.state.lock();
+        st.gen += 1;
+        st.conn_cnt = st.conn_cnt.wrapping_add(1);
+        st.handle = rep.handle;
+        st.tx = Some(Arc::new(Conn {
+            gen: st.gen,
+            sock,
+            sink,
+            rd: Mutex::new(RdBuf::default()),
+        }));
+        st.connecting = false;
+        let reconnect = st.granted.is_some();
+        if rep.max_mod_rpcs < self.cfg.max_mod_rpcs {
+            self.shrink_tags(rep.max_mod_rpcs);
+        }
+        st.granted = Some(rep);
+        if reconnect {
+            info!(target = %self.cfg.target, %addr, "reconnected");
+        }
         Ok(())
     }
 
@@ -431,48 +856,52 @@ impl Import {
             sem: Semaphore::new(usize::from(n)),
         });
     }
+}
 
-    async fn read_loop(
-        self: Arc<Self>,
-        mut rd: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
-        gen: u64,
-    ) {
-        loop {
-            let frame = match read_frame(&mut rd).await {
-                Ok(f) => f,
-                Err(e) => {
-                    debug!(target = %self.cfg.target, "connection lost: {e}");
-                    break;
-                }
-            };
-            if frame.header.flags & FLAG_REPLY == 0 {
+/// The import's reader thread: reads while passive calls wait and no caller reads, and
+/// stops as soon as none does (the others read for themselves). Ends when the import is
+/// dropped.
+fn reader_thread(imp: Weak<Import>) {
+    loop {
+        let Some(me) = imp.upgrade() else { return };
+        let conn = {
+            let mut lead = me.lead.lock();
+            if lead.leader || !lead.kick {
+                me.reader_cv.wait_for(&mut lead, Duration::from_secs(1));
+            }
+            if lead.leader || !lead.kick {
                 continue;
             }
-            if frame.header.status == Errno::ENOTCONN.status() {
-                // The target does not know our handle (it restarted): reconnect, resend.
+            lead.kick = false;
+            let Some(conn) = me.state.lock().tx.clone() else {
+                continue;
+            };
+            if me.pending.lock().n_passive == 0 {
+                continue;
+            }
+            lead.leader = true;
+            conn
+        };
+        loop {
+            // One round at a time: after each, see whether tasks still wait.
+            let alive = match me.read_some(&conn, READER_ROUND) {
+                Ok(()) => true,
+                Err(e) => {
+                    debug!(target = %me.cfg.target, "connection lost: {e}");
+                    me.conn_lost(conn.gen);
+                    false
+                }
+            };
+            let mut lead = me.lead.lock();
+            let stale = me.state.lock().tx.as_ref().map(|c| c.gen) != Some(conn.gen);
+            let n_passive = me.pending.lock().n_passive;
+            if !alive || stale || n_passive == 0 {
+                lead.leader = false;
+                if alive {
+                    me.kick(&mut lead);
+                }
                 break;
             }
-            if let Some(p) = self.pending.lock().remove(&frame.header.xid) {
-                let _ = p.tx.send(frame);
-            }
-        }
-        let restart = {
-            let mut st = self.state.lock();
-            if st.gen != gen {
-                false
-            } else {
-                st.tx = None;
-                let r = !st.connecting && !self.pending.lock().is_empty();
-                if r {
-                    st.connecting = true;
-                }
-                r
-            }
-        };
-        if restart {
-            warn!(target = %self.cfg.target, "connection lost, reconnecting");
-            let me = self.clone();
-            tokio::spawn(me.reconnect());
         }
     }
 }

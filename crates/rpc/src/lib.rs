@@ -10,6 +10,6 @@ pub mod server;
 pub mod stats;
 mod wire;
 
-pub use import::{Import, ImportConfig, Response};
+pub use import::{blocking_caller, Import, ImportConfig, Response};
 pub use server::{serve, Incoming, Outgoing, ServerConfig, Service};
 pub use stats::OpStats;

@@ -2,8 +2,57 @@
 
 use lode_proto::frame::check_len;
 use lode_proto::{Frame, FrameError};
+use std::future::Future;
+use std::io::Write;
+use std::sync::Arc;
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
+
+/// The write side of a socket as [`FrameSink`] uses it: a write that never blocks, and
+/// one that waits for room.
+pub trait SinkWriter: Send + Sync + 'static {
+    /// Writes what fits now; `WouldBlock` when nothing does.
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize>;
+    /// Waits until the socket takes some bytes, then writes them.
+    fn write_ready<'a>(
+        &'a self,
+        buf: &'a [u8],
+    ) -> impl Future<Output = std::io::Result<usize>> + Send + 'a;
+}
+
+impl SinkWriter for tokio::net::tcp::OwnedWriteHalf {
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+        tokio::net::tcp::OwnedWriteHalf::try_write(self, buf)
+    }
+
+    async fn write_ready(&self, buf: &[u8]) -> std::io::Result<usize> {
+        loop {
+            self.writable().await?;
+            match tokio::net::tcp::OwnedWriteHalf::try_write(self, buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
+/// A socket registered with the runtime for writability only, so that arriving bytes
+/// never wake the runtime: whoever reads it (a waiting caller) polls it itself.
+impl SinkWriter for AsyncFd<std::net::TcpStream> {
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+        self.get_ref().write(buf)
+    }
+
+    async fn write_ready(&self, buf: &[u8]) -> std::io::Result<usize> {
+        loop {
+            let mut ready = self.writable().await?;
+            if let Ok(r) = ready.try_io(|s| s.get_ref().write(buf)) {
+                return r;
+            }
+        }
+    }
+}
 
 /// Why a connection's reader stopped.
 #[derive(Debug, thiserror::Error)]
@@ -31,8 +80,8 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, ReadEr
 /// sent while it writes are appended to a buffer that it writes next, so under load many
 /// frames share one system call. When the socket would block, the rest goes through a
 /// writer task, in order, until that queue drains.
-pub struct FrameSink {
-    wr: std::sync::Arc<tokio::net::tcp::OwnedWriteHalf>,
+pub struct FrameSink<W: SinkWriter = tokio::net::tcp::OwnedWriteHalf> {
+    wr: Arc<W>,
     state: parking_lot::Mutex<SinkState>,
     tx: mpsc::UnboundedSender<Vec<u8>>,
     /// Signalled when a backlog has drained (or the socket broke).
@@ -42,7 +91,7 @@ pub struct FrameSink {
     closed: std::sync::Arc<tokio::sync::Notify>,
 }
 
-impl Drop for FrameSink {
+impl<W: SinkWriter> Drop for FrameSink<W> {
     fn drop(&mut self) {
         self.closed.notify_one();
     }
@@ -62,11 +111,18 @@ struct SinkState {
 
 impl FrameSink {
     /// Wraps a write half; must be called inside a tokio runtime.
-    pub fn new(wr: tokio::net::tcp::OwnedWriteHalf) -> std::sync::Arc<FrameSink> {
+    pub fn new(wr: tokio::net::tcp::OwnedWriteHalf) -> Arc<FrameSink> {
+        FrameSink::with_writer(Arc::new(wr))
+    }
+}
+
+impl<W: SinkWriter> FrameSink<W> {
+    /// Wraps a shared writer; must be called inside a tokio runtime.
+    pub fn with_writer(wr: Arc<W>) -> Arc<FrameSink<W>> {
         let (tx, rx) = mpsc::unbounded_channel();
         let closed = std::sync::Arc::new(tokio::sync::Notify::new());
-        let sink = std::sync::Arc::new(FrameSink {
-            wr: std::sync::Arc::new(wr),
+        let sink = Arc::new(FrameSink {
+            wr,
             state: parking_lot::Mutex::new(SinkState::default()),
             tx,
             drained: tokio::sync::Notify::new(),
@@ -168,28 +224,25 @@ impl FrameSink {
     }
 
     async fn drain(
-        sink: std::sync::Weak<FrameSink>,
-        wr: std::sync::Arc<tokio::net::tcp::OwnedWriteHalf>,
+        sink: std::sync::Weak<FrameSink<W>>,
+        wr: Arc<W>,
         mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
         closed: std::sync::Arc<tokio::sync::Notify>,
     ) {
         while let Some(buf) = rx.recv().await {
             let mut off = 0;
             while off < buf.len() {
-                let writable = tokio::select! {
-                    r = wr.writable() => r,
+                let written = tokio::select! {
+                    r = wr.write_ready(&buf[off..]) => r,
                     // The sink is gone: nobody will send more; drop the socket.
                     () = closed.notified() => return,
                 };
-                let failed = match writable {
-                    Err(_) => true,
-                    Ok(()) => match wr.try_write(&buf[off..]) {
-                        Ok(n) => {
-                            off += n;
-                            false
-                        }
-                        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-                    },
+                let failed = match written {
+                    Ok(n) => {
+                        off += n;
+                        false
+                    }
+                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
                 };
                 if failed {
                     if let Some(s) = sink.upgrade() {
