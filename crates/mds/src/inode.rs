@@ -29,7 +29,7 @@ pub(crate) fn check_name(name: &[u8]) -> Result<(), Errno> {
 impl Namespace {
     /// The inode record of `fid`, or ENOENT.
     pub(crate) fn inode(&self, fid: Fid) -> OpResult<InodeRec> {
-        match self.store.engine().get(Cf::Inode, &fid.to_bytes())? {
+        match self.store.inode(&fid.to_bytes())? {
             Some(b) => Ok(records::decode("inode", &b)?),
             None => Err(Errno::ENOENT.into()),
         }

@@ -296,12 +296,7 @@ impl Namespace {
         if matches!(ftype, FileType::CharDev | FileType::BlockDev) && r.cred.uid != 0 {
             return Err(Errno::EPERM.into());
         }
-        if self
-            .store
-            .engine()
-            .get(Cf::Inode, &r.fid.to_bytes())?
-            .is_some()
-        {
+        if self.store.inode(&r.fid.to_bytes())?.is_some() {
             return Err(Errno::EEXIST.into());
         }
         let dir = ftype == FileType::Directory;

@@ -385,8 +385,15 @@ impl Service for Mdt {
                     ..Default::default()
                 };
             }
-            // A resend of an executed request is answered from its reply record.
-            match self.ns.store.reply_record(exp.slot, inc.header.tag) {
+            // A resend of an executed request is answered from its reply record. A first
+            // send has a new xid that no record can hold: it skips the read.
+            let resent = inc.header.flags & lode_proto::frame::FLAG_RESENT != 0;
+            let record = if resent {
+                self.ns.store.reply_record(exp.slot, inc.header.tag)
+            } else {
+                Ok(None)
+            };
+            match record {
                 Ok(Some(rec)) if rec.xid == inc.header.xid => {
                     return Outgoing {
                         status: rec.status,

@@ -3,7 +3,7 @@
 //! is transno order; a commit thread syncs the WAL and only then publishes
 //! `last_committed`.
 
-use crate::engine::{Batch, Cf, Engine, StoreError};
+use crate::engine::{Batch, Cf, Engine, Op, StoreError};
 use crate::records::{self, reply_key};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
@@ -46,6 +46,21 @@ pub type StopHook = Box<dyn Fn(&StoreError) + Send>;
 /// the waiter asked for.
 pub type CommitWaiter = Box<dyn FnOnce(Result<u64, StoreError>) + Send>;
 
+/// Inode records read recently, kept equal to the engine: every batch that writes an
+/// inode updates the ones held here after it is written, and a record read from the
+/// engine is kept only if no inode was written meanwhile (`gen`), so a read racing a
+/// write can never leave an old record behind. The hot ones (directories being filled
+/// or emptied) are then read without a search of the memtable.
+#[derive(Default)]
+struct InodeCache {
+    map: std::collections::HashMap<Vec<u8>, Arc<Vec<u8>>>,
+    /// Bumped by every batch that writes an inode.
+    gen: u64,
+}
+
+/// Records kept at most; past it the cache starts again empty.
+const INODE_CACHE_MAX: usize = 16384;
+
 struct CommitState {
     requested: bool,
     /// Parked waiters: (transno wanted, callback), answered by the commit thread.
@@ -64,6 +79,7 @@ pub struct MdtStore {
     commit_cv: Condvar,
     committed_cv: Condvar,
     on_stop: Mutex<Option<StopHook>>,
+    inodes: Mutex<InodeCache>,
 }
 
 impl MdtStore {
@@ -90,6 +106,7 @@ impl MdtStore {
             commit_cv: Condvar::new(),
             committed_cv: Condvar::new(),
             on_stop: Mutex::new(None),
+            inodes: Mutex::new(InodeCache::default()),
         }))
     }
 
@@ -202,12 +219,63 @@ impl MdtStore {
             self.stop(&e);
             return Err(e);
         }
+        self.written(&batch);
         assert!(
             transno > self.last_transno.load(Ordering::Relaxed),
             "transno never goes backwards"
         );
         self.last_transno.store(transno, Ordering::Release);
         Ok(transno)
+    }
+
+    /// The inode record under `key` (in `Cf::Inode`), from the cache when it is there.
+    pub fn inode(&self, key: &[u8]) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
+        let gen = {
+            let c = self.inodes.lock();
+            if let Some(v) = c.map.get(key) {
+                return Ok(Some(v.clone()));
+            }
+            c.gen
+        };
+        let Some(v) = self.engine.get(Cf::Inode, key)? else {
+            return Ok(None);
+        };
+        let v = Arc::new(v);
+        let mut c = self.inodes.lock();
+        if c.gen == gen {
+            if c.map.len() >= INODE_CACHE_MAX {
+                c.map.clear();
+            }
+            c.map.insert(key.to_vec(), v.clone());
+        }
+        Ok(Some(v))
+    }
+
+    /// Brings the cached inodes a written batch touched up to date.
+    fn written(&self, batch: &Batch) {
+        let mut c = None;
+        for op in &batch.ops {
+            let (k, v) = match op {
+                Op::Put(Cf::Inode, k, v) => (k, Some(v)),
+                Op::Delete(Cf::Inode, k) => (k, None),
+                _ => continue,
+            };
+            let c = c.get_or_insert_with(|| {
+                let mut g = self.inodes.lock();
+                g.gen += 1;
+                g
+            });
+            match v {
+                Some(v) => {
+                    if let Some(slot) = c.map.get_mut(k) {
+                        *slot = Arc::new(v.clone());
+                    }
+                }
+                None => {
+                    c.map.remove(k);
+                }
+            }
+        }
     }
 
     /// Applies a batch that needs no transno (bookkeeping such as destroy records
@@ -217,7 +285,9 @@ impl MdtStore {
         if self.is_stopped() {
             return Err(StoreError::Stopped);
         }
-        self.engine.write(batch).inspect_err(|e| self.stop(e))
+        self.engine.write(batch).inspect_err(|e| self.stop(e))?;
+        self.written(batch);
+        Ok(())
     }
 
     /// The reply record stored for `(slot, tag)`.
@@ -302,6 +372,49 @@ mod tests {
     use super::*;
     use crate::fault::{FailNth, FaultPoint, Faulty};
     use crate::rocks::RocksEngine;
+
+    #[test]
+    fn cached_inodes_follow_every_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let eng = Arc::new(RocksEngine::open(dir.path(), 8).unwrap());
+        let s = MdtStore::open(eng.clone()).unwrap();
+        let put = |v: &[u8]| {
+            let mut b = Batch::new();
+            b.put(Cf::Inode, b"i".to_vec(), v.to_vec());
+            b
+        };
+        assert_eq!(s.inode(b"i").unwrap(), None);
+        s.apply(put(b"one"), None).unwrap();
+        assert_eq!(s.inode(b"i").unwrap().as_deref(), Some(&b"one".to_vec()));
+        // Now cached: a transactional write and an untracked one both show.
+        s.apply(put(b"two"), None).unwrap();
+        assert_eq!(s.inode(b"i").unwrap().as_deref(), Some(&b"two".to_vec()));
+        s.apply_untracked(&put(b"three")).unwrap();
+        assert_eq!(s.inode(b"i").unwrap().as_deref(), Some(&b"three".to_vec()));
+        let mut del = Batch::new();
+        del.delete(Cf::Inode, b"i".to_vec());
+        s.apply(del, None).unwrap();
+        assert_eq!(s.inode(b"i").unwrap(), None);
+        assert_eq!(eng.get(Cf::Inode, b"i").unwrap(), None);
+    }
+
+    #[test]
+    fn an_inode_read_that_races_a_write_is_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let eng = Arc::new(RocksEngine::open(dir.path(), 8).unwrap());
+        let s = MdtStore::open(eng.clone()).unwrap();
+        let mut b = Batch::new();
+        b.put(Cf::Inode, b"i".to_vec(), b"old".to_vec());
+        s.apply(b, None).unwrap();
+        // A reader that looked at the cache before a write lands...
+        let gen = s.inodes.lock().gen;
+        let mut b = Batch::new();
+        b.put(Cf::Inode, b"i".to_vec(), b"new".to_vec());
+        s.apply(b, None).unwrap();
+        // ...and would now insert what it read: the generation moved, so it may not.
+        assert_ne!(s.inodes.lock().gen, gen);
+        assert_eq!(s.inode(b"i").unwrap().as_deref(), Some(&b"new".to_vec()));
+    }
 
     #[test]
     fn transno_and_reply_record_are_written_together() {
