@@ -217,6 +217,11 @@ impl Client {
         self.oscs.read().len()
     }
 
+    /// The OST imports connected so far.
+    pub fn oscs(&self) -> Vec<Arc<Import>> {
+        self.oscs.read().values().cloned().collect()
+    }
+
     /// Sends one request to the MDT.
     pub(crate) async fn md(&self, req: Request) -> Result<Reply, Errno> {
         Ok(self.mdc.call(req).await?.reply)

@@ -15,7 +15,7 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// A connected client.
 pub struct Export {
@@ -25,6 +25,18 @@ pub struct Export {
     pub slot: u32,
     /// Its TCP connection.
     pub conn_id: u64,
+    /// Modify RPCs in flight granted at CONNECT (tags 1..=this, and one more for close).
+    pub max_mod: u16,
+}
+
+/// What the target knows of one client's tags (Lustre's per-export reply state).
+#[derive(Default)]
+struct ClientTags {
+    /// Tag → xid of the modification executing on it now.
+    executing: HashMap<u16, u64>,
+    /// Highest `last_xid` the client sent: it has seen the reply of every xid at or
+    /// below it, so a request with such an xid is a late duplicate.
+    last_xid: u64,
 }
 
 /// One metadata target, its target layer (Lustre's mdt): exports and client slots,
@@ -33,9 +45,12 @@ pub struct Mdt {
     ns: Arc<Namespace>,
     exports: RwLock<HashMap<u64, Arc<Export>>>,
     clients: Mutex<ClientTable>,
-    /// Modifications executing now, by (slot, tag): a resend of one of them is dropped
-    /// (its original's reply is on the way) instead of being executed twice.
-    inflight: Mutex<HashMap<(u32, u16), u64>>,
+    /// Per client slot: modifications executing now and the client's `last_xid`. The
+    /// reply-record check of a resend and the in-flight check happen under this one
+    /// lock, and a modification leaves `executing` only after its record is written, so
+    /// a resend either finds its original executing (dropped: the original's reply is
+    /// on the way) or finds its record (answered from it), never neither.
+    tags: Mutex<HashMap<u32, ClientTags>>,
     stats: OpStats,
 }
 
@@ -68,7 +83,7 @@ impl Mdt {
             ns: Namespace::open(cfg, store)?,
             exports: RwLock::new(HashMap::new()),
             clients: Mutex::new(ClientTable { by_uuid, next_slot }),
-            inflight: Mutex::new(HashMap::new()),
+            tags: Mutex::new(HashMap::new()),
             stats: OpStats::default(),
         }))
     }
@@ -178,6 +193,7 @@ impl Mdt {
                 uuid: req.client_uuid.clone(),
                 slot,
                 conn_id: inc.conn_id,
+                max_mod,
             }),
         );
         info!(client = %req.client_uuid, slot, peer = %inc.peer, "client connected");
@@ -375,54 +391,13 @@ impl Service for Mdt {
         if let MdtRequest::Sync(_) = req {
             return self.sync(inc);
         }
+        let modify = Opcode::from_u16(inc.header.opcode).is_some_and(|o| o.is_modify());
+        if modify {
+            return self.modify(inc, &exp, req);
+        }
         if inc.header.tag != 0 {
-            if inc.header.tag > lode_base::limits::MAX_MOD_RPCS_LIMIT
-                || Opcode::from_u16(inc.header.opcode).is_none()
-            {
-                return Outgoing {
-                    status: Errno::EPROTO.status(),
-                    last_committed,
-                    ..Default::default()
-                };
-            }
-            // A resend of an executed request is answered from its reply record. A first
-            // send has a new xid that no record can hold: it skips the read.
-            let resent = inc.header.flags & lode_proto::frame::FLAG_RESENT != 0;
-            let record = if resent {
-                self.ns.store.reply_record(exp.slot, inc.header.tag)
-            } else {
-                Ok(None)
-            };
-            match record {
-                Ok(Some(rec)) if rec.xid == inc.header.xid => {
-                    return Outgoing {
-                        status: rec.status,
-                        transno: rec.transno,
-                        last_committed: self.ns.store.last_committed(),
-                        body: rec.body,
-                        ..Default::default()
-                    };
-                }
-                Ok(_) => {}
-                Err(e) => return self.error_out(OpError::Store(e)),
-            }
-            let key = (exp.slot, inc.header.tag);
-            {
-                let mut inflight = self.inflight.lock();
-                if inflight.get(&key) == Some(&inc.header.xid) {
-                    return Outgoing {
-                        drop: true,
-                        ..Default::default()
-                    };
-                }
-                inflight.insert(key, inc.header.xid);
-            }
-            let out = self.run(inc, &exp, req);
-            let mut inflight = self.inflight.lock();
-            if inflight.get(&key) == Some(&inc.header.xid) {
-                inflight.remove(&key);
-            }
-            return out;
+            warn!(peer = %inc.peer, client = %exp.uuid, opcode = inc.header.opcode, "tag on a request that modifies nothing: refused");
+            return self.error_out(Errno::EPROTO.into());
         }
         self.run(inc, &exp, req)
     }
@@ -443,6 +418,88 @@ impl Service for Mdt {
 }
 
 impl Mdt {
+    /// A modifying request: exactly once. Its tag must be one the client was granted;
+    /// a late duplicate is dropped; a resend of one executing is dropped; a resend of
+    /// one executed is answered from its reply record; anything else runs, and its
+    /// outcome (success or error) is recorded before its tag is free again.
+    fn modify(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> Outgoing {
+        let h = &inc.header;
+        let (tag, xid) = (h.tag, h.xid);
+        // Close may use one tag beyond the grant, so closes never wait behind opens.
+        if tag == 0 || tag > exp.max_mod.saturating_add(1) {
+            warn!(peer = %inc.peer, client = %exp.uuid, tag, granted = exp.max_mod, "modify request with a tag outside the grant: refused");
+            return self.error_out(Errno::EPROTO.into());
+        }
+        {
+            let mut tags = self.tags.lock();
+            let ct = tags.entry(exp.slot).or_default();
+            if xid <= ct.last_xid {
+                debug!(client = %exp.uuid, xid, last_xid = ct.last_xid, "late duplicate dropped");
+                return Outgoing {
+                    drop: true,
+                    ..Default::default()
+                };
+            }
+            ct.last_xid = ct.last_xid.max(h.last_xid);
+            match ct.executing.get(&tag) {
+                Some(&x) if x == xid => {
+                    // The original is executing; its reply is on the way.
+                    return Outgoing {
+                        drop: true,
+                        ..Default::default()
+                    };
+                }
+                Some(&x) => {
+                    warn!(peer = %inc.peer, client = %exp.uuid, tag, xid, executing = x, "tag reused while an earlier request on it executes: refused");
+                    return self.error_out(Errno::EPROTO.into());
+                }
+                None => {}
+            }
+            if h.flags & lode_proto::frame::FLAG_RESENT != 0 {
+                // A first send has a new xid that no record can hold: only a resend reads.
+                match self.ns.store.reply_record(exp.slot, tag) {
+                    Ok(Some(rec)) if rec.xid == xid => {
+                        return Outgoing {
+                            status: rec.status,
+                            transno: rec.transno,
+                            last_committed: self.ns.store.last_committed(),
+                            body: rec.body,
+                            ..Default::default()
+                        };
+                    }
+                    Ok(_) => {}
+                    Err(e) => return self.error_out(OpError::Store(e)),
+                }
+            }
+            ct.executing.insert(tag, xid);
+        }
+        if lode_rpc::fail::check(lode_rpc::fail::DELAY_EXEC) {
+            std::thread::sleep(std::time::Duration::from_millis(u64::from(
+                lode_rpc::fail::val(),
+            )));
+        }
+        let mut out = self.run(inc, exp, req);
+        if out.status < 0 && !self.ns.store.is_stopped() {
+            // Recorded too: a resent failing request fails the same way even if it
+            // could succeed now.
+            let slot = ReplySlot {
+                slot: exp.slot,
+                tag,
+                xid,
+            };
+            if let Err(e) = self.ns.store.record_reply(slot, out.status) {
+                out = self.error_out(OpError::Store(e));
+            }
+        }
+        let mut tags = self.tags.lock();
+        if let Some(ct) = tags.get_mut(&exp.slot) {
+            if ct.executing.get(&tag) == Some(&xid) {
+                ct.executing.remove(&tag);
+            }
+        }
+        out
+    }
+
     fn run(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> Outgoing {
         match self.dispatch(inc, exp, req) {
             Ok((rep, transno)) => Outgoing {

@@ -9,6 +9,9 @@ pub const DROP_REQUEST: u32 = 0x101;
 pub const DROP_REPLY: u32 = 0x102;
 /// Delay every reply by `fail_val` milliseconds.
 pub const DELAY_REPLY: u32 = 0x103;
+/// Delay executing the next matching modify request by `fail_val` milliseconds, on the
+/// thread that runs it (a slow MDT).
+pub const DELAY_EXEC: u32 = 0x104;
 /// Make the store's next WAL sync fail (the target must stop).
 pub const STORE_SYNC_FAIL: u32 = 0x201;
 /// Make the store's next batch write fail (the target must stop).

@@ -30,7 +30,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 thread_local! {
@@ -122,6 +122,8 @@ struct Pending {
     tx: oneshot::Sender<Frame>,
     /// Its caller cannot read (a task, or a thread with several calls out).
     passive: bool,
+    /// The tag of a modification whose caller gave up waiting: free once answered.
+    held_tag: Option<TagGuard>,
 }
 
 #[derive(Default)]
@@ -197,9 +199,115 @@ struct ConnState {
     granted: Option<ConnectRep>,
 }
 
+/// The modify tags of an import (Lustre's mod RPC slots): at most `limit` modifications
+/// in flight, plus one close beyond it so closes never wait behind opens. The limit can
+/// change while tags are held; a tag is reused only once it is free.
 struct Tags {
-    bits: Mutex<Vec<bool>>,
-    sem: Semaphore,
+    st: Mutex<TagState>,
+    freed: tokio::sync::Notify,
+}
+
+struct TagState {
+    /// `used[t]`: tag `t` is taken (index 0 unused: tag 0 means "no tag").
+    used: Vec<bool>,
+    limit: usize,
+    /// Taken, closes included.
+    in_use: usize,
+    /// Taken by closes.
+    closes: usize,
+}
+
+impl Tags {
+    fn new(limit: u16) -> Tags {
+        Tags {
+            st: Mutex::new(TagState {
+                used: vec![false; usize::from(lode_base::limits::MAX_MOD_RPCS_LIMIT) + 2],
+                limit: usize::from(limit.max(1)),
+                in_use: 0,
+                closes: 0,
+            }),
+            freed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// A tag now, if one may be taken: fewer than `limit` taken, or a close while no
+    /// other close holds one.
+    fn try_take(self: &Arc<Self>, close: bool) -> Option<TagGuard> {
+        let mut st = self.st.lock();
+        if st.in_use >= st.limit && !(close && st.closes == 0) {
+            return None;
+        }
+        // With room, at most `limit` tags are taken: one of 1..=limit+1 is free.
+        let t = (1..=st.limit + 1).find(|&t| !st.used[t])?;
+        st.used[t] = true;
+        st.in_use += 1;
+        st.closes += usize::from(close);
+        Some(TagGuard {
+            tags: self.clone(),
+            tag: t as u16,
+            close,
+        })
+    }
+
+    fn set_limit(&self, n: u16) {
+        self.st.lock().limit =
+            usize::from(n.max(1)).min(usize::from(lode_base::limits::MAX_MOD_RPCS_LIMIT));
+        self.freed.notify_waiters();
+    }
+
+    fn limit(&self) -> u16 {
+        self.st.lock().limit as u16
+    }
+
+    /// Tags taken now, closes included.
+    fn in_flight(&self) -> usize {
+        self.st.lock().in_use
+    }
+}
+
+/// RPCs in flight (`max_rpcs_in_flight`); the limit can change while RPCs are out.
+struct Rif {
+    st: Mutex<(usize, usize)>,
+    freed: tokio::sync::Notify,
+}
+
+struct RifGuard(Arc<Rif>);
+
+impl Drop for RifGuard {
+    fn drop(&mut self) {
+        self.0.st.lock().1 -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
+impl Rif {
+    fn new(limit: usize) -> Rif {
+        Rif {
+            st: Mutex::new((limit.max(1), 0)),
+            freed: tokio::sync::Notify::new(),
+        }
+    }
+
+    async fn take(self: &Arc<Self>) -> RifGuard {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut st = self.st.lock();
+                if st.1 < st.0 {
+                    st.1 += 1;
+                    return RifGuard(self.clone());
+                }
+            }
+            freed.await;
+        }
+    }
+
+    fn set_limit(&self, n: usize) {
+        self.st.lock().0 = n.max(1);
+        self.freed.notify_waiters();
+    }
 }
 
 /// One connection to one target, shareable by many tasks and threads.
@@ -210,8 +318,8 @@ pub struct Import {
     xid: AtomicU64,
     state: Mutex<ConnState>,
     pending: Mutex<PendingMap>,
-    rif: Semaphore,
-    tags: Mutex<Arc<Tags>>,
+    rif: Arc<Rif>,
+    tags: Arc<Tags>,
     last_committed: AtomicU64,
     lead: Mutex<Lead>,
     reader_cv: Condvar,
@@ -220,31 +328,65 @@ pub struct Import {
 struct TagGuard {
     tags: Arc<Tags>,
     tag: u16,
+    close: bool,
 }
 
 impl Drop for TagGuard {
     fn drop(&mut self) {
-        self.tags.bits.lock()[self.tag as usize] = false;
-        self.tags.sem.add_permits(1);
+        {
+            let mut st = self.tags.st.lock();
+            st.used[usize::from(self.tag)] = false;
+            st.in_use -= 1;
+            st.closes -= usize::from(self.close);
+        }
+        self.tags.freed.notify_waiters();
     }
 }
 
 /// Ends a call's wait however it ends (answer, timeout, refusal, or the caller dropping
-/// the call): its entry leaves the pending map and the followers, and a hand-over of the
-/// reading it was given goes to someone else.
+/// the call): its entry leaves the followers, and a hand-over of the reading it was
+/// given goes to someone else. Its pending entry goes too, except for a modification
+/// the target has not answered: the target may still execute it, so its tag stays
+/// taken (the entry keeps it, and is resent until answered) and is never reused for
+/// another request meanwhile.
 struct WaitGuard<'a> {
-    imp: &'a Import,
+    imp: &'a Arc<Import>,
     xid: u64,
+    tag: Option<TagGuard>,
 }
 
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
         let mut lead = self.imp.lead.lock();
         lead.followers.retain(|(x, _)| *x != self.xid);
-        self.imp.pending.lock().remove(self.xid);
+        let orphan = {
+            let mut pending = self.imp.pending.lock();
+            match self.tag.take() {
+                Some(tag) if pending.map.contains_key(&self.xid) => {
+                    if let Some(p) = pending.map.get_mut(&self.xid) {
+                        p.held_tag = Some(tag);
+                    }
+                    // Nobody waits for it any more: the reader thread reads its reply.
+                    pending.make_passive(self.xid);
+                    true
+                }
+                _ => {
+                    pending.remove(self.xid);
+                    false
+                }
+            }
+        };
         if lead.baton == Some(self.xid) {
             lead.baton = None;
-            self.imp.kick(&mut lead);
+        }
+        self.imp.kick(&mut lead);
+        drop(lead);
+        if orphan {
+            let me = self.imp.clone();
+            let xid = self.xid;
+            self.imp
+                .rt
+                .spawn(async move { me.resend_orphan(xid).await });
         }
     }
 }
@@ -271,6 +413,8 @@ pub fn is_modify(op: Opcode) -> bool {
     op.is_modify()
 }
 
+/// Highest `max_rpcs_in_flight` (Lustre's `OBD_MAX_RIF_MAX`).
+const MAX_RIF: usize = 512;
 /// How long the reader thread reads before it looks again at who should.
 const READER_ROUND: Duration = Duration::from_millis(100);
 /// Bytes asked of the socket per read.
@@ -283,10 +427,7 @@ impl Import {
             .duration_since(UNIX_EPOCH)
             .map_or(1, |d| d.as_secs())
             << 20;
-        let tags = Arc::new(Tags {
-            bits: Mutex::new(vec![false; usize::from(cfg.max_mod_rpcs) + 1]),
-            sem: Semaphore::new(usize::from(cfg.max_mod_rpcs.max(1))),
-        });
+        let tags = Arc::new(Tags::new(cfg.max_mod_rpcs));
         let imp = Arc::new(Import {
             addr: Mutex::new(addr),
             rt,
@@ -301,8 +442,8 @@ impl Import {
                 granted: None,
             }),
             pending: Mutex::new(PendingMap::default()),
-            rif: Semaphore::new(cfg.max_rpcs_in_flight.max(1)),
-            tags: Mutex::new(tags),
+            rif: Arc::new(Rif::new(cfg.max_rpcs_in_flight)),
+            tags,
             last_committed: AtomicU64::new(0),
             lead: Mutex::new(Lead::default()),
             reader_cv: Condvar::new(),
@@ -340,6 +481,77 @@ impl Import {
         self.last_committed.load(Ordering::Relaxed)
     }
 
+    /// `max_rpcs_in_flight`.
+    pub fn max_rpcs_in_flight(&self) -> usize {
+        self.rif.st.lock().0
+    }
+
+    /// Sets `max_rpcs_in_flight` with Lustre's rules: 1..=512 (an MDC needs 2: one for
+    /// a modification, one for anything else); lowering it to `max_mod_rpcs_in_flight`
+    /// or below lowers that to the new value − 1.
+    pub fn set_max_rpcs_in_flight(&self, n: usize) -> Result<(), (Errno, String)> {
+        let min = if self.is_mdc() { 2 } else { 1 };
+        if !(min..=MAX_RIF).contains(&n) {
+            return Err((
+                Errno::ERANGE,
+                format!("max_rpcs_in_flight must be {min}..{MAX_RIF}"),
+            ));
+        }
+        if self.is_mdc() && n <= usize::from(self.tags.limit()) {
+            self.tags.set_limit((n - 1) as u16);
+        }
+        self.rif.set_limit(n);
+        Ok(())
+    }
+
+    /// `max_mod_rpcs_in_flight`.
+    pub fn max_mod_rpcs_in_flight(&self) -> u16 {
+        self.tags.limit()
+    }
+
+    /// Sets `max_mod_rpcs_in_flight` with Lustre's rules: 1..=511, below
+    /// `max_rpcs_in_flight`, and no more than the MDT granted at connect.
+    pub fn set_max_mod_rpcs_in_flight(&self, n: u16) -> Result<(), (Errno, String)> {
+        let max = MAX_RIF - 1;
+        if n == 0 || usize::from(n) > max {
+            return Err((
+                Errno::ERANGE,
+                format!("max_mod_rpcs_in_flight must be 1..{max}"),
+            ));
+        }
+        let rif = self.max_rpcs_in_flight();
+        if usize::from(n) >= rif {
+            return Err((
+                Errno::ERANGE,
+                format!(
+                    "max_mod_rpcs_in_flight ({n}) must be less than max_rpcs_in_flight ({rif})"
+                ),
+            ));
+        }
+        if let Some(g) = self.granted() {
+            if n > g.max_mod_rpcs {
+                return Err((
+                    Errno::ERANGE,
+                    format!(
+                        "can't set max_mod_rpcs_in_flight={n} higher than mdt.*.max_mod_rpcs_in_flight={} returned by the MDT server at connection",
+                        g.max_mod_rpcs
+                    ),
+                ));
+            }
+        }
+        self.tags.set_limit(n);
+        Ok(())
+    }
+
+    /// Modify tags taken now (closes included).
+    pub fn mod_rpcs_in_flight(&self) -> usize {
+        self.tags.in_flight()
+    }
+
+    fn is_mdc(&self) -> bool {
+        self.cfg.target.contains("-MDT")
+    }
+
     /// What the target granted at the last CONNECT.
     pub fn granted(&self) -> Option<ConnectRep> {
         self.state.lock().granted.clone()
@@ -363,16 +575,14 @@ impl Import {
     /// Sends a request and waits for its reply; a negative status becomes `Err`.
     pub async fn call(self: &Arc<Self>, req: Request) -> Result<Response, Errno> {
         let op = req.opcode();
-        let _tag = if is_modify(op) {
-            Some(self.take_tag().await?)
+        let tag_guard = if is_modify(op) {
+            Some(self.take_tag(op == Opcode::Close).await)
         } else {
             None
         };
-        let _permit = self.rif.acquire().await.map_err(|_| Errno::EIO)?;
-        let xid = self.next_xid();
-        let tag = _tag.as_ref().map_or(0, |t| t.tag);
+        let _permit = self.rif.take().await;
         let body = Arc::new(req.encode());
-        let frame = self.wait(xid, op as u16, tag, body).await?;
+        let frame = self.wait(op as u16, tag_guard, body).await?;
         self.last_committed
             .fetch_max(frame.header.last_committed, Ordering::Relaxed);
         if frame.header.status < 0 {
@@ -396,24 +606,37 @@ impl Import {
     /// may and nobody else does, else woken by whoever reads.
     async fn wait(
         self: &Arc<Self>,
-        xid: u64,
         op: u16,
-        tag: u16,
+        tag_guard: Option<TagGuard>,
         body: Arc<Vec<u8>>,
     ) -> Result<Frame, Errno> {
+        let tag = tag_guard.as_ref().map_or(0, |t| t.tag);
         let (tx, mut rx) = oneshot::channel();
-        self.pending.lock().insert(
-            xid,
-            Pending {
-                opcode: op,
-                tag,
-                body: body.clone(),
-                tx,
-                passive: false,
-            },
-        );
+        // The xid is taken under the pending lock: `last_xid` (computed under it too)
+        // must never cover an xid that is taken but not yet pending, or the target
+        // would drop that request as a late duplicate.
+        let xid = {
+            let mut pending = self.pending.lock();
+            let xid = self.next_xid();
+            pending.insert(
+                xid,
+                Pending {
+                    opcode: op,
+                    tag,
+                    body: body.clone(),
+                    tx,
+                    passive: false,
+                    held_tag: None,
+                },
+            );
+            xid
+        };
         let _waiting = Waiting::enter();
-        let guard = WaitGuard { imp: self, xid };
+        let guard = WaitGuard {
+            imp: self,
+            xid,
+            tag: tag_guard,
+        };
         self.send(xid, op, tag, &body, 0);
         // Let calls joined with this one send theirs before deciding who may read.
         YieldOnce(false).await;
@@ -648,23 +871,36 @@ impl Import {
         }
     }
 
-    async fn take_tag(&self) -> Result<TagGuard, Errno> {
-        let tags = self.tags.lock().clone();
-        let permit = tags.sem.acquire().await.map_err(|_| Errno::EIO)?;
-        permit.forget();
-        let mut bits = tags.bits.lock();
-        let tag = bits
-            .iter()
-            .skip(1)
-            .position(|b| !b)
-            .map(|p| p + 1)
-            .ok_or(Errno::EIO)?;
-        bits[tag] = true;
-        drop(bits);
-        Ok(TagGuard {
-            tags,
-            tag: tag as u16,
-        })
+    /// Keeps resending a modification whose caller gave up until the target answers it
+    /// (the reply frees its tag) or the target refuses this client.
+    async fn resend_orphan(self: Arc<Self>, xid: u64) {
+        loop {
+            tokio::time::sleep(self.resend_interval()).await;
+            let Some((op, tag, body)) = self
+                .pending
+                .lock()
+                .map
+                .get(&xid)
+                .map(|p| (p.opcode, p.tag, p.body.clone()))
+            else {
+                return;
+            };
+            self.send(xid, op, tag, &body, FLAG_RESENT);
+        }
+    }
+
+    /// Takes a modify tag, waiting while `max_mod_rpcs_in_flight` are taken (a close
+    /// may take one more).
+    async fn take_tag(&self, close: bool) -> TagGuard {
+        loop {
+            let freed = self.tags.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(t) = self.tags.try_take(close) {
+                return t;
+            }
+            freed.await;
+        }
     }
 
     /// Lowest unreplied xid minus one: the server may drop reply records at or below it.
@@ -839,22 +1075,14 @@ impl Import {
         }));
         st.connecting = false;
         let reconnect = st.granted.is_some();
-        if rep.max_mod_rpcs < self.cfg.max_mod_rpcs {
-            self.shrink_tags(rep.max_mod_rpcs);
+        if rep.max_mod_rpcs < self.tags.limit() {
+            self.tags.set_limit(rep.max_mod_rpcs);
         }
         st.granted = Some(rep);
         if reconnect {
             info!(target = %self.cfg.target, %addr, "reconnected");
         }
         Ok(())
-    }
-
-    fn shrink_tags(&self, n: u16) {
-        let n = n.max(1);
-        *self.tags.lock() = Arc::new(Tags {
-            bits: Mutex::new(vec![false; usize::from(n) + 1]),
-            sem: Semaphore::new(usize::from(n)),
-        });
     }
 }
 
@@ -903,5 +1131,56 @@ fn reader_thread(imp: Weak<Import>) {
                 break;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn take_now(tags: &Arc<Tags>, close: bool) -> Option<TagGuard> {
+        tags.try_take(close)
+    }
+
+    #[test]
+    fn one_close_beyond_the_limit_and_tags_never_shared() {
+        let tags = Arc::new(Tags::new(2));
+        let a = take_now(&tags, false).expect("tag 1");
+        let b = take_now(&tags, false).expect("tag 2");
+        assert!(
+            take_now(&tags, false).is_none(),
+            "a third modification waits"
+        );
+        let c = take_now(&tags, true).expect("one close beyond the limit");
+        assert!(take_now(&tags, true).is_none(), "a second close waits");
+        let mut all = [a.tag, b.tag, c.tag];
+        all.sort();
+        assert_eq!(all, [1, 2, 3]);
+        drop(a);
+        assert!(
+            take_now(&tags, false).is_none(),
+            "the close counts: 2 of 2 taken"
+        );
+        drop(c);
+        let d = take_now(&tags, false).expect("a freed tag is reused");
+        assert_eq!(d.tag, 1);
+    }
+
+    #[test]
+    fn lowering_the_limit_while_tags_are_held_reuses_none_of_them() {
+        let tags = Arc::new(Tags::new(4));
+        let mut held: Vec<TagGuard> = (0..4)
+            .map(|_| take_now(&tags, false).expect("tag"))
+            .collect();
+        tags.set_limit(1);
+        assert!(take_now(&tags, false).is_none(), "4 held, limit 1: wait");
+        let last = held.pop().expect("4 held");
+        drop(held);
+        assert!(take_now(&tags, false).is_none(), "still 1 held: wait");
+        assert_eq!(tags.in_flight(), 1);
+        let kept = last.tag;
+        drop(last);
+        let next = take_now(&tags, false).expect("none held: a tag");
+        assert!(next.tag == 1 || next.tag == kept);
     }
 }

@@ -290,6 +290,24 @@ impl MdtStore {
         Ok(())
     }
 
+    /// Records the outcome of a modification that failed (no transno: nothing
+    /// changed), so that its resend gets the same answer.
+    pub fn record_reply(&self, slot: ReplySlot, status: i32) -> Result<(), StoreError> {
+        let rec = ReplyRecord {
+            xid: slot.xid,
+            transno: 0,
+            status,
+            body: Vec::new(),
+        };
+        let mut b = Batch::new();
+        b.put(
+            Cf::Reply,
+            reply_key(slot.slot, slot.tag),
+            records::encode(&rec),
+        );
+        self.apply_untracked(&b)
+    }
+
     /// The reply record stored for `(slot, tag)`.
     pub fn reply_record(&self, slot: u32, tag: u16) -> Result<Option<ReplyRecord>, StoreError> {
         match self.engine.get(Cf::Reply, &reply_key(slot, tag))? {
