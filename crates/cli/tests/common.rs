@@ -3,8 +3,12 @@
 
 use lode_base::{Cred, Errno, Fid};
 use lode_client::{Client, Session};
+use lode_proto::{ConnectRep, Empty, Frame, FrameError, Header, Reply, Request, CONNECT_SUPPORTED};
 use lode_testkit::Cluster;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// A cluster of real `lode` processes with `osts` OSTs.
 pub fn cluster(osts: u32) -> Cluster {
@@ -47,4 +51,171 @@ pub async fn mkdir_p(c: &Client, path: &str) -> Fid {
         };
     }
     cur
+}
+
+pub fn request_frame(req: &Request, xid: u64, handle: u64) -> Vec<u8> {
+    let header = Header {
+        opcode: req.opcode() as u16,
+        xid,
+        handle,
+        ..Default::default()
+    };
+    Frame::encode(&header, &req.encode())
+}
+
+/// A peer of the MDS speaking the wire format by hand over a plain socket.
+pub struct RawPeer {
+    pub sock: TcpStream,
+    /// Bytes received and not yet taken as a frame.
+    pub received: Vec<u8>,
+    /// This end's address, as the server logs the peer.
+    pub local_addr: String,
+    xid: u64,
+}
+
+impl RawPeer {
+    pub fn connect(addr: &str) -> RawPeer {
+        let sock = TcpStream::connect(addr).expect("connect to the MDS");
+        sock.set_nodelay(true).expect("nodelay");
+        let local_addr = sock.local_addr().expect("local address").to_string();
+        RawPeer {
+            sock,
+            received: Vec::new(),
+            local_addr,
+            xid: 0,
+        }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.sock.write_all(bytes).expect("send to the MDS");
+    }
+
+    /// Sends `req` under `header` (its opcode must be the request's).
+    pub fn send_request(&mut self, header: &Header, req: &Request) {
+        assert_eq!(header.opcode, req.opcode() as u16, "header opcode");
+        self.send(&Frame::encode(header, &req.encode()));
+    }
+
+    /// Sends `req` with this `xid` and waits (10 s) for its reply.
+    pub fn call_xid(&mut self, req: &Request, xid: u64, handle: u64) -> Frame {
+        self.sock
+            .write_all(&request_frame(req, xid, handle))
+            .expect("send to the MDS");
+        let reply = self
+            .next_frame(Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("no reply to xid {xid} within 10 s"));
+        assert_eq!(reply.header.xid, xid, "the reply echoes the request's xid");
+        reply
+    }
+
+    /// Sends `req` with the next xid and waits (10 s) for its reply; `None` if the
+    /// connection is gone.
+    pub fn call(&mut self, req: &Request, handle: u64) -> Option<Frame> {
+        self.xid += 1;
+        let xid = self.xid;
+        self.sock.write_all(&request_frame(req, xid, handle)).ok()?;
+        let reply = self.next_frame(Duration::from_secs(10))?;
+        assert_eq!(reply.header.xid, xid, "the reply echoes the request's xid");
+        Some(reply)
+    }
+
+    /// A PING with `handle`; `None` if the connection is gone.
+    pub fn try_ping(&mut self, handle: u64) -> Option<Frame> {
+        self.call(&Request::Ping(Empty {}), handle)
+    }
+
+    pub fn ping(&mut self, handle: u64) -> Frame {
+        self.try_ping(handle).expect("PING answered")
+    }
+
+    /// CONNECT to `target` of `fsname` as client `uuid` (test clusters have no key),
+    /// asking for one modify tag.
+    pub fn connect_as(&mut self, fsname: &str, target: &str, uuid: &str) -> ConnectRep {
+        let req = Request::Connect(lode_proto::ConnectReq {
+            fsname: fsname.into(),
+            target: target.into(),
+            client_uuid: uuid.into(),
+            flags: CONNECT_SUPPORTED,
+            max_mod_rpcs: 1,
+            auth: lode_rpc::auth::proof(&[], uuid, target),
+        });
+        let reply = self.call(&req, 0).expect("CONNECT answered");
+        assert_eq!(reply.header.status, 0, "CONNECT accepted");
+        match Reply::decode(reply.header.opcode, &reply.body) {
+            Ok(Reply::Connect(rep)) => rep,
+            other => panic!("CONNECT reply: {other:?}"),
+        }
+    }
+
+    /// The next whole frame, or `None` if the connection closes or `within` passes.
+    pub fn next_frame(&mut self, within: Duration) -> Option<Frame> {
+        let end = Instant::now() + within;
+        loop {
+            match Frame::decode(&self.received) {
+                Ok((frame, used)) => {
+                    self.received.drain(..used);
+                    return Some(frame);
+                }
+                Err(FrameError::Truncated) => {}
+                Err(e) => panic!("malformed frame from the MDS: {e}"),
+            }
+            let left = end.checked_duration_since(Instant::now())?;
+            if left.is_zero() || !self.read_some(left).ok()? {
+                return None;
+            }
+        }
+    }
+
+    /// Reads what arrives within `within` into `received`: Ok(false) at end of stream,
+    /// Ok(true) otherwise (data or not), Err if the connection failed.
+    pub fn read_some(&mut self, within: Duration) -> std::io::Result<bool> {
+        self.sock
+            .set_read_timeout(Some(within.max(Duration::from_millis(1))))?;
+        let mut chunk = [0u8; 64 << 10];
+        match self.sock.read(&mut chunk) {
+            Ok(0) => Ok(false),
+            Ok(n) => {
+                self.received.extend_from_slice(&chunk[..n]);
+                Ok(true)
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// True if the server has closed (or reset) the connection, looking without waiting.
+    pub fn is_closed(&mut self) -> bool {
+        self.sock.set_nonblocking(true).expect("nonblocking");
+        let mut chunk = [0u8; 4096];
+        let closed = loop {
+            match self.sock.read(&mut chunk) {
+                Ok(0) => break true,
+                Ok(n) => self.received.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
+                Err(_) => break true,
+            }
+        };
+        self.sock.set_nonblocking(false).expect("blocking");
+        closed
+    }
+
+    /// Waits up to `within` for the server to close the connection.
+    pub fn closed_by_server(&mut self, within: Duration) -> bool {
+        let end = Instant::now() + within;
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            match self.read_some(left.min(Duration::from_millis(100))) {
+                Ok(true) => {}
+                Ok(false) | Err(_) => return true,
+            }
+        }
+        false
+    }
 }

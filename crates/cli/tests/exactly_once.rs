@@ -25,15 +25,10 @@ mod common;
 
 use common::*;
 use lode_base::{Errno, Fid, SetAttr};
-use lode_client::Session;
+use lode_client::{MdtBody, Session};
 use lode_proto::frame::FLAG_RESENT;
-use lode_proto::{
-    ConnectRep, ConnectReq, CreateReq, Empty, Frame, FrameError, GetattrReq, Header, Reply,
-    Request, CONNECT_SUPPORTED,
-};
+use lode_proto::{CreateReq, Empty, Frame, GetattrReq, Header, Reply, Request};
 use lode_testkit::{wait_for, Cluster};
-use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -63,16 +58,7 @@ fn a_resent_create_open_create_close_mkdir_mknod_or_symlink_returns_the_original
         s.run(cl.create(&r, dir, b"file", 0o644, None))
     })
     .unwrap_or_else(|e| panic!("create: resent create must succeed, got {e:?}"));
-    assert_eq!(
-        made.attr.mode,
-        libc::S_IFREG | 0o644,
-        "create: the original reply's mode"
-    );
-    assert_eq!(
-        lookup_fid(&s, dir, "file"),
-        Ok(made.attr.fid),
-        "create: the FID the caller got is the one in the namespace"
-    );
+    check_made(&s, dir, "file", &made, libc::S_IFREG | 0o644, "create");
 
     // open-create: a second execution (no O_EXCL) would open the file again and leave
     // a second open handle behind.
@@ -112,16 +98,7 @@ fn a_resent_create_open_create_close_mkdir_mknod_or_symlink_returns_the_original
         s.run(cl.mkdir(&r, dir, b"sub", 0o755, None))
     })
     .unwrap_or_else(|e| panic!("mkdir: resent mkdir must succeed, got {e:?}"));
-    assert_eq!(
-        sub.attr.mode,
-        libc::S_IFDIR | 0o755,
-        "mkdir: the original reply's mode"
-    );
-    assert_eq!(
-        lookup_fid(&s, dir, "sub"),
-        Ok(sub.attr.fid),
-        "mkdir: the FID the caller got is the one in the namespace"
-    );
+    check_made(&s, dir, "sub", &sub, libc::S_IFDIR | 0o755, "mkdir");
     assert_eq!(
         nlink(&s, dir),
         before + 1,
@@ -138,16 +115,7 @@ fn a_resent_create_open_create_close_mkdir_mknod_or_symlink_returns_the_original
         s.run(cl.mknod(&r, dir, b"fifo", libc::S_IFIFO | 0o640, 0))
     })
     .unwrap_or_else(|e| panic!("mknod: resent mknod must succeed, got {e:?}"));
-    assert_eq!(
-        fifo.attr.mode,
-        libc::S_IFIFO | 0o640,
-        "mknod: the original reply's mode"
-    );
-    assert_eq!(
-        lookup_fid(&s, dir, "fifo"),
-        Ok(fifo.attr.fid),
-        "mknod: the FID the caller got is the one in the namespace"
-    );
+    check_made(&s, dir, "fifo", &fifo, libc::S_IFIFO | 0o640, "mknod");
 
     // symlink.
     let link = with_lost_reply(&c, "symlink", || {
@@ -433,12 +401,12 @@ fn a_resend_arriving_on_another_connection_while_the_original_executes_runs_once
     let uuid = "exactly-once-two-connections";
     let mut one = RawPeer::connect(&addr);
     let mut two = RawPeer::connect(&addr);
-    let h1 = one.connect_as(&c.fsname, &target, uuid, 1).handle;
-    let h2 = two.connect_as(&c.fsname, &target, uuid, 1).handle;
+    let h1 = one.connect_as(&c.fsname, &target, uuid).handle;
+    let h2 = two.connect_as(&c.fsname, &target, uuid).handle;
     assert_ne!(h1, h2, "one export per connection");
 
     // A FID from a sequence of our own, as a client allocates them.
-    let seq = match one.call(&Request::SeqAlloc(Empty {}), 2, h1) {
+    let seq = match one.call_xid(&Request::SeqAlloc(Empty {}), 2, h1) {
         f if f.header.status == 0 => match Reply::decode(f.header.opcode, &f.body) {
             Ok(Reply::SeqAlloc(s)) => s,
             other => panic!("SEQ_ALLOC reply: {other:?}"),
@@ -470,7 +438,7 @@ fn a_resend_arriving_on_another_connection_while_the_original_executes_runs_once
 
     c.set_param("mdt.*.fail_val=1500");
     c.set_param(DELAY_EXEC_ONCE);
-    one.send(
+    one.send_request(
         &Header {
             handle: h1,
             ..header
@@ -478,7 +446,7 @@ fn a_resend_arriving_on_another_connection_while_the_original_executes_runs_once
         &mkdir,
     );
     std::thread::sleep(Duration::from_millis(200));
-    two.send(
+    two.send_request(
         &Header {
             handle: h2,
             flags: FLAG_RESENT,
@@ -493,7 +461,7 @@ fn a_resend_arriving_on_another_connection_while_the_original_executes_runs_once
     while Instant::now() < deadline && replies.iter().any(Option::is_none) {
         for (i, peer) in [&mut one, &mut two].into_iter().enumerate() {
             if replies[i].is_none() {
-                if let Some(f) = peer.poll_frame(Duration::from_millis(50)) {
+                if let Some(f) = peer.next_frame(Duration::from_millis(50)) {
                     replies[i] = Some(f);
                     deadline = deadline.min(Instant::now() + Duration::from_secs(3));
                 }
@@ -633,8 +601,8 @@ fn tags_outside_the_grant_and_late_duplicates_are_refused_and_the_connection_sta
     let addr = c.addr("mdt0");
     let target = format!("{}-MDT0000", c.fsname);
     let mut raw = RawPeer::connect(&addr);
-    let h = raw.connect_as(&c.fsname, &target, "tag-misuser", 1).handle;
-    let seq = match raw.call(&Request::SeqAlloc(Empty {}), 2, h) {
+    let h = raw.connect_as(&c.fsname, &target, "tag-misuser").handle;
+    let seq = match raw.call_xid(&Request::SeqAlloc(Empty {}), 2, h) {
         f if f.header.status == 0 => match Reply::decode(f.header.opcode, &f.body) {
             Ok(Reply::SeqAlloc(s)) => s,
             other => panic!("SEQ_ALLOC reply: {other:?}"),
@@ -666,8 +634,8 @@ fn tags_outside_the_grant_and_late_duplicates_are_refused_and_the_connection_sta
             handle: h,
             ..Default::default()
         };
-        raw.send(&header, req);
-        raw.poll_frame(Duration::from_secs(10))
+        raw.send_request(&header, req);
+        raw.next_frame(Duration::from_secs(10))
     };
     // CONNECT granted 1 tag (plus one for close): tags 0 and 3 are outside it.
     for tag in [0u16, 3] {
@@ -816,6 +784,17 @@ fn s_mkdir(s: &Session, parent: Fid, name: &str) -> Fid {
     .fid
 }
 
+/// Checks what a resent creation answered: the mode asked for, and the FID that the
+/// namespace now holds under `name` (a second execution would have made another).
+fn check_made(s: &Session, dir: Fid, name: &str, got: &MdtBody, mode: u32, op: &str) {
+    assert_eq!(got.attr.mode, mode, "{op}: the original reply's mode");
+    assert_eq!(
+        lookup_fid(s, dir, name),
+        Ok(got.attr.fid),
+        "{op}: the FID the caller got is the one in the namespace"
+    );
+}
+
 /// The FID `name` in `dir` leads to.
 fn lookup_fid(s: &Session, dir: Fid, name: &str) -> Result<Fid, Errno> {
     s.run(s.client.lookup(&root(), dir, name.as_bytes()))
@@ -868,109 +847,4 @@ fn restart_mds(c: &mut Cluster, args: &[&str]) {
                 .any(|l| l.ends_with(" ACTIVE"))
         },
     );
-}
-
-/// A peer of the MDS speaking the wire format by hand over a plain socket.
-struct RawPeer {
-    sock: TcpStream,
-    /// Bytes received and not yet taken as a frame.
-    received: Vec<u8>,
-    /// The server closed the connection.
-    closed: bool,
-}
-
-impl RawPeer {
-    fn connect(addr: &str) -> RawPeer {
-        let sock = TcpStream::connect(addr).expect("connect to the MDS");
-        sock.set_nodelay(true).expect("nodelay");
-        RawPeer {
-            sock,
-            received: Vec::new(),
-            closed: false,
-        }
-    }
-
-    /// Sends `req` under `header` (its opcode must be the request's).
-    fn send(&mut self, header: &Header, req: &Request) {
-        assert_eq!(header.opcode, req.opcode() as u16, "header opcode");
-        self.sock
-            .write_all(&Frame::encode(header, &req.encode()))
-            .expect("send to the MDS");
-    }
-
-    /// Sends a request that modifies nothing and waits (10 s) for its reply.
-    fn call(&mut self, req: &Request, xid: u64, handle: u64) -> Frame {
-        let header = Header {
-            opcode: req.opcode() as u16,
-            xid,
-            handle,
-            ..Default::default()
-        };
-        self.send(&header, req);
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = end
-                .checked_duration_since(Instant::now())
-                .unwrap_or_else(|| panic!("no reply to xid {xid} within 10 s"));
-            if let Some(f) = self.poll_frame(left) {
-                assert_eq!(f.header.xid, xid, "the reply echoes the request's xid");
-                return f;
-            }
-            assert!(!self.closed, "the MDS closed the connection");
-        }
-    }
-
-    /// CONNECT to `target` as client `uuid` (the test cluster has no key).
-    fn connect_as(&mut self, fsname: &str, target: &str, uuid: &str, xid: u64) -> ConnectRep {
-        let req = Request::Connect(ConnectReq {
-            fsname: fsname.into(),
-            target: target.into(),
-            client_uuid: uuid.into(),
-            flags: CONNECT_SUPPORTED,
-            max_mod_rpcs: 1,
-            auth: lode_rpc::auth::proof(&[], uuid, target),
-        });
-        let reply = self.call(&req, xid, 0);
-        assert_eq!(reply.header.status, 0, "CONNECT accepted");
-        match Reply::decode(reply.header.opcode, &reply.body) {
-            Ok(Reply::Connect(rep)) => rep,
-            other => panic!("CONNECT reply: {other:?}"),
-        }
-    }
-
-    /// The next whole frame if one arrives within `within`.
-    fn poll_frame(&mut self, within: Duration) -> Option<Frame> {
-        let end = Instant::now() + within;
-        loop {
-            match Frame::decode(&self.received) {
-                Ok((frame, used)) => {
-                    self.received.drain(..used);
-                    return Some(frame);
-                }
-                Err(FrameError::Truncated) => {}
-                Err(e) => panic!("malformed frame from the MDS: {e}"),
-            }
-            if self.closed {
-                return None;
-            }
-            let left = end.checked_duration_since(Instant::now())?;
-            if left.is_zero() {
-                return None;
-            }
-            self.sock
-                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .expect("read timeout");
-            let mut chunk = [0u8; 64 << 10];
-            match self.sock.read(&mut chunk) {
-                Ok(0) => self.closed = true,
-                Ok(n) => self.received.extend_from_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                    ) => {}
-                Err(_) => self.closed = true,
-            }
-        }
-    }
 }

@@ -7,9 +7,9 @@ mod common;
 use common::*;
 use lode_base::{Errno, Fid};
 use lode_client::{Client, Session};
-use lode_proto::{ConnectRep, Empty, Frame, FrameError, Header, Reply, Request, CONNECT_SUPPORTED};
+use lode_proto::{Empty, Request};
 use lode_testkit::{wait_for, Cluster};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -154,7 +154,7 @@ fn a_client_that_never_reads_its_replies_is_disconnected_after_the_write_timeout
     let dir = s.run(mkdir_p(&s.client, "/served"));
 
     let mut flooder = RawPeer::connect(&c.addr("mdt0"));
-    let handle = flooder.connect_as("flooder").handle;
+    let handle = flooder.connect_as("testfs", MDT, "flooder").handle;
     let flooder_addr = flooder.local_addr.clone();
     let written = Arc::new(AtomicUsize::new(0));
     let cut_off = Arc::new(AtomicBool::new(false));
@@ -230,10 +230,10 @@ fn a_second_connect_on_one_connection_replaces_its_export() {
         || num_exports(&c) == 0,
     );
     let mut p = RawPeer::connect(&c.addr("mdt0"));
-    let first = p.connect_as("twice");
+    let first = p.connect_as("testfs", MDT, "twice");
     assert_eq!(num_exports(&c), 1);
 
-    let second = p.connect_as("twice");
+    let second = p.connect_as("testfs", MDT, "twice");
     assert_ne!(first.handle, second.handle);
     assert_eq!(num_exports(&c), 1, "one export for the one connection");
     assert!(c.log("mdt0").contains("earlier export is replaced"));
@@ -245,7 +245,7 @@ fn a_second_connect_on_one_connection_replaces_its_export() {
     assert_eq!(p.ping(second.handle).header.status, 0);
 
     // Under another client UUID it is still one export per connection.
-    let third = p.connect_as("someone-else");
+    let third = p.connect_as("testfs", MDT, "someone-else");
     assert_eq!(num_exports(&c), 1);
     assert_eq!(p.ping(third.handle).header.status, 0);
 
@@ -535,152 +535,6 @@ fn flood_pings(mut sock: TcpStream, handle: u64, written: &AtomicUsize, cut_off:
 /// A PING frame.
 fn ping_frame(xid: u64, handle: u64) -> Vec<u8> {
     request_frame(&Request::Ping(Empty {}), xid, handle)
-}
-
-fn request_frame(req: &Request, xid: u64, handle: u64) -> Vec<u8> {
-    let header = Header {
-        opcode: req.opcode() as u16,
-        xid,
-        handle,
-        ..Default::default()
-    };
-    Frame::encode(&header, &req.encode())
-}
-
-/// A peer of the MDS speaking the wire format by hand over a plain socket.
-struct RawPeer {
-    sock: TcpStream,
-    /// Bytes received and not yet taken as a frame.
-    received: Vec<u8>,
-    /// This end's address, as the server logs the peer.
-    local_addr: String,
-    xid: u64,
-}
-
-impl RawPeer {
-    fn connect(addr: &str) -> RawPeer {
-        let sock = TcpStream::connect(addr).expect("connect to the MDS");
-        sock.set_nodelay(true).expect("nodelay");
-        let local_addr = sock.local_addr().expect("local address").to_string();
-        RawPeer {
-            sock,
-            received: Vec::new(),
-            local_addr,
-            xid: 0,
-        }
-    }
-
-    fn send(&mut self, bytes: &[u8]) {
-        self.sock.write_all(bytes).expect("send to the MDS");
-    }
-
-    fn call(&mut self, req: &Request, handle: u64) -> Option<Frame> {
-        self.xid += 1;
-        let xid = self.xid;
-        self.sock.write_all(&request_frame(req, xid, handle)).ok()?;
-        let reply = self.next_frame(Duration::from_secs(10))?;
-        assert_eq!(reply.header.xid, xid, "the reply echoes the request's xid");
-        Some(reply)
-    }
-
-    /// A PING with `handle`; `None` if the connection is gone.
-    fn try_ping(&mut self, handle: u64) -> Option<Frame> {
-        self.call(&Request::Ping(Empty {}), handle)
-    }
-
-    fn ping(&mut self, handle: u64) -> Frame {
-        self.try_ping(handle).expect("PING answered")
-    }
-
-    /// CONNECT to the MDT as client `uuid` (the cluster has no key).
-    fn connect_as(&mut self, uuid: &str) -> ConnectRep {
-        let req = Request::Connect(lode_proto::ConnectReq {
-            fsname: "testfs".into(),
-            target: MDT.into(),
-            client_uuid: uuid.into(),
-            flags: CONNECT_SUPPORTED,
-            max_mod_rpcs: 1,
-            auth: lode_rpc::auth::proof(&[], uuid, MDT),
-        });
-        let reply = self.call(&req, 0).expect("CONNECT answered");
-        assert_eq!(reply.header.status, 0, "CONNECT accepted");
-        match Reply::decode(reply.header.opcode, &reply.body) {
-            Ok(Reply::Connect(rep)) => rep,
-            other => panic!("CONNECT reply: {other:?}"),
-        }
-    }
-
-    /// The next whole frame, or `None` if the connection closes or `within` passes.
-    fn next_frame(&mut self, within: Duration) -> Option<Frame> {
-        let end = Instant::now() + within;
-        loop {
-            match Frame::decode(&self.received) {
-                Ok((frame, used)) => {
-                    self.received.drain(..used);
-                    return Some(frame);
-                }
-                Err(FrameError::Truncated) => {}
-                Err(e) => panic!("malformed frame from the MDS: {e}"),
-            }
-            let left = end.checked_duration_since(Instant::now())?;
-            if left.is_zero() || !self.read_some(left).ok()? {
-                return None;
-            }
-        }
-    }
-
-    /// Reads what arrives within `within` into `received`: Ok(false) at end of stream,
-    /// Ok(true) otherwise (data or not), Err if the connection failed.
-    fn read_some(&mut self, within: Duration) -> std::io::Result<bool> {
-        self.sock
-            .set_read_timeout(Some(within.max(Duration::from_millis(1))))?;
-        let mut chunk = [0u8; 64 << 10];
-        match self.sock.read(&mut chunk) {
-            Ok(0) => Ok(false),
-            Ok(n) => {
-                self.received.extend_from_slice(&chunk[..n]);
-                Ok(true)
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) =>
-            {
-                Ok(true)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// True if the server has closed (or reset) the connection, looking without waiting.
-    fn is_closed(&mut self) -> bool {
-        self.sock.set_nonblocking(true).expect("nonblocking");
-        let mut chunk = [0u8; 4096];
-        let closed = loop {
-            match self.sock.read(&mut chunk) {
-                Ok(0) => break true,
-                Ok(n) => self.received.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
-                Err(_) => break true,
-            }
-        };
-        self.sock.set_nonblocking(false).expect("blocking");
-        closed
-    }
-
-    /// Waits up to `within` for the server to close the connection.
-    fn closed_by_server(&mut self, within: Duration) -> bool {
-        let end = Instant::now() + within;
-        while let Some(left) = end.checked_duration_since(Instant::now()) {
-            match self.read_some(left.min(Duration::from_millis(100))) {
-                Ok(true) => {}
-                Ok(false) | Err(_) => return true,
-            }
-        }
-        false
-    }
 }
 
 /// `mdt.*.num_exports`: connected clients of the MDT.
