@@ -7,6 +7,7 @@ use std::io::{BufRead, Write as _};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Environment variable telling a foreground mount to report readiness on stdout.
@@ -119,7 +120,7 @@ pub fn run(a: MountArgs) -> Result<()> {
     let opts = parse_opts(a.options.as_deref())?;
     let mnt = check_mountpoint(&a.mountpoint)?;
     if !a.foreground {
-        return daemonize(&a, None).map(|_| ());
+        return daemonize(&a, None, None).map(|_| ());
     }
     crate::server::init_logging();
     let notify = std::env::var_os(NOTIFY_ENV).is_some();
@@ -138,6 +139,13 @@ pub fn run(a: MountArgs) -> Result<()> {
     let client = rt
         .block_on(Client::connect(cfg))
         .map_err(|e| anyhow!("mount: {e}"))?;
+    // get-param/set-param reach the client's tunables through this socket.
+    let params = Arc::new(lode_client::params::ClientParams(client.clone()));
+    let run_dir = crate::params::run_dir();
+    let admin = run_dir.join(format!("{fsname}-client-{}.sock", params.instance()));
+    if std::fs::create_dir_all(&run_dir).is_ok() {
+        rt.spawn(lode_rpc::admin::serve_admin(admin.clone(), params));
+    }
     let fs = lode_fuse::LodeFs::new(
         client,
         lode_fuse::MountOptions {
@@ -178,9 +186,11 @@ pub fn run(a: MountArgs) -> Result<()> {
         let _ = std::io::stdout().flush();
         redirect_stdout_to_null();
     }
-    session
+    let ran = session
         .run()
-        .map_err(|e| anyhow!("mount: {}: {e}", mnt.display()))?;
+        .map_err(|e| anyhow!("mount: {}: {e}", mnt.display()));
+    let _ = std::fs::remove_file(&admin);
+    ran?;
     drop(rt);
     Ok(())
 }
@@ -195,7 +205,7 @@ fn redirect_stdout_to_null() {
 
 /// Starts the mount in the background and returns its pid once it is live (or the
 /// reason it failed). The mount process logs to `log` (or `$LODE_MOUNT_LOG`).
-pub fn daemonize(a: &MountArgs, log: Option<PathBuf>) -> Result<u32> {
+pub fn daemonize(a: &MountArgs, log: Option<PathBuf>, run_dir: Option<&Path>) -> Result<u32> {
     let exe = std::env::current_exe().context("mount: cannot find the lode binary")?;
     let log = log.or_else(|| std::env::var_os("LODE_MOUNT_LOG").map(PathBuf::from));
     let stderr = match &log {
@@ -218,6 +228,10 @@ pub fn daemonize(a: &MountArgs, log: Option<PathBuf>) -> Result<u32> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr);
+    if let Some(d) = run_dir {
+        // Its admin socket goes beside the servers' (get-param finds it there).
+        cmd.env("LODE_RUN_DIR", d);
+    }
     detach(&mut cmd);
     let mut child = cmd
         .spawn()

@@ -266,7 +266,8 @@ pub fn up(a: UpArgs) -> Result<()> {
             source: format!("{mgs}:/{}", conf.fsname),
             mountpoint: mnt.clone(),
         };
-        let pid = daemonize(&args, Some(dir.join("mount.log"))).map_err(|e| anyhow!("up: {e}"))?;
+        let pid = daemonize(&args, Some(dir.join("mount.log")), Some(&dir.join("run")))
+            .map_err(|e| anyhow!("up: {e}"))?;
         std::fs::write(dir.join("mount.pid"), pid.to_string())?;
     }
     println!(

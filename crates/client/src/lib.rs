@@ -8,6 +8,7 @@
 mod fids;
 mod io;
 mod ns;
+pub mod params;
 
 use lode_base::{Errno, Fid};
 use lode_proto::{Reply, Request, StatfsRep, TargetKind, CONNECT_SUPPORTED};

@@ -205,6 +205,8 @@ struct ConnState {
 struct Tags {
     st: Mutex<TagState>,
     freed: tokio::sync::Notify,
+    /// Modify RPCs in flight at each grant (`rpc_stats`).
+    hist: crate::stats::InFlight,
 }
 
 struct TagState {
@@ -227,6 +229,7 @@ impl Tags {
                 closes: 0,
             }),
             freed: tokio::sync::Notify::new(),
+            hist: crate::stats::InFlight::default(),
         }
     }
 
@@ -242,6 +245,7 @@ impl Tags {
         st.used[t] = true;
         st.in_use += 1;
         st.closes += usize::from(close);
+        self.hist.tally(st.in_use);
         Some(TagGuard {
             tags: self.clone(),
             tag: t as u16,
@@ -262,6 +266,23 @@ impl Tags {
     /// Tags taken now, closes included.
     fn in_flight(&self) -> usize {
         self.st.lock().in_use
+    }
+}
+
+/// Counts one OST read or write in flight while it lives, and tallies the count at
+/// entry.
+struct InFlightGuard(Arc<std::sync::atomic::AtomicUsize>);
+
+impl InFlightGuard {
+    fn enter(n: &Arc<std::sync::atomic::AtomicUsize>, hist: &crate::stats::InFlight) -> Self {
+        hist.tally(n.fetch_add(1, Ordering::Relaxed) + 1);
+        InFlightGuard(n.clone())
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -319,6 +340,11 @@ pub struct Import {
     state: Mutex<ConnState>,
     pending: Mutex<PendingMap>,
     rif: Arc<Rif>,
+    /// OST reads and writes in flight now, and at each send (`rpc_stats`).
+    reads: Arc<std::sync::atomic::AtomicUsize>,
+    writes: Arc<std::sync::atomic::AtomicUsize>,
+    read_hist: crate::stats::InFlight,
+    write_hist: crate::stats::InFlight,
     tags: Arc<Tags>,
     last_committed: AtomicU64,
     lead: Mutex<Lead>,
@@ -443,6 +469,10 @@ impl Import {
             }),
             pending: Mutex::new(PendingMap::default()),
             rif: Arc::new(Rif::new(cfg.max_rpcs_in_flight)),
+            reads: Arc::default(),
+            writes: Arc::default(),
+            read_hist: crate::stats::InFlight::default(),
+            write_hist: crate::stats::InFlight::default(),
             tags,
             last_committed: AtomicU64::new(0),
             lead: Mutex::new(Lead::default()),
@@ -543,6 +573,50 @@ impl Import {
         Ok(())
     }
 
+    /// `rpc_stats` as Lustre prints it: for an MDC the modify RPCs-in-flight
+    /// histogram, for an OSC the read and write ones.
+    pub fn rpc_stats(&self) -> String {
+        use crate::stats::{rpc_stats_header, rpc_stats_table, rpc_stats_table2};
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        if self.is_mdc() {
+            rpc_stats_header(&mut s, &self.tags.hist);
+            let _ = writeln!(s, "modify_RPCs_in_flight:  {}", self.mod_rpcs_in_flight());
+            let _ = writeln!(s);
+            rpc_stats_table(&mut s, "modify", &self.tags.hist);
+        } else {
+            rpc_stats_header(&mut s, &self.read_hist);
+            let _ = writeln!(
+                s,
+                "read RPCs in flight:  {}",
+                self.reads.load(Ordering::Relaxed)
+            );
+            let _ = writeln!(
+                s,
+                "write RPCs in flight: {}",
+                self.writes.load(Ordering::Relaxed)
+            );
+            let _ = writeln!(s, "pending write pages:  0");
+            let _ = writeln!(s, "pending read pages:   0");
+            let _ = writeln!(s);
+            rpc_stats_table2(&mut s, "rpcs in flight", &self.read_hist, &self.write_hist);
+        }
+        s
+    }
+
+    /// Clears `rpc_stats` (what writing to it does).
+    pub fn clear_rpc_stats(&self) {
+        self.tags.hist.clear();
+        self.read_hist.clear();
+        self.write_hist.clear();
+    }
+
+    /// The most modify RPCs ever in flight at once since `rpc_stats` was cleared, and
+    /// how many sends found exactly `n` in flight.
+    pub fn mod_rpcs_seen(&self, n: usize) -> (usize, u64) {
+        (self.tags.hist.max_seen(), self.tags.hist.count(n))
+    }
+
     /// Modify tags taken now (closes included).
     pub fn mod_rpcs_in_flight(&self) -> usize {
         self.tags.in_flight()
@@ -581,6 +655,11 @@ impl Import {
             None
         };
         let _permit = self.rif.take().await;
+        let _bulk = match op {
+            Opcode::OstRead => Some(InFlightGuard::enter(&self.reads, &self.read_hist)),
+            Opcode::OstWrite => Some(InFlightGuard::enter(&self.writes, &self.write_hist)),
+            _ => None,
+        };
         let body = Arc::new(req.encode());
         let frame = self.wait(op as u16, tag_guard, body).await?;
         self.last_committed

@@ -193,3 +193,153 @@ mod tests {
         assert!(!out.contains("mds_close"));
     }
 }
+
+/// Lustre's "rpcs in flight" histogram: at each send, how many RPCs of the kind were in
+/// flight, that one included.
+pub struct InFlight {
+    counts: parking_lot::Mutex<Vec<u64>>,
+    start: AtomicU64,
+}
+
+impl Default for InFlight {
+    fn default() -> Self {
+        InFlight {
+            counts: parking_lot::Mutex::new(Vec::new()),
+            start: AtomicU64::new(now_ns()),
+        }
+    }
+}
+
+impl InFlight {
+    /// Counts one send that found `n` in flight (itself included).
+    pub fn tally(&self, n: usize) {
+        let mut c = self.counts.lock();
+        if c.len() <= n {
+            c.resize(n + 1, 0);
+        }
+        c[n] += 1;
+    }
+
+    /// Forgets every count.
+    pub fn clear(&self) {
+        self.counts.lock().clear();
+        self.start.store(now_ns(), Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> Vec<u64> {
+        self.counts.lock().clone()
+    }
+
+    /// The largest number in flight ever counted (0 if none).
+    pub fn max_seen(&self) -> usize {
+        let c = self.counts.lock();
+        c.iter().rposition(|&n| n > 0).unwrap_or(0)
+    }
+
+    /// How many sends found `n` in flight.
+    pub fn count(&self, n: usize) -> u64 {
+        self.counts.lock().get(n).copied().unwrap_or(0)
+    }
+}
+
+/// Lustre's `pct()`: integer percent, 0 of nothing.
+fn pct(a: u64, b: u64) -> u64 {
+    (a * 100).checked_div(b).unwrap_or(0)
+}
+
+/// The header of an `rpc_stats` file (Lustre 2.14.56 and later).
+pub fn rpc_stats_header(out: &mut String, since: &InFlight) {
+    let now = now_ns();
+    let start = since.start.load(Ordering::Relaxed);
+    let _ = writeln!(out, "{:<26}{} secs.nsecs", "snapshot_time:", secs(now));
+    let _ = writeln!(out, "{:<26}{} secs.nsecs", "start_time:", secs(start));
+    let _ = writeln!(
+        out,
+        "{:<26}{} secs.nsecs",
+        "elapsed_time:",
+        secs(now.saturating_sub(start))
+    );
+}
+
+/// One histogram table (`title` over the rows), as the MDC's "modify" table: rows up to
+/// the last non-zero count (only `0:` when empty), columns rpcs, %, cum %.
+pub fn rpc_stats_table(out: &mut String, title: &str, h: &InFlight) {
+    let c = h.snapshot();
+    let total: u64 = c.iter().sum();
+    let _ = writeln!(out, "\t\t\t{title}");
+    let _ = writeln!(out, "rpcs in flight        rpcs   % cum %");
+    let last = c.iter().rposition(|&n| n > 0).unwrap_or(0);
+    let mut cum = 0;
+    for (i, &n) in c.iter().enumerate().take(last + 1) {
+        cum += n;
+        let _ = writeln!(
+            out,
+            "{i}:\t\t{n:10} {:3} {:3}",
+            pct(n, total),
+            pct(cum, total)
+        );
+    }
+    if c.is_empty() {
+        let _ = writeln!(out, "0:\t\t{:10} {:3} {:3}", 0, 0, 0);
+    }
+}
+
+/// A read/write pair of histograms side by side, as the OSC's tables.
+pub fn rpc_stats_table2(out: &mut String, rows: &str, read: &InFlight, write: &InFlight) {
+    let (r, w) = (read.snapshot(), write.snapshot());
+    let (rt, wt): (u64, u64) = (r.iter().sum(), w.iter().sum());
+    let _ = writeln!(out, "\t\t\tread\t\t\twrite");
+    let _ = writeln!(out, "{rows:<22}rpcs   % cum % |       rpcs   % cum %");
+    let last = r
+        .iter()
+        .rposition(|&n| n > 0)
+        .unwrap_or(0)
+        .max(w.iter().rposition(|&n| n > 0).unwrap_or(0));
+    let (mut rc, mut wc) = (0, 0);
+    for i in 0..=last {
+        let rn = r.get(i).copied().unwrap_or(0);
+        let wn = w.get(i).copied().unwrap_or(0);
+        rc += rn;
+        wc += wn;
+        let _ = writeln!(
+            out,
+            "{i}:\t\t{rn:10} {:3} {:3}   | {wn:10} {:3} {:3}",
+            pct(rn, rt),
+            pct(rc, rt),
+            pct(wn, wt),
+            pct(wc, wt)
+        );
+    }
+}
+
+#[cfg(test)]
+mod in_flight_tests {
+    use super::*;
+
+    #[test]
+    fn modify_table_in_lustre_layout() {
+        let h = InFlight::default();
+        for n in [1, 1, 2, 2, 2, 7] {
+            h.tally(n);
+        }
+        let mut s = String::new();
+        rpc_stats_table(&mut s, "modify", &h);
+        let want = "\t\t\tmodify\n\
+                    rpcs in flight        rpcs   % cum %\n\
+                    0:\t\t         0   0   0\n\
+                    1:\t\t         2  33  33\n\
+                    2:\t\t         3  50  83\n\
+                    3:\t\t         0   0  83\n\
+                    4:\t\t         0   0  83\n\
+                    5:\t\t         0   0  83\n\
+                    6:\t\t         0   0  83\n\
+                    7:\t\t         1  16 100\n";
+        assert_eq!(s, want);
+        assert_eq!(h.max_seen(), 7);
+        h.clear();
+        let mut s = String::new();
+        rpc_stats_table(&mut s, "modify", &h);
+        assert!(s.ends_with("0:\t\t         0   0   0\n"), "{s:?}");
+        assert_eq!(s.lines().count(), 3);
+    }
+}
