@@ -69,6 +69,8 @@ pub enum Phase {
     FileCreate,
     /// stat of the files.
     FileStat,
+    /// chmod of the files (a SETATTR each).
+    FileSetattr,
     /// Read `read_bytes` of each file.
     FileRead,
     /// unlink of the files.
@@ -87,19 +89,21 @@ impl Phase {
             Phase::DirRemove => "Directory removal",
             Phase::FileCreate => "File creation",
             Phase::FileStat => "File stat",
+            Phase::FileSetattr => "File setattr",
             Phase::FileRead => "File read",
             Phase::FileRemove => "File removal",
             Phase::TreeRemove => "Tree removal",
         }
     }
 
-    const ALL: [Phase; 9] = [
+    const ALL: [Phase; 10] = [
         Phase::TreeCreate,
         Phase::DirCreate,
         Phase::DirStat,
         Phase::DirRemove,
         Phase::FileCreate,
         Phase::FileStat,
+        Phase::FileSetattr,
         Phase::FileRead,
         Phase::FileRemove,
         Phase::TreeRemove,
@@ -240,6 +244,7 @@ pub fn run_client_phase(
                         Phase::DirRemove => ops.rmdir(&p),
                         Phase::FileCreate => ops.create(&p, o.write_bytes),
                         Phase::FileRead => ops.read(&p, o.read_bytes).map(|_| ()),
+                        Phase::FileSetattr => ops.chmod(&p, 0o600),
                         Phase::FileRemove => ops.unlink(&p),
                         Phase::TreeCreate | Phase::TreeRemove => Ok(()),
                     };

@@ -38,6 +38,8 @@ pub trait Ops: Send + Sync {
     fn create(&self, p: &str, bytes: usize) -> Result<()>;
     /// stat (size and attributes).
     fn stat(&self, p: &str) -> Result<u64>;
+    /// chmod (a SETATTR).
+    fn chmod(&self, p: &str, mode: u32) -> Result<()>;
     /// Opens and reads up to `bytes` bytes.
     fn read(&self, p: &str, bytes: usize) -> Result<usize>;
     /// unlink.
@@ -125,6 +127,14 @@ impl Ops for PosixOps {
         }
         // SAFETY: stat succeeded and filled the buffer.
         Ok(unsafe { st.assume_init() }.st_size as u64)
+    }
+    fn chmod(&self, p: &str, mode: u32) -> Result<()> {
+        let c = self.path(p)?;
+        // SAFETY: valid C string.
+        if unsafe { libc::chmod(c.as_ptr(), mode as libc::mode_t) } < 0 {
+            bail!("chmod {p}: {}", errno());
+        }
+        Ok(())
     }
     fn read(&self, p: &str, bytes: usize) -> Result<usize> {
         let c = self.path(p)?;
@@ -341,6 +351,23 @@ impl Ops for NativeOps {
             .map_err(|e| anyhow!("stat {p}: {e}"))?;
         Ok(b.attr.size)
     }
+    fn chmod(&self, p: &str, mode: u32) -> Result<()> {
+        let (d, n) = split(p);
+        let dir = self.dir(d)?;
+        let c = &self.s.client;
+        let b = self
+            .s
+            .run(c.lookup(&self.cred, dir, n.as_bytes()))
+            .map_err(|e| anyhow!("chmod {p}: {e}"))?;
+        let sa = lode_base::SetAttr {
+            mode: Some(mode),
+            ..Default::default()
+        };
+        self.s
+            .run(c.setattr(&self.cred, b.attr.fid, sa))
+            .map_err(|e| anyhow!("chmod {p}: {e}"))?;
+        Ok(())
+    }
     fn read(&self, p: &str, bytes: usize) -> Result<usize> {
         let h = self.open(p, libc::O_RDONLY)?;
         let c = &self.s.client;
@@ -503,11 +530,25 @@ pub fn remove_tree(t: &Target, top: &str) -> Result<()> {
     }
 }
 
+/// Environment variable carrying `--net-delay-us` to the native client (and workers).
+pub const NET_DELAY_ENV: &str = "LODE_BENCH_NET_DELAY_US";
+/// Environment variable carrying `--max-mod-rpcs-in-flight` to the native client.
+pub const MAX_MOD_ENV: &str = "LODE_BENCH_MAX_MOD_RPCS";
+
 /// Connects the lode client library to `MGS_HOST:PORT:/FSNAME`, acting as this
 /// process's effective user.
 fn connect_native(spec: &str) -> Result<(Session, Cred)> {
     let (mgs, fs) = lode_client::parse_source(spec).map_err(|e| anyhow!(e))?;
-    let s = Session::connect(ClientConfig::new(&mgs, &fs)).map_err(|e| anyhow!("{spec}: {e}"))?;
+    let mut cfg = ClientConfig::new(&mgs, &fs);
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    if let Some(us) = env(NET_DELAY_ENV) {
+        cfg.net_delay = std::time::Duration::from_micros(us);
+    }
+    if let Some(m) = env(MAX_MOD_ENV) {
+        cfg.max_mod_rpcs_in_flight =
+            u16::try_from(m).map_err(|_| anyhow!("max_mod_rpcs_in_flight {m}"))?;
+    }
+    let s = Session::connect(cfg).map_err(|e| anyhow!("{spec}: {e}"))?;
     // SAFETY: geteuid/getegid cannot fail.
     let cred = Cred {
         uid: unsafe { libc::geteuid() },

@@ -84,6 +84,13 @@ pub struct MdArgs {
     /// Branching factor of the tree.
     #[arg(long, default_value_t = 1)]
     branch: usize,
+    /// Native client: emulated one-way network latency before each request (µs), as
+    /// `*.net_delay_us` (for a mount: `lode set-param mdc.*.net_delay_us=N`).
+    #[arg(long, default_value_t = 0)]
+    net_delay_us: u64,
+    /// Native client: `mdc.*.max_mod_rpcs_in_flight` (default 7).
+    #[arg(long)]
+    max_mod_rpcs_in_flight: Option<u16>,
 }
 
 /// Arguments of `lode bench walk`.
@@ -165,6 +172,14 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Md(a) => {
             let c = &a.common;
             c.target()?;
+            // Worker processes inherit these; the native target reads them at connect.
+            std::env::set_var(
+                lode_bench::target::NET_DELAY_ENV,
+                a.net_delay_us.to_string(),
+            );
+            if let Some(m) = a.max_mod_rpcs_in_flight {
+                std::env::set_var(lode_bench::target::MAX_MOD_ENV, m.to_string());
+            }
             let o = lode_bench::md::MdOptions {
                 path: c.path.as_ref().map(|p| p.display().to_string()),
                 native: c.native.clone(),

@@ -38,7 +38,7 @@ fn run_md(target: &[&str], dir: &Path, extra: &[&str]) -> (Report, String) {
 }
 
 fn check(r: &Report, table: &str, creates: u64) {
-    assert_eq!(r.phases.len(), 9, "every mdtest phase");
+    assert_eq!(r.phases.len(), 10, "every mdtest phase, and setattr");
     for p in &r.phases {
         assert!(
             p.mean > 0.0 && p.min > 0.0,

@@ -156,6 +156,15 @@ fn mount_tunables_follow_lustres_rules_through_get_param_and_set_param() {
         ),
         "{osc}"
     );
+    // An emulated network: every request held this long before it is sent.
+    c.set_param("mdc.*.net_delay_us=300");
+    c.set_param("osc.*.net_delay_us=300");
+    assert_eq!(value(&c, "mdc.*.net_delay_us"), "300");
+    std::fs::write(m.path().join("slow"), b"data").expect("write with a delay");
+    let out = lode(&c, &["set-param", "mdc.*.net_delay_us=20000000"]);
+    assert!(!out.status.success(), "more than 10 s of delay is refused");
+    assert_eq!(value(&c, "mdc.*.net_delay_us"), "300");
+    c.set_param("mdc.*.net_delay_us=0");
     c.set_param("mdc.*.rpc_stats=0");
     let cleared = value(&c, "mdc.*.rpc_stats");
     assert!(cleared.ends_with("0:\t\t         0   0   0"), "{cleared}");

@@ -45,6 +45,8 @@ pub struct ClientConfig {
     pub entry_timeout: Duration,
     /// Resend an unanswered request after this long (same xid).
     pub resend_interval: Duration,
+    /// Emulated one-way network latency before each request (`*.net_delay_us`).
+    pub net_delay: Duration,
 }
 
 impl ClientConfig {
@@ -60,6 +62,7 @@ impl ClientConfig {
             osc_max_rpcs_in_flight: lode_base::limits::MAX_RPCS_IN_FLIGHT_DEFAULT,
             entry_timeout: Duration::from_secs(1),
             resend_interval: Duration::from_secs(10),
+            net_delay: Duration::ZERO,
         }
     }
 }
@@ -126,6 +129,8 @@ impl Client {
             },
             rt.clone(),
         );
+        let delay_us = u64::try_from(cfg.net_delay.as_micros()).unwrap_or(u64::MAX);
+        let _ = mdc.set_net_delay_us(delay_us);
         mdc.connect()
             .await
             .map_err(|e| ConnectError(format!("{} at {}: {}", mdt.name, mdt.addr, refusal(e))))?;
@@ -150,24 +155,25 @@ impl Client {
                 Some(imp) if imp.addr() != t.addr => imp.set_addr(t.addr.clone()),
                 Some(_) => {}
                 None => {
-                    oscs.insert(
-                        t.index,
-                        Import::new(
-                            t.addr.clone(),
-                            ImportConfig {
-                                fsname: self.cfg.fsname.clone(),
-                                target: t.name.clone(),
-                                client_uuid: self.uuid.clone(),
-                                key: self.cfg.key.clone(),
-                                flags: CONNECT_SUPPORTED,
-                                max_rpcs_in_flight: self.cfg.osc_max_rpcs_in_flight,
-                                max_mod_rpcs: 1,
-                                timeout: self.cfg.timeout,
-                                resend_interval: self.cfg.resend_interval,
-                            },
-                            self.rt.clone(),
-                        ),
+                    let osc = Import::new(
+                        t.addr.clone(),
+                        ImportConfig {
+                            fsname: self.cfg.fsname.clone(),
+                            target: t.name.clone(),
+                            client_uuid: self.uuid.clone(),
+                            key: self.cfg.key.clone(),
+                            flags: CONNECT_SUPPORTED,
+                            max_rpcs_in_flight: self.cfg.osc_max_rpcs_in_flight,
+                            max_mod_rpcs: 1,
+                            timeout: self.cfg.timeout,
+                            resend_interval: self.cfg.resend_interval,
+                        },
+                        self.rt.clone(),
                     );
+                    let delay_us =
+                        u64::try_from(self.cfg.net_delay.as_micros()).unwrap_or(u64::MAX);
+                    let _ = osc.set_net_delay_us(delay_us);
+                    oscs.insert(t.index, osc);
                 }
             }
         }

@@ -12,9 +12,14 @@ use std::sync::Arc;
 pub struct ClientParams(pub Arc<Client>);
 
 /// Parameters of an MDC.
-const MDC: &[&str] = &["max_rpcs_in_flight", "max_mod_rpcs_in_flight", "rpc_stats"];
+const MDC: &[&str] = &[
+    "max_rpcs_in_flight",
+    "max_mod_rpcs_in_flight",
+    "rpc_stats",
+    "net_delay_us",
+];
 /// Parameters of an OSC.
-const OSC: &[&str] = &["max_rpcs_in_flight", "rpc_stats"];
+const OSC: &[&str] = &["max_rpcs_in_flight", "rpc_stats", "net_delay_us"];
 
 impl ClientParams {
     /// This client's instance name.
@@ -65,6 +70,7 @@ impl Params for ClientParams {
             "max_rpcs_in_flight" => imp.max_rpcs_in_flight().to_string(),
             "max_mod_rpcs_in_flight" => imp.max_mod_rpcs_in_flight().to_string(),
             "rpc_stats" => imp.rpc_stats(),
+            "net_delay_us" => imp.net_delay_us().to_string(),
             _ => return None,
         })
     }
@@ -86,6 +92,7 @@ impl Params for ClientParams {
                 let n = u16::try_from(num()?).unwrap_or(u16::MAX);
                 imp.set_max_mod_rpcs_in_flight(n).map_err(refusal)
             }
+            "net_delay_us" => imp.set_net_delay_us(num()?).map_err(refusal),
             // Writing anything clears the statistics, as in Lustre.
             "rpc_stats" => {
                 imp.clear_rpc_stats();

@@ -349,6 +349,8 @@ pub struct Import {
     last_committed: AtomicU64,
     lead: Mutex<Lead>,
     reader_cv: Condvar,
+    /// Emulated network latency: each request is held this long (µs) before it is sent.
+    net_delay_us: AtomicU64,
 }
 
 struct TagGuard {
@@ -477,6 +479,7 @@ impl Import {
             last_committed: AtomicU64::new(0),
             lead: Mutex::new(Lead::default()),
             reader_cv: Condvar::new(),
+            net_delay_us: AtomicU64::new(0),
             cfg,
         });
         let weak = Arc::downgrade(&imp);
@@ -570,6 +573,21 @@ impl Import {
             }
         }
         self.tags.set_limit(n);
+        Ok(())
+    }
+
+    /// `net_delay_us`: emulated latency added before each request is sent.
+    pub fn net_delay_us(&self) -> u64 {
+        self.net_delay_us.load(Ordering::Relaxed)
+    }
+
+    /// Sets `net_delay_us` (at most 10 s), so a loopback test behaves like a network
+    /// with that one-way latency.
+    pub fn set_net_delay_us(&self, us: u64) -> Result<(), (Errno, String)> {
+        if us > 10_000_000 {
+            return Err((Errno::ERANGE, "net_delay_us must be 0..10000000".into()));
+        }
+        self.net_delay_us.store(us, Ordering::Relaxed);
         Ok(())
     }
 
@@ -716,6 +734,17 @@ impl Import {
             xid,
             tag: tag_guard,
         };
+        let delay = self.net_delay_us();
+        if delay > 0 {
+            let d = Duration::from_micros(delay);
+            if BLOCKING.with(|b| b.get()) {
+                // A blocked caller sleeps itself: precise to tens of µs, unlike the
+                // runtime's millisecond timer.
+                std::thread::sleep(d);
+            } else {
+                tokio::time::sleep(d).await;
+            }
+        }
         self.send(xid, op, tag, &body, 0);
         // Let calls joined with this one send theirs before deciding who may read.
         YieldOnce(false).await;
