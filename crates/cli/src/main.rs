@@ -2,6 +2,7 @@
 
 mod bench;
 mod lfs;
+mod lr_reader;
 mod mount;
 mod params;
 mod server;
@@ -34,6 +35,9 @@ enum Cmd {
     GetParam(params::GetArgs),
     /// Set parameters of the servers on this machine (like lctl set_param).
     SetParam(params::SetArgs),
+    /// Print an MDT's server data, clients (-c) and reply records (-r), like Lustre's
+    /// lr_reader; works on a stopped MDT and read-only beside a running one.
+    LrReader(lr_reader::LrArgs),
     /// Format (once), start and mount a local file system: MGS, MDT0, OST0, OST1.
     Up(up::UpArgs),
     /// Unmount and stop what `lode up` started.
@@ -158,6 +162,7 @@ fn main() {
         Cmd::Mds(a) => server::run(Role::Mdt, a),
         Cmd::Oss(a) => server::run(Role::Ost, a),
         Cmd::GetParam(a) => params::get(a),
+        Cmd::LrReader(a) => lr_reader::run(a),
         Cmd::SetParam(a) => params::set(a),
         Cmd::Bench(b) => bench::run(b),
         Cmd::Mount(a) => mount::run(a),

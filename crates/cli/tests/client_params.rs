@@ -165,6 +165,15 @@ fn mount_tunables_follow_lustres_rules_through_get_param_and_set_param() {
     assert!(!out.status.success(), "more than 10 s of delay is refused");
     assert_eq!(value(&c, "mdc.*.net_delay_us"), "300");
     c.set_param("mdc.*.net_delay_us=0");
+    let st = value(&c, "mdc.*.stats");
+    assert!(st.starts_with("snapshot_time"), "{st}");
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("mds_reint_create") && l.contains(" samples [usecs] ")),
+        "creates counted with their times: {st}"
+    );
+    c.set_param("mdc.*.stats=clear");
+    assert!(!value(&c, "mdc.*.stats").contains("mds_reint_create"));
     c.set_param("mdc.*.rpc_stats=0");
     let cleared = value(&c, "mdc.*.rpc_stats");
     assert!(cleared.ends_with("0:\t\t         0   0   0"), "{cleared}");

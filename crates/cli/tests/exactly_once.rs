@@ -745,6 +745,38 @@ fn a_client_with_seven_tags_and_one_forced_to_one_tag_are_both_correct() {
     assert_eq!(many.client.mdc().max_mod_rpcs_in_flight(), 7);
 }
 
+#[test]
+fn fail_opc_picks_the_opcode_and_skip_lets_the_first_ones_pass() {
+    let c = cluster(1);
+    let s = resending_client(&c, Duration::from_millis(300));
+    let r = root();
+    let dir = s.run(mkdir_p(&s.client, "/selected"));
+    // Drop the reply of the second UNLINK only: creates and lookups go untouched.
+    c.set_param(&format!(
+        "mdt.*.fail_opc={}",
+        lode_proto::Opcode::Unlink as u16
+    ));
+    c.set_param("mdt.*.fail_val=1");
+    c.set_param("mdt.*.fail_loc=0x30000102"); // DROP_REPLY | SKIP | SOME: skip 1, then 1
+    for n in ["x", "y", "z"] {
+        s.run(s.client.create(&r, dir, n.as_bytes(), 0o644, None))
+            .expect("create: not selected");
+    }
+    assert_eq!(c.get_param("mdt.*.fail_loc"), "0x30000102", "no unlink yet");
+    s.run(s.client.unlink(&r, dir, b"x"))
+        .expect("first unlink passes");
+    assert_eq!(c.get_param("mdt.*.fail_loc"), "0x30000102", "skipped one");
+    s.run(s.client.unlink(&r, dir, b"y"))
+        .expect("second unlink: reply dropped, resent, answered from its record");
+    assert_eq!(
+        c.get_param("mdt.*.fail_loc"),
+        "0x0",
+        "fired once, then cleared"
+    );
+    assert_eq!(names_in(&s, dir), ["z"]);
+    c.set_param("mdt.*.fail_opc=0");
+}
+
 /// A client that resends unanswered requests after `resend`.
 fn resending_client(c: &Cluster, resend: Duration) -> Session {
     let mut cfg = c.client_config();

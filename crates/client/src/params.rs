@@ -16,10 +16,11 @@ const MDC: &[&str] = &[
     "max_rpcs_in_flight",
     "max_mod_rpcs_in_flight",
     "rpc_stats",
+    "stats",
     "net_delay_us",
 ];
 /// Parameters of an OSC.
-const OSC: &[&str] = &["max_rpcs_in_flight", "rpc_stats", "net_delay_us"];
+const OSC: &[&str] = &["max_rpcs_in_flight", "rpc_stats", "stats", "net_delay_us"];
 
 impl ClientParams {
     /// This client's instance name.
@@ -70,6 +71,7 @@ impl Params for ClientParams {
             "max_rpcs_in_flight" => imp.max_rpcs_in_flight().to_string(),
             "max_mod_rpcs_in_flight" => imp.max_mod_rpcs_in_flight().to_string(),
             "rpc_stats" => imp.rpc_stats(),
+            "stats" => imp.stats().render(),
             "net_delay_us" => imp.net_delay_us().to_string(),
             _ => return None,
         })
@@ -96,6 +98,10 @@ impl Params for ClientParams {
             // Writing anything clears the statistics, as in Lustre.
             "rpc_stats" => {
                 imp.clear_rpc_stats();
+                Ok(())
+            }
+            "stats" => {
+                imp.stats().clear();
                 Ok(())
             }
             _ => Err("Permission denied: read-only parameter".into()),

@@ -32,6 +32,7 @@ impl Params for MdtParams {
         let (m, l) = (self.mdt(), self.lod());
         let mut v: Vec<String> = [
             "max_mod_rpcs_in_flight",
+            "max_mod_rpcs_per_client",
             "commit_interval_ms",
             "last_transno",
             "last_committed",
@@ -41,6 +42,7 @@ impl Params for MdtParams {
             "uuid",
             "fail_loc",
             "fail_val",
+            "fail_opc",
             "rpc_delay_us",
         ]
         .iter()
@@ -61,8 +63,10 @@ impl Params for MdtParams {
             (x, p) if x == self.mdt() => match p {
                 "fail_loc" => format!("{:#x}", fail::loc()),
                 "fail_val" => fail::val().to_string(),
+                "fail_opc" => fail::opc().to_string(),
                 "rpc_delay_us" => fail::rpc_delay_us().to_string(),
-                "max_mod_rpcs_in_flight" => {
+                // The second is Lustre's older name (a module parameter before 2.16).
+                "max_mod_rpcs_in_flight" | "max_mod_rpcs_per_client" => {
                     m.tun().max_mod_rpcs.load(Ordering::Relaxed).to_string()
                 }
                 "commit_interval_ms" => m.store().commit_interval_ms().to_string(),
@@ -110,8 +114,9 @@ impl Params for MdtParams {
         match (pfx, p) {
             (x, "fail_loc") if x == self.mdt() => fail::set_loc(parse(value)?),
             (x, "fail_val") if x == self.mdt() => fail::set_val(parse(value)?),
+            (x, "fail_opc") if x == self.mdt() => fail::set_opc(parse(value)?),
             (x, "rpc_delay_us") if x == self.mdt() => fail::set_rpc_delay_us(parse(value)?),
-            (x, "max_mod_rpcs_in_flight") if x == self.mdt() => {
+            (x, "max_mod_rpcs_in_flight" | "max_mod_rpcs_per_client") if x == self.mdt() => {
                 let v: u32 = parse(value)?;
                 if v == 0 || v > u32::from(MAX_MOD_RPCS_LIMIT) {
                     return Err(format!(

@@ -473,7 +473,7 @@ impl Mdt {
             }
             ct.executing.insert(tag, xid);
         }
-        if lode_rpc::fail::check(lode_rpc::fail::DELAY_EXEC) {
+        if lode_rpc::fail::check_op(lode_rpc::fail::DELAY_EXEC, h.opcode) {
             std::thread::sleep(std::time::Duration::from_millis(u64::from(
                 lode_rpc::fail::val(),
             )));

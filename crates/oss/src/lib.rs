@@ -340,6 +340,7 @@ impl lode_rpc::admin::Params for OstParams {
             format!("obdfilter.{t}.num_exports"),
             format!("obdfilter.{t}.fail_loc"),
             format!("obdfilter.{t}.fail_val"),
+            format!("obdfilter.{t}.fail_opc"),
             format!("obdfilter.{t}.rpc_delay_us"),
         ]
     }
@@ -353,6 +354,7 @@ impl lode_rpc::admin::Params for OstParams {
             "num_exports" => self.0.handles.read().len().to_string(),
             "fail_loc" => format!("{:#x}", lode_rpc::fail::loc()),
             "fail_val" => lode_rpc::fail::val().to_string(),
+            "fail_opc" => lode_rpc::fail::opc().to_string(),
             "rpc_delay_us" => lode_rpc::fail::rpc_delay_us().to_string(),
             _ => return None,
         })
@@ -368,6 +370,7 @@ impl lode_rpc::admin::Params for OstParams {
             "stats" => self.0.stats.clear(),
             "fail_loc" => lode_rpc::fail::set_loc(num()? as u32),
             "fail_val" => lode_rpc::fail::set_val(num()? as u32),
+            "fail_opc" => lode_rpc::fail::set_opc(num()? as u32),
             "rpc_delay_us" => lode_rpc::fail::set_rpc_delay_us(num()?),
             _ => return Err("read-only parameter".into()),
         }

@@ -20,14 +20,40 @@ pub const STORE_WRITE_FAIL: u32 = 0x202;
 pub const STORE_SYNC_DELAY: u32 = 0x203;
 /// Flag bit: act once, then clear `fail_loc` (Lustre's `CFS_FAIL_ONCE`).
 pub const ONCE: u32 = 0x8000_0000;
+/// Flag bit: let the first `fail_val` matches pass, then act on every one after
+/// (Lustre's `CFS_FAIL_SKIP`).
+pub const SKIP: u32 = 0x2000_0000;
+/// Flag bit: act on the first `fail_val` matches, then clear `fail_loc` (Lustre's
+/// `CFS_FAIL_SOME`).
+pub const SOME: u32 = 0x1000_0000;
+/// Flag bit: act on every `fail_val`-th match. Lustre's `CFS_FAIL_RAND` bit, but
+/// deterministic (1 in N, not at random), so a test repeats.
+pub const EVERY: u32 = 0x0800_0000;
+const FLAGS: u32 = ONCE | SKIP | SOME | EVERY;
 
 static FAIL_LOC: AtomicU32 = AtomicU32::new(0);
 static FAIL_VAL: AtomicU32 = AtomicU32::new(0);
+/// Matches seen since `fail_loc` was last set.
+static FAIL_COUNT: AtomicU64 = AtomicU64::new(0);
+/// Only requests of this opcode match (0: any).
+static FAIL_OPC: AtomicU32 = AtomicU32::new(0);
 static RPC_DELAY_US: AtomicU64 = AtomicU64::new(0);
 
-/// Sets `fail_loc`.
+/// Sets `fail_loc` (and starts counting matches again).
 pub fn set_loc(v: u32) {
+    FAIL_COUNT.store(0, Ordering::SeqCst);
     FAIL_LOC.store(v, Ordering::SeqCst);
+}
+
+/// Sets `fail_opc`: the fault points that see a request act only on this opcode (0:
+/// any).
+pub fn set_opc(v: u32) {
+    FAIL_OPC.store(v, Ordering::SeqCst);
+}
+
+/// Current `fail_opc`.
+pub fn opc() -> u32 {
+    FAIL_OPC.load(Ordering::Relaxed)
 }
 
 /// Current `fail_loc`.
@@ -55,13 +81,35 @@ pub fn rpc_delay_us() -> u64 {
     RPC_DELAY_US.load(Ordering::Relaxed)
 }
 
-/// True if point `id` should fail now; a `ONCE` location fires exactly once.
+/// True if point `id` should fail now, by `fail_loc`'s flags: `ONCE` fires exactly
+/// once, `SOME` the first `fail_val` times, `SKIP` after the first `fail_val`, `EVERY`
+/// on every `fail_val`-th match; no flag, every time.
 pub fn check(id: u32) -> bool {
     let cur = FAIL_LOC.load(Ordering::Relaxed);
-    if cur == 0 || cur & !ONCE != id {
+    if cur == 0 || cur & !FLAGS != id {
         return false;
     }
-    if cur & ONCE != 0 {
+    let n = FAIL_COUNT.fetch_add(1, Ordering::SeqCst) + 1;
+    let val = u64::from(val());
+    let fire = if cur & SKIP != 0 {
+        n > val
+    } else if cur & EVERY != 0 {
+        val != 0 && n.is_multiple_of(val)
+    } else {
+        true
+    };
+    if !fire {
+        return false;
+    }
+    let last = if cur & ONCE != 0 {
+        true
+    } else if cur & SOME != 0 {
+        n >= val
+    } else {
+        false
+    };
+    if last {
+        // Only one thread clears it, and only it reports the last firing.
         return FAIL_LOC
             .compare_exchange(cur, 0, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
@@ -69,12 +117,46 @@ pub fn check(id: u32) -> bool {
     true
 }
 
+/// Like [`check`], for a point that sees a request: with `fail_opc` set, only requests
+/// of that opcode match.
+pub fn check_op(id: u32, opcode: u16) -> bool {
+    let want = opc();
+    if want != 0 && want != u32::from(opcode) {
+        return false;
+    }
+    check(id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// One test for all flags: `fail_loc` is process-wide.
     #[test]
-    fn once_fires_once() {
+    fn flags_like_lustre() {
+        set_val(3);
+        set_loc(DROP_REPLY | SKIP);
+        let fired: Vec<bool> = (0..5).map(|_| check(DROP_REPLY)).collect();
+        assert_eq!(fired, [false, false, false, true, true], "skip 3");
+        set_loc(DROP_REPLY | SOME);
+        let fired: Vec<bool> = (0..5).map(|_| check(DROP_REPLY)).collect();
+        assert_eq!(fired, [true, true, true, false, false], "the first 3");
+        assert_eq!(loc(), 0, "SOME clears itself");
+        set_loc(DROP_REPLY | EVERY);
+        let fired: Vec<bool> = (0..6).map(|_| check(DROP_REPLY)).collect();
+        assert_eq!(fired, [false, false, true, false, false, true], "every 3rd");
+        set_opc(7);
+        assert!(!check_op(DROP_REPLY, 8), "another opcode does not match");
+        set_loc(DROP_REPLY | ONCE);
+        assert!(!check_op(DROP_REPLY, 8));
+        assert!(check_op(DROP_REPLY, 7));
+        assert!(!check_op(DROP_REPLY, 7), "once");
+        set_opc(0);
+        set_val(0);
+        once_fires_once_body();
+    }
+
+    fn once_fires_once_body() {
         set_loc(DROP_REPLY | ONCE);
         assert!(!check(DROP_REQUEST));
         assert!(check(DROP_REPLY));

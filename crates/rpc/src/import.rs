@@ -351,6 +351,8 @@ pub struct Import {
     reader_cv: Condvar,
     /// Emulated network latency: each request is held this long (µs) before it is sent.
     net_delay_us: AtomicU64,
+    /// Requests answered, per opcode, with their round-trip times (`stats`).
+    stats: crate::stats::OpStats,
 }
 
 struct TagGuard {
@@ -480,6 +482,7 @@ impl Import {
             lead: Mutex::new(Lead::default()),
             reader_cv: Condvar::new(),
             net_delay_us: AtomicU64::new(0),
+            stats: crate::stats::OpStats::default(),
             cfg,
         });
         let weak = Arc::downgrade(&imp);
@@ -622,6 +625,12 @@ impl Import {
         s
     }
 
+    /// `stats`: requests answered per opcode with their round-trip times (µs), in
+    /// Lustre's layout; writing to it clears it.
+    pub fn stats(&self) -> &crate::stats::OpStats {
+        &self.stats
+    }
+
     /// Clears `rpc_stats` (what writing to it does).
     pub fn clear_rpc_stats(&self) {
         self.tags.hist.clear();
@@ -679,7 +688,12 @@ impl Import {
             _ => None,
         };
         let body = Arc::new(req.encode());
+        let sent = std::time::Instant::now();
         let frame = self.wait(op as u16, tag_guard, body).await?;
+        self.stats.record(
+            op,
+            u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX),
+        );
         self.last_committed
             .fetch_max(frame.header.last_committed, Ordering::Relaxed);
         if frame.header.status < 0 {

@@ -108,8 +108,9 @@ impl Deferred {
         if let Some(svc) = self.to.as_ref().and_then(|t| t.stats.as_ref()) {
             record(&**svc, &self.header, us);
         }
-        let frame = (!out.drop && !out.parked && !fail::check(fail::DROP_REPLY))
-            .then(|| reply_frame(&self.header, &out, us));
+        let frame =
+            (!out.drop && !out.parked && !fail::check_op(fail::DROP_REPLY, self.header.opcode))
+                .then(|| reply_frame(&self.header, &out, us));
         self.send_frame(frame);
     }
 
@@ -540,7 +541,7 @@ fn execute(
     conn_id: u64,
     out: &mut Vec<u8>,
 ) {
-    if fail::check(fail::DROP_REQUEST) {
+    if fail::check_op(fail::DROP_REQUEST, frame.header.opcode) {
         debug!(xid = frame.header.xid, "fail_loc: dropping request");
         return;
     }
@@ -558,12 +559,12 @@ fn execute(
     }
     let us = inc.start.elapsed().as_micros() as u64;
     record(svc, &inc.header, us);
-    if res.drop || fail::check(fail::DROP_REPLY) {
+    if res.drop || fail::check_op(fail::DROP_REPLY, inc.header.opcode) {
         return;
     }
     let frame = reply_frame(&inc.header, &res, us);
     let mut delay = fail::rpc_delay_us();
-    if fail::check(fail::DELAY_REPLY) {
+    if fail::check_op(fail::DELAY_REPLY, inc.header.opcode) {
         delay += u64::from(fail::val()) * 1000;
     }
     if delay == 0 {

@@ -61,6 +61,15 @@ impl RocksEngine {
         Ok(RocksEngine { db })
     }
 
+    /// Opens the store at `path` read-only: it takes no lock, so it works beside the
+    /// server that has it open (seeing what that server's WAL holds at open time).
+    pub fn open_read_only(path: &Path) -> Result<RocksEngine, StoreError> {
+        let opts = Options::default();
+        let names = Cf::ALL.iter().map(|cf| cf.name());
+        let db = Db::open_cf_for_read_only(&opts, path, names, false).map_err(err)?;
+        Ok(RocksEngine { db })
+    }
+
     fn cf(&self, cf: Cf) -> Result<std::sync::Arc<rocksdb::BoundColumnFamily<'_>>, StoreError> {
         self.db
             .cf_handle(cf.name())
