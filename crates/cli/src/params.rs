@@ -32,6 +32,10 @@ pub struct SetArgs {
     /// Do not echo what was set.
     #[arg(short = 'n', long = "no-name")]
     no_name: bool,
+    /// Permanent: store on the MGS (run where the MGS runs); every target and client
+    /// applies it at start, and the processes on this machine at once.
+    #[arg(short = 'P')]
+    permanent: bool,
     /// NAME=VALUE pairs.
     #[arg(required = true)]
     pairs: Vec<String>,
@@ -109,6 +113,26 @@ pub fn set(a: SetArgs) -> Result<()> {
     for pair in &a.pairs {
         if !pair.contains('=') {
             bail!("set-param: {pair:?}: expected NAME=VALUE");
+        }
+        if a.permanent {
+            let stored = ask(&format!("setp {pair}"))?;
+            if stored.is_empty() {
+                bail!("set-param -P: no MGS running here (run it where the MGS runs)");
+            }
+            if let Some(l) = stored.lines().find(|l| l.starts_with("error:")) {
+                eprintln!("{l}");
+                failed = true;
+                continue;
+            }
+            // What runs here applies it now; the rest at their next start.
+            let now = ask(&format!("set {pair}"))?;
+            for l in now.lines().filter(|l| l.starts_with("error:")) {
+                eprintln!("{l}");
+            }
+            if !a.no_name {
+                print!("{stored}");
+            }
+            continue;
         }
         let ans = ask(&format!("set {pair}"))?;
         if ans.is_empty() {

@@ -175,6 +175,9 @@ pub fn run(role: Role, a: ServerArgs) -> Result<()> {
             (ost.clone(), Arc::new(lode_oss::OstParams(ost)))
         }
     };
+    if role != Role::Mgs {
+        spawn_apply_persistent(&cfg, params.clone(), rt.handle());
+    }
     let run_dir = crate::params::run_dir();
     if std::fs::create_dir_all(&run_dir).is_ok() {
         rt.spawn(lode_rpc::admin::serve_admin(
@@ -264,6 +267,36 @@ fn start_mdt(
     mdt.start_background(rt.clone(), mgs);
     spawn_register(cfg, TargetKind::Mdt, listen, rt);
     Ok((mdt.clone(), Arc::new(lode_mds::params::MdtParams(mdt))))
+}
+
+/// Fetches the parameters stored with `set-param -P` from the MGS (retrying until it
+/// answers) and applies those that name this target's parameters.
+fn spawn_apply_persistent(
+    cfg: &TargetConfig,
+    params: Arc<dyn Params>,
+    rt: &tokio::runtime::Handle,
+) {
+    let mgs = lode_mgs::client::mgs_import(
+        &cfg.mgsnode,
+        &cfg.fsname,
+        &format!("{}_UUID", cfg.name()),
+        cfg.key(),
+        Duration::from_secs(5),
+        rt.clone(),
+    );
+    rt.spawn(async move {
+        loop {
+            match lode_mgs::client::fetch_config(&mgs).await {
+                Ok(conf) => {
+                    for r in lode_rpc::admin::apply_persistent(&*params, &conf.params) {
+                        warn!("persistent parameter refused: {r}");
+                    }
+                    return;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    });
 }
 
 /// Registers with the MGS, retrying until it answers.

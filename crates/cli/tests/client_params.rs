@@ -208,3 +208,51 @@ fn max_mod_rpcs_in_flight_is_capped_by_what_the_mdt_granted() {
     s.run(s.client.create(&root(), dir, b"f", 0o644, None))
         .expect("create with one tag");
 }
+
+#[test]
+fn set_param_p_is_kept_by_the_mgs_and_applied_by_every_process_at_start() {
+    let mut c = cluster(1);
+    let out = lode(
+        &c,
+        &[
+            "set-param",
+            "-P",
+            "mdc.*.max_mod_rpcs_in_flight=3",
+            "mdt.*.commit_interval_ms=250",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "set-param -P: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Applied at once where it runs (the MDT), stored on the MGS.
+    assert_eq!(value(&c, "mdt.*.commit_interval_ms"), "250");
+    let stored = value(&c, "mgs.MGS.params");
+    assert_eq!(
+        stored,
+        "mdc.*.max_mod_rpcs_in_flight=3\nmdt.*.commit_interval_ms=250"
+    );
+    // A client connecting now applies what names its devices.
+    let s = c.client();
+    assert_eq!(s.client.mdc().max_mod_rpcs_in_flight(), 3);
+    drop(s);
+    // A restarted MGS still has them; a restarted MDT applies its own.
+    c.kill9("mgs");
+    c.start_target("mgs");
+    lode_testkit::wait_for(
+        "the restarted MGS to list its parameters",
+        std::time::Duration::from_secs(20),
+        || c.get_param("mgs.MGS.params").lines().count() == 2,
+    );
+    c.kill9("mdt0");
+    c.start_target("mdt0");
+    lode_testkit::wait_for(
+        "the restarted MDT to apply commit_interval_ms",
+        std::time::Duration::from_secs(20),
+        || c.get_param("mdt.*.commit_interval_ms") == "250",
+    );
+    // A bad name or value is refused by the MGS with a reason.
+    let out = lode(&c, &["set-param", "-P", "bad name=1"]);
+    assert!(!out.status.success());
+}

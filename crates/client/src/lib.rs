@@ -145,6 +145,11 @@ impl Client {
             rt,
         });
         client.apply_targets(&conf.targets);
+        // Parameters stored with `set-param -P` that name this client's devices.
+        let params = params::ClientParams(client.clone());
+        for r in lode_rpc::admin::apply_persistent(&params, &conf.params) {
+            tracing::warn!("persistent parameter refused: {r}");
+        }
         Ok(client)
     }
 

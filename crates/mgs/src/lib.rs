@@ -173,6 +173,7 @@ impl lode_rpc::admin::Params for MgsParams {
             "mgs.MGS.stats".into(),
             "mgs.MGS.targets".into(),
             "mgs.MGS.fsname".into(),
+            "mgs.MGS.params".into(),
         ]
     }
 
@@ -180,6 +181,15 @@ impl lode_rpc::admin::Params for MgsParams {
         Some(match name {
             "mgs.MGS.stats" => self.0.stats.render(),
             "mgs.MGS.fsname" => self.0.fsname.clone(),
+            // The persistent parameters, as `set-param -P` stored them.
+            "mgs.MGS.params" => self
+                .0
+                .state
+                .lock()
+                .params
+                .iter()
+                .map(|(n, v)| format!("{n}={v}\n"))
+                .collect(),
             "mgs.MGS.targets" => {
                 let mut s = String::new();
                 for t in self.0.targets() {
@@ -199,6 +209,22 @@ impl lode_rpc::admin::Params for MgsParams {
             }
             _ => Err("read-only parameter".into()),
         }
+    }
+
+    fn set_persistent(&self, name: &str, value: &str) -> Option<Result<(), String>> {
+        let ok = !name.is_empty()
+            && name.len() <= 256
+            && value.len() <= 4096
+            && !name.contains(['\n', '=', ' '])
+            && !value.contains('\n');
+        if !ok {
+            return Some(Err("Invalid argument: bad parameter name or value".into()));
+        }
+        Some(
+            self.0
+                .set_param(name, Some(value))
+                .map_err(|e| format!("Input/output error: {e}")),
+        )
     }
 
     fn prometheus(&self) -> String {

@@ -24,6 +24,11 @@ pub trait Params: Send + Sync + 'static {
     fn set(&self, name: &str, value: &str) -> Result<(), String>;
     /// Prometheus text for `/metrics`.
     fn prometheus(&self) -> String;
+    /// Stores `name=value` for every process to apply at start (`set-param -P`); only
+    /// the MGS keeps such parameters (`None` elsewhere).
+    fn set_persistent(&self, _name: &str, _value: &str) -> Option<Result<(), String>> {
+        None
+    }
 }
 
 /// Shell-style matching with `*` and `?` (lctl's globbing).
@@ -80,6 +85,18 @@ fn answer(params: &dyn Params, line: &str) -> String {
                 }
             }
         }
+        "setp" => {
+            let Some((name, value)) = arg.split_once('=') else {
+                return "error: expected NAME=VALUE\n.\n".into();
+            };
+            match params.set_persistent(name, value) {
+                None => return ".\n".into(),
+                Some(Ok(())) => out.push_str(&format!("{name}={value}\n")),
+                Some(Err(e)) => out.push_str(&format!(
+                    "error: set_param: setting -P {name}={value}: {e}\n"
+                )),
+            }
+        }
         "set" => {
             let Some((name, value)) = arg.split_once('=') else {
                 return "error: expected NAME=VALUE\n.\n".into();
@@ -102,6 +119,21 @@ fn answer(params: &dyn Params, line: &str) -> String {
     }
     out.push_str(".\n");
     out
+}
+
+/// Applies the persistent parameters (`set-param -P`, from the MGS) that name
+/// parameters of this process, in the order they were set; returns a line per refusal.
+pub fn apply_persistent(params: &dyn Params, list: &[(String, String)]) -> Vec<String> {
+    let names = params.names();
+    let mut refused = Vec::new();
+    for (pat, value) in list {
+        for n in names.iter().filter(|n| glob_match(pat, n)) {
+            if let Err(e) = params.set(n, value) {
+                refused.push(format!("{n}={value}: {e}"));
+            }
+        }
+    }
+    refused
 }
 
 /// Serves the admin socket at `path` (replacing a stale one).
