@@ -256,17 +256,26 @@ fn start_mdt(
         store,
     )
     .map_err(|e| anyhow!("{}: {e}", cfg.name()))?;
-    let mgs = lode_mgs::client::mgs_import(
+    let mgs = mgs_import(cfg, Duration::from_secs(10), rt);
+    mdt.start_background(rt.clone(), mgs);
+    spawn_register(cfg, TargetKind::Mdt, listen, rt);
+    Ok((mdt.clone(), Arc::new(lode_mds::params::MdtParams(mdt))))
+}
+
+/// An import of the MGS for this target (its own client UUID: `<target>_UUID`).
+fn mgs_import(
+    cfg: &TargetConfig,
+    timeout: Duration,
+    rt: &tokio::runtime::Handle,
+) -> Arc<lode_rpc::Import> {
+    lode_mgs::client::mgs_import(
         &cfg.mgsnode,
         &cfg.fsname,
         &format!("{}_UUID", cfg.name()),
         cfg.key(),
-        Duration::from_secs(10),
+        timeout,
         rt.clone(),
-    );
-    mdt.start_background(rt.clone(), mgs);
-    spawn_register(cfg, TargetKind::Mdt, listen, rt);
-    Ok((mdt.clone(), Arc::new(lode_mds::params::MdtParams(mdt))))
+    )
 }
 
 /// Fetches the parameters stored with `set-param -P` from the MGS (retrying until it
@@ -276,14 +285,7 @@ fn spawn_apply_persistent(
     params: Arc<dyn Params>,
     rt: &tokio::runtime::Handle,
 ) {
-    let mgs = lode_mgs::client::mgs_import(
-        &cfg.mgsnode,
-        &cfg.fsname,
-        &format!("{}_UUID", cfg.name()),
-        cfg.key(),
-        Duration::from_secs(5),
-        rt.clone(),
-    );
+    let mgs = mgs_import(cfg, Duration::from_secs(5), rt);
     rt.spawn(async move {
         loop {
             match lode_mgs::client::fetch_config(&mgs).await {
@@ -308,14 +310,7 @@ fn spawn_register(cfg: &TargetConfig, kind: TargetKind, listen: &str, rt: &tokio
         addr: listen.to_string(),
         uuid: cfg.uuid.clone(),
     };
-    let mgs = lode_mgs::client::mgs_import(
-        &cfg.mgsnode,
-        &cfg.fsname,
-        &format!("{}_UUID", cfg.name()),
-        cfg.key(),
-        Duration::from_secs(5),
-        rt.clone(),
-    );
+    let mgs = mgs_import(cfg, Duration::from_secs(5), rt);
     let fsname = cfg.fsname.clone();
     rt.spawn(async move {
         let mut warned = false;
