@@ -111,7 +111,7 @@ fn a_blocked_caller_reads_its_own_reply_without_the_reader_thread() {
     let before = thread_switches(&reader).expect("the MDT import has a reader thread");
     s.run(churn(&s.client, dir, "f", 300)).expect("churn");
     let after = thread_switches(&reader).expect("reader thread still there");
-    // 1,200 calls; the idle reader thread only wakes up once a second to look around.
+    // 1,200 calls; the idle reader thread only wakes up every 200 ms to look around.
     assert!(
         after - before < 100,
         "the reader thread woke {} times for 1,200 calls made by a blocked caller",

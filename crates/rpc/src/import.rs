@@ -447,6 +447,8 @@ pub fn is_modify(op: Opcode) -> bool {
 const MAX_RIF: usize = 512;
 /// How long the reader thread reads before it looks again at who should.
 const READER_ROUND: Duration = Duration::from_millis(100);
+/// How long an idle reader thread sleeps before it looks again.
+const READER_IDLE: Duration = Duration::from_millis(200);
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 64 << 10;
 
@@ -1217,7 +1219,9 @@ fn reader_thread(imp: Weak<Import>) {
         let conn = {
             let mut lead = me.lead.lock();
             if lead.leader || !lead.kick {
-                me.reader_cv.wait_for(&mut lead, Duration::from_secs(1));
+                // Short: this holds the import, which a dropped client then keeps no
+                // longer than this.
+                me.reader_cv.wait_for(&mut lead, READER_IDLE);
             }
             if lead.leader || !lead.kick {
                 continue;

@@ -190,13 +190,42 @@ impl Cluster {
     }
 
     fn wait_ready(&self) {
-        wait_for("every target to register", Duration::from_secs(30), || {
-            let Ok(s) = Session::connect(self.client_config()) else {
-                return false;
-            };
-            s.run(async { s.client.refresh_config().await.is_ok() })
-                && s.client.ost_count() == self.osts as usize
-        });
+        // One session, kept once it connects (a new one per try costs a runtime and
+        // its threads), asked again until every OST is listed.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut session: Option<Session> = None;
+        let mut last = String::from("not tried");
+        loop {
+            if session.is_none() {
+                match Session::connect(self.client_config()) {
+                    Ok(s) => session = Some(s),
+                    Err(e) => last = format!("connect: {e}"),
+                }
+            }
+            if let Some(s) = &session {
+                match s.run(s.client.refresh_config()) {
+                    Ok(()) if s.client.ost_count() == self.osts as usize => break,
+                    Ok(()) => {
+                        last = format!("{} of {} OSTs listed", s.client.ost_count(), self.osts)
+                    }
+                    Err(e) => last = format!("refresh_config: {e}"),
+                }
+            }
+            if std::time::Instant::now() > deadline {
+                let mut logs = String::new();
+                for name in self.procs.keys() {
+                    let log = self.log(name);
+                    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                    logs.push_str(&format!("--- {name}.log (last lines)\n"));
+                    for l in tail.into_iter().rev() {
+                        logs.push_str(l);
+                        logs.push('\n');
+                    }
+                }
+                panic!("timed out waiting for every target to register ({last})\n{logs}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         // The MDS learns OSTs from the MGS too; creates stripe over what it knows.
         wait_for("the MDS to see every OST", Duration::from_secs(30), || {
             let obd = self.get_param("lod.*.target_obd");
