@@ -253,18 +253,22 @@ impl NativeOps {
         if let Some(f) = self.dirs.0.read().map_err(|_| anyhow!("poisoned"))?.get(d) {
             return Ok(*f);
         }
-        let (pd, name) = split(d);
-        let parent = self.dir(pd)?;
-        let b = self
-            .s
-            .run(self.s.client.lookup(&self.cred, parent, name.as_bytes()))
-            .map_err(|e| anyhow!("lookup {d}: {e}"))?;
+        let b = self.lookup("lookup", d)?;
         self.dirs
             .0
             .write()
             .map_err(|_| anyhow!("poisoned"))?
             .insert(d.to_string(), b.attr.fid);
         Ok(b.attr.fid)
+    }
+
+    /// The MDT body of `p`; an error names `what` was being done.
+    fn lookup(&self, what: &str, p: &str) -> Result<lode_client::MdtBody> {
+        let (d, n) = split(p);
+        let dir = self.dir(d)?;
+        self.s
+            .run(self.s.client.lookup(&self.cred, dir, n.as_bytes()))
+            .map_err(|e| anyhow!("{what} {p}: {e}"))
     }
 
     fn open(&self, p: &str, flags: i32) -> Result<FileHandle> {
@@ -277,10 +281,7 @@ impl NativeOps {
                 .run(c.create_open(&self.cred, dir, n.as_bytes(), 0o644, flags, None))
                 .map_err(|e| anyhow!("create {p}: {e}"));
         }
-        let b = self
-            .s
-            .run(c.lookup(&self.cred, dir, n.as_bytes()))
-            .map_err(|e| anyhow!("lookup {p}: {e}"))?;
+        let b = self.lookup("lookup", p)?;
         self.s
             .run(c.open(&self.cred, b.attr.fid, flags))
             .map_err(|e| anyhow!("open {p}: {e}"))
@@ -338,13 +339,8 @@ impl Ops for NativeOps {
         r.map(|_| ())
     }
     fn stat(&self, p: &str) -> Result<u64> {
-        let (d, n) = split(p);
-        let dir = self.dir(d)?;
         let c = &self.s.client;
-        let b = self
-            .s
-            .run(c.lookup(&self.cred, dir, n.as_bytes()))
-            .map_err(|e| anyhow!("stat {p}: {e}"))?;
+        let b = self.lookup("stat", p)?;
         let b = self
             .s
             .run(c.complete(b))
@@ -352,13 +348,8 @@ impl Ops for NativeOps {
         Ok(b.attr.size)
     }
     fn chmod(&self, p: &str, mode: u32) -> Result<()> {
-        let (d, n) = split(p);
-        let dir = self.dir(d)?;
         let c = &self.s.client;
-        let b = self
-            .s
-            .run(c.lookup(&self.cred, dir, n.as_bytes()))
-            .map_err(|e| anyhow!("chmod {p}: {e}"))?;
+        let b = self.lookup("chmod", p)?;
         let sa = lode_base::SetAttr {
             mode: Some(mode),
             ..Default::default()

@@ -859,24 +859,3 @@ fn now_ns() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64)
 }
-
-/// The lines of `log` that contain `needle`.
-fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
-    log.lines().filter(|l| l.contains(needle)).collect()
-}
-
-/// Restarts the MDS with extra server flags and waits until it can place objects again.
-fn restart_mds(c: &mut Cluster, args: &[&str]) {
-    c.set_server_args("mdt0", args);
-    c.kill9("mdt0");
-    c.start_target("mdt0");
-    wait_for(
-        "the restarted MDS to see its OST",
-        Duration::from_secs(30),
-        || {
-            c.get_param("lod.*.target_obd")
-                .lines()
-                .any(|l| l.ends_with(" ACTIVE"))
-        },
-    );
-}

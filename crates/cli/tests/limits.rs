@@ -405,22 +405,6 @@ fn a_client_closed_for_idling_reconnects_on_its_next_request_and_keeps_its_open_
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-/// Restarts the MDS with extra server flags and waits until it can place objects again.
-fn restart_mds(c: &mut Cluster, args: &[&str]) {
-    c.set_server_args("mdt0", args);
-    c.kill9("mdt0");
-    c.start_target("mdt0");
-    wait_for(
-        "the restarted MDS to see its OST",
-        Duration::from_secs(30),
-        || {
-            c.get_param("lod.*.target_obd")
-                .lines()
-                .any(|l| l.ends_with(" ACTIVE"))
-        },
-    );
-}
-
 /// Creates `name` in `dir` and checks what create and getattr say about it.
 fn create_and_stat(s: &Session, dir: Fid, name: &str) {
     let r = root();
@@ -542,11 +526,6 @@ fn num_exports(c: &Cluster) -> usize {
     let v = c.get_param(&format!("mdt.{MDT}.num_exports"));
     v.parse()
         .unwrap_or_else(|_| panic!("num_exports is not a number: {v:?}"))
-}
-
-/// The lines of `log` that contain `needle`.
-fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
-    log.lines().filter(|l| l.contains(needle)).collect()
 }
 
 /// The MDS's pid, from its target directory's lock file, if that process is the MDS

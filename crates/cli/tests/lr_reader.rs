@@ -24,6 +24,23 @@ fn shape(s: &str) -> String {
     out
 }
 
+/// `lode lr-reader ARGS DIR`'s output; it must succeed.
+fn lr_reader(c: &lode_testkit::Cluster, dir: &std::path::Path, args: &[&str]) -> String {
+    let out = c
+        .lode()
+        .arg("lr-reader")
+        .args(args)
+        .arg(dir)
+        .output()
+        .expect("run lr-reader");
+    assert!(
+        out.status.success(),
+        "lr-reader {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn lr_reader_prints_server_data_clients_and_reply_records_like_lustre() {
     let mut c = cluster(1);
@@ -43,26 +60,8 @@ fn lr_reader_prints_server_data_clients_and_reply_records_like_lustre() {
     let dir = c.target_dir("mdt0");
     let uuid = s.client.uuid().to_string();
 
-    let bin = env!("CARGO_BIN_EXE_lode");
-    let run_dir = c.run_dir();
-    let read = |args: &[&str]| {
-        let out = std::process::Command::new(bin)
-            .env("LODE_RUN_DIR", &run_dir)
-            .arg("lr-reader")
-            .args(args)
-            .arg(&dir)
-            .output()
-            .expect("run lr-reader");
-        assert!(
-            out.status.success(),
-            "lr-reader {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-
     // Without -c and -r: the server data only.
-    let plain = read(&[]);
+    let plain = lr_reader(&c, &dir, &[]);
     let lines: Vec<&str> = plain.lines().collect();
     assert_eq!(lines.len(), 4, "{plain}");
     assert_eq!(lines[0], "last_rcvd:");
@@ -75,7 +74,7 @@ fn lr_reader_prints_server_data_clients_and_reply_records_like_lustre() {
     assert!(last >= 3, "three creates committed: {plain}");
 
     // Live, with clients and replies.
-    let full = read(&["-c", "-r"]);
+    let full = lr_reader(&c, &dir, &["-c", "-r"]);
     let block = full
         .split("\n\n")
         .find(|b| b.contains(&uuid))
@@ -111,7 +110,7 @@ fn lr_reader_prints_server_data_clients_and_reply_records_like_lustre() {
 
     // The same on a stopped MDT.
     c.kill9("mdt0");
-    let stopped = read(&["-c", "-r"]);
+    let stopped = lr_reader(&c, &dir, &["-c", "-r"]);
     assert!(stopped.starts_with("last_rcvd:\n"), "{stopped}");
     assert!(stopped.contains(&uuid), "{stopped}");
 }
