@@ -33,6 +33,9 @@ enum Cmd {
     Oss(server::ServerArgs),
     /// Read parameters of the servers on this machine (like lctl get_param).
     GetParam(params::GetArgs),
+    /// List the parameters of the servers and mounts on this machine (like lctl
+    /// list_param; `-v` adds range and meaning).
+    ListParam(params::ListArgs),
     /// Set parameters of the servers on this machine (like lctl set_param).
     SetParam(params::SetArgs),
     /// Print an MDT's server data, clients (-c) and reply records (-r), like Lustre's
@@ -164,6 +167,7 @@ fn main() {
         Cmd::GetParam(a) => params::get(a),
         Cmd::LrReader(a) => lr_reader::run(a),
         Cmd::SetParam(a) => params::set(a),
+        Cmd::ListParam(a) => params::list(a),
         Cmd::Bench(b) => bench::run(b),
         Cmd::Mount(a) => mount::run(a),
         Cmd::Up(a) => up::up(a),

@@ -26,6 +26,16 @@ pub struct GetArgs {
     names: Vec<String>,
 }
 
+/// Arguments of list-param.
+#[derive(Args)]
+pub struct ListArgs {
+    /// Also say whether each can be set, its range, and what it is.
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
+    /// Parameter names, `*` and `?` allowed (default: every one).
+    names: Vec<String>,
+}
+
 /// Arguments of set-param.
 #[derive(Args)]
 pub struct SetArgs {
@@ -98,6 +108,29 @@ pub fn get(a: GetArgs) -> Result<()> {
             eprintln!("error: get_param: param_path '{pat}': No such file or directory");
             failed = true;
             continue;
+        }
+        print!("{ans}");
+    }
+    if failed {
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+/// Runs list-param.
+pub fn list(a: ListArgs) -> Result<()> {
+    let pats = if a.names.is_empty() {
+        vec!["*".to_string()]
+    } else {
+        a.names
+    };
+    let verb = if a.verbose { "help" } else { "list" };
+    let mut failed = false;
+    for pat in &pats {
+        let ans = ask(&format!("{verb} {pat}"))?;
+        if ans.is_empty() {
+            eprintln!("error: list_param: param_path '{pat}': No such file or directory");
+            failed = true;
         }
         print!("{ans}");
     }

@@ -65,6 +65,16 @@ fn rpc_stats_shows_up_to_seven_modify_rpcs_in_flight_then_exactly_one() {
     );
 }
 
+/// The rows of one table of an OSC's `rpc_stats` (`title` is its first column's name).
+fn section<'a>(stats: &'a str, title: &str) -> Vec<&'a str> {
+    stats
+        .lines()
+        .skip_while(|l| !l.starts_with(&format!("{title} ")))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect()
+}
+
 fn lode(c: &lode_testkit::Cluster, args: &[&str]) -> Output {
     c.lode().args(args).output().expect("run lode")
 }
@@ -156,6 +166,41 @@ fn mount_tunables_follow_lustres_rules_through_get_param_and_set_param() {
         ),
         "{osc}"
     );
+    // Lustre's three OSC tables: the 4-byte writes are one page each, at offset 0.
+    let pages = section(&osc, "pages per rpc");
+    assert!(
+        pages.first().is_some_and(
+            |l| l.starts_with("1:\t\t         0   0   0   |") && l.ends_with(" 100 100")
+        ),
+        "every write one page: {osc}"
+    );
+    let offset = section(&osc, "offset");
+    assert!(
+        offset
+            .first()
+            .is_some_and(|l| l.starts_with("0:\t\t") && l.ends_with(" 100 100")),
+        "every write at offset 0: {osc}"
+    );
+    assert!(!section(&osc, "rpcs in flight").is_empty(), "{osc}");
+    // md_stats: the metadata operations asked, by Lustre's md method names.
+    let md = value(&c, "mdc.*.md_stats");
+    assert!(md.starts_with("snapshot_time"), "{md}");
+    assert!(
+        md.lines()
+            .any(|l| l.starts_with("close ") && l.ends_with(" samples [reqs]")),
+        "closes counted: {md}"
+    );
+    // list-param -v says what each parameter is and what it takes.
+    let out = lode(&c, &["list-param", "-v", "mdc.*.max_mod_rpcs_in_flight"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && help.contains(".max_mod_rpcs_in_flight (rw, 1..512) "),
+        "{help}"
+    );
+    let out = lode(&c, &["list-param", "mdc.*.md_stats"]);
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .trim_end()
+        .ends_with(".md_stats"));
     // An emulated network: every request held this long before it is sent.
     c.set_param("mdc.*.net_delay_us=300");
     c.set_param("osc.*.net_delay_us=300");

@@ -4,116 +4,130 @@
 //! Lustre names a mount's devices by its superblock.
 
 use crate::Client;
-use lode_rpc::admin::{parse_num, Params};
+use lode_rpc::admin::{Device, Param, Registry, Set};
 use lode_rpc::Import;
 use std::sync::Arc;
 
 /// Parameters of one client.
 pub struct ClientParams(pub Arc<Client>);
 
+/// Largest max_rpcs_in_flight (Lustre's).
+const MAX_RPCS: u64 = lode_base::limits::MAX_RPCS_IN_FLIGHT_LIMIT as u64;
+
+fn refusal((errno, msg): (lode_base::Errno, String)) -> String {
+    format!("{errno}: {msg}")
+}
+
+/// `max_rpcs_in_flight`, from `min` (an MDC needs 2: one for a close beside the
+/// modify RPCs).
+const fn max_rpcs(min: u64) -> Param<Import> {
+    Param {
+        name: "max_rpcs_in_flight",
+        help: "RPCs this device may have in flight at once",
+        get: |i| i.max_rpcs_in_flight().to_string(),
+        set: Set::Num {
+            min,
+            max: MAX_RPCS,
+            f: |i, n| {
+                i.set_max_rpcs_in_flight(usize::try_from(n).unwrap_or(usize::MAX))
+                    .map_err(refusal)
+            },
+        },
+    }
+}
+
+const RPC_STATS: Param<Import> = Param {
+    name: "rpc_stats",
+    help: "RPCs in flight at each send, as histograms; a write clears it",
+    get: |i| i.rpc_stats(),
+    set: Set::Clear(|i| i.clear_rpc_stats()),
+};
+
+const STATS: Param<Import> = Param {
+    name: "stats",
+    help: "RPCs answered per opcode, with round-trip times in usecs",
+    get: |i| i.stats().render(),
+    set: Set::Clear(|i| i.stats().clear()),
+};
+
+const NET_DELAY: Param<Import> = Param {
+    name: "net_delay_us",
+    help: "hold each request this long before sending it (emulated network latency)",
+    get: |i| i.net_delay_us().to_string(),
+    set: Set::Num {
+        min: 0,
+        max: 10_000_000,
+        f: |i, n| i.set_net_delay_us(n).map_err(refusal),
+    },
+};
+
 /// Parameters of an MDC.
-const MDC: &[&str] = &[
-    "max_rpcs_in_flight",
-    "max_mod_rpcs_in_flight",
-    "rpc_stats",
-    "stats",
-    "net_delay_us",
+static MDC: [Param<Import>; 6] = [
+    max_rpcs(2),
+    Param {
+        name: "max_mod_rpcs_in_flight",
+        help:
+            "modify RPCs in flight at once: below max_rpcs_in_flight, at most what the MDT granted",
+        get: |i| i.max_mod_rpcs_in_flight().to_string(),
+        set: Set::Num {
+            min: 1,
+            max: MAX_RPCS,
+            f: |i, n| {
+                i.set_max_mod_rpcs_in_flight(u16::try_from(n).unwrap_or(u16::MAX))
+                    .map_err(refusal)
+            },
+        },
+    },
+    RPC_STATS,
+    STATS,
+    Param {
+        name: "md_stats",
+        help: "metadata operations asked of this MDC, by kind",
+        get: |i| i.md_stats().render(),
+        set: Set::Clear(|i| i.md_stats().clear()),
+    },
+    NET_DELAY,
 ];
+
 /// Parameters of an OSC.
-const OSC: &[&str] = &["max_rpcs_in_flight", "rpc_stats", "stats", "net_delay_us"];
+static OSC: [Param<Import>; 4] = [max_rpcs(1), RPC_STATS, STATS, NET_DELAY];
 
 impl ClientParams {
     /// This client's instance name.
     pub fn instance(&self) -> String {
         self.0.uuid().replace('-', "").chars().take(16).collect()
     }
+}
 
-    /// Every device of the client: (object name, import, its parameter names).
-    fn devices(&self) -> Vec<(String, Arc<Import>, &'static [&'static str])> {
+impl Registry for ClientParams {
+    type Ctx = Import;
+
+    fn devices(&self) -> Vec<Device<Import>> {
         let id = self.instance();
-        let mut v = vec![(
-            format!("mdc.{}-mdc-{id}", self.0.mdc().target()),
-            self.0.mdc().clone(),
-            MDC,
-        )];
+        let mut v = vec![Device {
+            obj: format!("mdc.{}-mdc-{id}", self.0.mdc().target()),
+            ctx: self.0.mdc().clone(),
+            params: &MDC,
+        }];
         let mut oscs = self.0.oscs();
         oscs.sort_by(|a, b| a.target().cmp(b.target()));
         for o in oscs {
-            v.push((format!("osc.{}-osc-{id}", o.target()), o, OSC));
+            v.push(Device {
+                obj: format!("osc.{}-osc-{id}", o.target()),
+                ctx: o,
+                params: &OSC,
+            });
         }
         v
     }
 
-    fn find(&self, name: &str) -> Option<(Arc<Import>, String)> {
-        let (obj, p) = name.rsplit_once('.')?;
-        self.devices()
-            .into_iter()
-            .find(|(o, _, ps)| o == obj && ps.contains(&p))
-            .map(|(_, i, _)| (i, p.to_string()))
-    }
-}
-
-fn refusal((errno, msg): (lode_base::Errno, String)) -> String {
-    format!("{errno}: {msg}")
-}
-
-impl Params for ClientParams {
-    fn names(&self) -> Vec<String> {
-        self.devices()
-            .into_iter()
-            .flat_map(|(o, _, ps)| ps.iter().map(move |p| format!("{o}.{p}")))
-            .collect()
-    }
-
-    fn get(&self, name: &str) -> Option<String> {
-        let (imp, p) = self.find(name)?;
-        Some(match p.as_str() {
-            "max_rpcs_in_flight" => imp.max_rpcs_in_flight().to_string(),
-            "max_mod_rpcs_in_flight" => imp.max_mod_rpcs_in_flight().to_string(),
-            "rpc_stats" => imp.rpc_stats(),
-            "stats" => imp.stats().render(),
-            "net_delay_us" => imp.net_delay_us().to_string(),
-            _ => return None,
-        })
-    }
-
-    fn set(&self, name: &str, value: &str) -> Result<(), String> {
-        let Some((imp, p)) = self.find(name) else {
-            return Err("No such file or directory".into());
-        };
-        let num = || {
-            parse_num(value.trim())
-                .map_err(|_| format!("Invalid argument: {value:?} is not a number"))
-        };
-        match p.as_str() {
-            "max_rpcs_in_flight" => {
-                let n = usize::try_from(num()?).unwrap_or(usize::MAX);
-                imp.set_max_rpcs_in_flight(n).map_err(refusal)
-            }
-            "max_mod_rpcs_in_flight" => {
-                let n = u16::try_from(num()?).unwrap_or(u16::MAX);
-                imp.set_max_mod_rpcs_in_flight(n).map_err(refusal)
-            }
-            "net_delay_us" => imp.set_net_delay_us(num()?).map_err(refusal),
-            // Writing anything clears the statistics, as in Lustre.
-            "rpc_stats" => {
-                imp.clear_rpc_stats();
-                Ok(())
-            }
-            "stats" => {
-                imp.stats().clear();
-                Ok(())
-            }
-            _ => Err("Permission denied: read-only parameter".into()),
-        }
-    }
-
     fn prometheus(&self) -> String {
         let mut s = String::new();
-        for (o, imp, _) in self.devices() {
+        for d in self.devices() {
             s.push_str(&format!(
-                "lode_client_rpcs_in_flight_max{{device=\"{o}\"}} {}\n",
-                imp.max_rpcs_in_flight()
+                "lode_client_rpcs_in_flight_max{{device=\"{}\"}} {}\n",
+                d.obj,
+                d.ctx.max_rpcs_in_flight()
             ));
         }
         s

@@ -167,48 +167,60 @@ pub const MGS_OPCODES: &[Opcode] = MgsRequest::OPCODES;
 /// Parameters of the MGS process.
 pub struct MgsParams(pub std::sync::Arc<Mgs>);
 
-impl lode_rpc::admin::Params for MgsParams {
-    fn names(&self) -> Vec<String> {
-        vec![
-            "mgs.MGS.stats".into(),
-            "mgs.MGS.targets".into(),
-            "mgs.MGS.fsname".into(),
-            "mgs.MGS.params".into(),
-        ]
-    }
-
-    fn get(&self, name: &str) -> Option<String> {
-        Some(match name {
-            "mgs.MGS.stats" => self.0.stats.render(),
-            "mgs.MGS.fsname" => self.0.fsname.clone(),
-            // The persistent parameters, as `set-param -P` stored them.
-            "mgs.MGS.params" => self
-                .0
-                .state
-                .lock()
-                .params
-                .iter()
-                .map(|(n, v)| format!("{n}={v}\n"))
-                .collect(),
-            "mgs.MGS.targets" => {
+/// `mgs.MGS.*`.
+static MGS: [lode_rpc::admin::Param<Mgs>; 4] = {
+    use lode_rpc::admin::{Param, Set};
+    [
+        Param {
+            name: "stats",
+            help: "requests served per opcode, with service times in usecs",
+            get: |m| m.stats.render(),
+            set: Set::Clear(|m| m.stats.clear()),
+        },
+        Param {
+            name: "targets",
+            help: "registered targets: name, address, UUID",
+            get: |m| {
                 let mut s = String::new();
-                for t in self.0.targets() {
+                for t in m.targets() {
                     s.push_str(&format!("{} {} {}\n", t.name, t.addr, t.uuid));
                 }
                 s
-            }
-            _ => return None,
-        })
-    }
+            },
+            set: Set::No,
+        },
+        Param {
+            name: "fsname",
+            help: "the file system's name",
+            get: |m| m.fsname.clone(),
+            set: Set::No,
+        },
+        // The persistent parameters, as `set-param -P` stored them.
+        Param {
+            name: "params",
+            help: "parameters stored with set-param -P, in the order they were set",
+            get: |m| {
+                m.state
+                    .lock()
+                    .params
+                    .iter()
+                    .map(|(n, v)| format!("{n}={v}\n"))
+                    .collect()
+            },
+            set: Set::No,
+        },
+    ]
+};
 
-    fn set(&self, name: &str, _value: &str) -> Result<(), String> {
-        match name {
-            "mgs.MGS.stats" => {
-                self.0.stats.clear();
-                Ok(())
-            }
-            _ => Err("read-only parameter".into()),
-        }
+impl lode_rpc::admin::Registry for MgsParams {
+    type Ctx = Mgs;
+
+    fn devices(&self) -> Vec<lode_rpc::admin::Device<Mgs>> {
+        vec![lode_rpc::admin::Device {
+            obj: "mgs.MGS".into(),
+            ctx: self.0.clone(),
+            params: &MGS,
+        }]
     }
 
     fn set_persistent(&self, name: &str, value: &str) -> Option<Result<(), String>> {

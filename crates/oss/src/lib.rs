@@ -331,50 +331,45 @@ impl Service for Ost {
 /// Parameters of one OSS process (`obdfilter.FSNAME-OSTxxxx.*`, `fail_loc`).
 pub struct OstParams(pub std::sync::Arc<Ost>);
 
-impl lode_rpc::admin::Params for OstParams {
-    fn names(&self) -> Vec<String> {
-        let t = self.0.cfg.target_name();
-        vec![
-            format!("obdfilter.{t}.stats"),
-            format!("obdfilter.{t}.uuid"),
-            format!("obdfilter.{t}.num_exports"),
-            format!("obdfilter.{t}.fail_loc"),
-            format!("obdfilter.{t}.fail_val"),
-            format!("obdfilter.{t}.fail_opc"),
-            format!("obdfilter.{t}.rpc_delay_us"),
-        ]
-    }
+/// `obdfilter.FS-OSTxxxx.*`.
+static OBDFILTER: [lode_rpc::admin::Param<Ost>; 7] = {
+    use lode_rpc::admin::{Param, Set};
+    let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Ost>();
+    [
+        Param {
+            name: "stats",
+            help: "requests served per opcode, with service times in usecs",
+            get: |o| o.stats.render(),
+            set: Set::Clear(|o| o.stats.clear()),
+        },
+        Param {
+            name: "uuid",
+            help: "the target's UUID",
+            get: |o| o.cfg.uuid.clone(),
+            set: Set::No,
+        },
+        Param {
+            name: "num_exports",
+            help: "clients connected",
+            get: |o| o.handles.read().len().to_string(),
+            set: Set::No,
+        },
+        fail_loc,
+        fail_val,
+        fail_opc,
+        rpc_delay_us,
+    ]
+};
 
-    fn get(&self, name: &str) -> Option<String> {
-        let t = self.0.cfg.target_name();
-        let p = name.strip_prefix(&format!("obdfilter.{t}."))?;
-        Some(match p {
-            "stats" => self.0.stats.render(),
-            "uuid" => self.0.cfg.uuid.clone(),
-            "num_exports" => self.0.handles.read().len().to_string(),
-            "fail_loc" => format!("{:#x}", lode_rpc::fail::loc()),
-            "fail_val" => lode_rpc::fail::val().to_string(),
-            "fail_opc" => lode_rpc::fail::opc().to_string(),
-            "rpc_delay_us" => lode_rpc::fail::rpc_delay_us().to_string(),
-            _ => return None,
-        })
-    }
+impl lode_rpc::admin::Registry for OstParams {
+    type Ctx = Ost;
 
-    fn set(&self, name: &str, value: &str) -> Result<(), String> {
-        let t = self.0.cfg.target_name();
-        let p = name
-            .strip_prefix(&format!("obdfilter.{t}."))
-            .ok_or("no such parameter")?;
-        let num = || lode_rpc::admin::parse_num(value);
-        match p {
-            "stats" => self.0.stats.clear(),
-            "fail_loc" => lode_rpc::fail::set_loc(num()? as u32),
-            "fail_val" => lode_rpc::fail::set_val(num()? as u32),
-            "fail_opc" => lode_rpc::fail::set_opc(num()? as u32),
-            "rpc_delay_us" => lode_rpc::fail::set_rpc_delay_us(num()?),
-            _ => return Err("read-only parameter".into()),
-        }
-        Ok(())
+    fn devices(&self) -> Vec<lode_rpc::admin::Device<Ost>> {
+        vec![lode_rpc::admin::Device {
+            obj: format!("obdfilter.{}", self.0.cfg.target_name()),
+            ctx: self.0.clone(),
+            params: &OBDFILTER,
+        }]
     }
 
     fn prometheus(&self) -> String {

@@ -1,8 +1,8 @@
 //! The admin side of every server process: a Unix socket that `lode get-param` /
 //! `set-param` talk to, and a Prometheus `/metrics` endpoint.
 //!
-//! Admin protocol: one request line (`get PATTERN`, `value PATTERN`, `list PATTERN` or
-//! `set NAME=VALUE`), answered with lines `name=value` (multi-line values as
+//! Admin protocol: one request line (`get PATTERN`, `value PATTERN`, `list PATTERN`,
+//! `help PATTERN`, `set NAME=VALUE` or `setp NAME=VALUE`), answered with lines `name=value` (multi-line values as
 //! `name=` then the value), ending with a line `.`; errors are one line `error: …`.
 
 use std::path::{Path, PathBuf};
@@ -22,12 +22,156 @@ pub trait Params: Send + Sync + 'static {
     fn get(&self, name: &str) -> Option<String>;
     /// Sets a parameter; the error is a one-line reason.
     fn set(&self, name: &str, value: &str) -> Result<(), String>;
+    /// Whether it can be written, its range, and a line on what it is.
+    fn help(&self, _name: &str) -> Option<String> {
+        None
+    }
     /// Prometheus text for `/metrics`.
     fn prometheus(&self) -> String;
     /// Stores `name=value` for every process to apply at start (`set-param -P`); only
     /// the MGS keeps such parameters (`None` elsewhere).
     fn set_persistent(&self, _name: &str, _value: &str) -> Option<Result<(), String>> {
         None
+    }
+}
+
+/// How a parameter takes a new value.
+pub enum Set<C: ?Sized + 'static> {
+    /// Read-only.
+    No,
+    /// Writing anything clears it (statistics, as in Lustre).
+    Clear(fn(&C)),
+    /// A whole number (decimal or `0x` hex) in `min..=max`, checked here; `f` may still
+    /// refuse it for a reason that depends on other values.
+    Num {
+        /// Smallest value accepted.
+        min: u64,
+        /// Largest value accepted.
+        max: u64,
+        /// Applies the value.
+        f: fn(&C, u64) -> Result<(), String>,
+    },
+    /// Free text, which `f` checks.
+    Text(fn(&C, &str) -> Result<(), String>),
+}
+
+/// One parameter of a kind of device: the declarative entry a process's registry is
+/// made of, so that names, reading, writing, range and help live in one place.
+pub struct Param<C: ?Sized + 'static> {
+    /// The last component of the name (`max_rpcs_in_flight`).
+    pub name: &'static str,
+    /// One line for `lode list-param -v`.
+    pub help: &'static str,
+    /// Reads the value.
+    pub get: fn(&C) -> String,
+    /// Writes it.
+    pub set: Set<C>,
+}
+
+/// A device of a process: its object name (`mdt.lode-MDT0000`), what its parameters
+/// read from, and their table.
+pub struct Device<C: ?Sized + 'static> {
+    /// `type.instance`.
+    pub obj: String,
+    /// The state the parameters read and write.
+    pub ctx: Arc<C>,
+    /// Its parameters.
+    pub params: &'static [Param<C>],
+}
+
+/// A process's parameter registry: its devices, each with a table of [`Param`]s. Every
+/// registry is a [`Params`].
+pub trait Registry: Send + Sync + 'static {
+    /// What the parameters read and write.
+    type Ctx: ?Sized + Send + Sync + 'static;
+    /// The devices now (a client's OSCs come and go).
+    fn devices(&self) -> Vec<Device<Self::Ctx>>;
+    /// Prometheus text for `/metrics`.
+    fn prometheus(&self) -> String;
+    /// See [`Params::set_persistent`].
+    fn set_persistent(&self, _name: &str, _value: &str) -> Option<Result<(), String>> {
+        None
+    }
+}
+
+impl<C: ?Sized> Device<C> {
+    fn find(&self, name: &str) -> Option<&'static Param<C>> {
+        let (obj, p) = name.rsplit_once('.')?;
+        if obj != self.obj {
+            return None;
+        }
+        self.params.iter().find(|x| x.name == p)
+    }
+}
+
+fn set_one<C: ?Sized>(ctx: &C, p: &Param<C>, value: &str) -> Result<(), String> {
+    match &p.set {
+        Set::No => Err("Permission denied: read-only parameter".into()),
+        Set::Clear(f) => {
+            f(ctx);
+            Ok(())
+        }
+        Set::Text(f) => f(ctx, value),
+        Set::Num { min, max, f } => {
+            let n = parse_num(value)
+                .map_err(|_| format!("Invalid argument: {value:?} is not a number"))?;
+            if n < *min || n > *max {
+                return Err(format!(
+                    "Numerical result out of range: {} must be {min}..{max}",
+                    p.name
+                ));
+            }
+            f(ctx, n)
+        }
+    }
+}
+
+impl<R: Registry> Params for R {
+    fn names(&self) -> Vec<String> {
+        self.devices()
+            .iter()
+            .flat_map(|d| {
+                d.params
+                    .iter()
+                    .map(move |p| format!("{}.{}", d.obj, p.name))
+            })
+            .collect()
+    }
+
+    fn get(&self, name: &str) -> Option<String> {
+        self.devices()
+            .iter()
+            .find_map(|d| d.find(name).map(|p| (p.get)(&*d.ctx)))
+    }
+
+    fn set(&self, name: &str, value: &str) -> Result<(), String> {
+        let devices = self.devices();
+        let Some((d, p)) = devices.iter().find_map(|d| d.find(name).map(|p| (d, p))) else {
+            return Err("No such file or directory".into());
+        };
+        set_one(&*d.ctx, p, value)
+    }
+
+    fn help(&self, name: &str) -> Option<String> {
+        self.devices().iter().find_map(|d| {
+            d.find(name).map(|p| {
+                let how = match &p.set {
+                    Set::No => "ro".to_string(),
+                    Set::Clear(_) => "rw, a write clears".to_string(),
+                    Set::Num { min, max, .. } => format!("rw, {min}..{max}"),
+                    Set::Text(_) => "rw".to_string(),
+                };
+                format!("({how}) {}", p.help)
+            })
+        })
+    }
+
+    fn prometheus(&self) -> String {
+        Registry::prometheus(self)
+    }
+
+    fn set_persistent(&self, name: &str, value: &str) -> Option<Result<(), String>> {
+        Registry::set_persistent(self, name, value)
     }
 }
 
@@ -61,11 +205,16 @@ fn answer(params: &dyn Params, line: &str) -> String {
     let mut out = String::new();
     let (verb, arg) = line.split_once(' ').unwrap_or((line, ""));
     match verb {
-        "get" | "list" | "value" => {
+        "get" | "list" | "value" | "help" => {
             for n in params.names().into_iter().filter(|n| glob_match(arg, n)) {
                 if verb == "list" {
                     out.push_str(&n);
                     out.push('\n');
+                    continue;
+                }
+                if verb == "help" {
+                    let h = params.help(&n).unwrap_or_default();
+                    out.push_str(&format!("{n} {h}\n"));
                     continue;
                 }
                 if let Some(v) = params.get(&n) {
@@ -220,7 +369,93 @@ pub fn parse_num(v: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::glob_match;
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    struct Thing(AtomicU64);
+    struct Reg(Arc<Thing>);
+
+    static THING: [Param<Thing>; 3] = [
+        Param {
+            name: "size",
+            help: "how big",
+            get: |t| t.0.load(Ordering::Relaxed).to_string(),
+            set: Set::Num {
+                min: 1,
+                max: 10,
+                f: |t, v| {
+                    if v == 7 {
+                        return Err("Invalid argument: not seven".into());
+                    }
+                    t.0.store(v, Ordering::Relaxed);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "stats",
+            help: "counts",
+            get: |_| "x\ny\n".into(),
+            set: Set::Clear(|t| t.0.store(0, Ordering::Relaxed)),
+        },
+        Param {
+            name: "uuid",
+            help: "who",
+            get: |_| "u".into(),
+            set: Set::No,
+        },
+    ];
+
+    impl Registry for Reg {
+        type Ctx = Thing;
+        fn devices(&self) -> Vec<Device<Thing>> {
+            vec![Device {
+                obj: "thing.T0".into(),
+                ctx: self.0.clone(),
+                params: &THING,
+            }]
+        }
+        fn prometheus(&self) -> String {
+            String::new()
+        }
+    }
+
+    #[test]
+    fn a_registry_checks_ranges_keeps_the_old_value_and_says_why() {
+        let r = Reg(Arc::new(Thing(AtomicU64::new(3))));
+        assert_eq!(
+            r.names(),
+            ["thing.T0.size", "thing.T0.stats", "thing.T0.uuid"]
+        );
+        assert_eq!(answer(&r, "get thing.*.size"), "thing.T0.size=3\n.\n");
+        assert_eq!(answer(&r, "get *.stats"), "thing.T0.stats=\nx\ny\n.\n");
+        let e = answer(&r, "set thing.T0.size=11");
+        assert!(
+            e.contains("Numerical result out of range: size must be 1..10"),
+            "{e}"
+        );
+        assert!(answer(&r, "set thing.T0.size=x").contains("Invalid argument"));
+        assert!(answer(&r, "set thing.T0.size=7").contains("not seven"));
+        assert!(answer(&r, "set thing.T0.uuid=v").contains("read-only"));
+        assert_eq!(r.get("thing.T0.size").as_deref(), Some("3"), "kept");
+        assert_eq!(
+            answer(&r, "set thing.T0.size=0x5"),
+            "thing.T0.size=0x5\n.\n"
+        );
+        assert_eq!(r.get("thing.T0.size").as_deref(), Some("5"));
+        answer(&r, "set thing.T0.stats=clear");
+        assert_eq!(r.get("thing.T0.size").as_deref(), Some("0"), "cleared");
+        assert_eq!(
+            answer(&r, "help thing.T0.*"),
+            "thing.T0.size (rw, 1..10) how big\n\
+             thing.T0.stats (rw, a write clears) counts\n\
+             thing.T0.uuid (ro) who\n.\n"
+        );
+        assert_eq!(
+            r.set("thing.T1.size", "1"),
+            Err("No such file or directory".into())
+        );
+    }
 
     #[test]
     fn globbing_like_lctl() {

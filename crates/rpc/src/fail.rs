@@ -127,6 +127,70 @@ pub fn check_op(id: u32, opcode: u16) -> bool {
     check(id)
 }
 
+/// A fault-injection parameter: a number in `0..=max`.
+const fn param<C: ?Sized>(
+    name: &'static str,
+    help: &'static str,
+    max: u64,
+    get: fn(&C) -> String,
+    f: fn(&C, u64) -> Result<(), String>,
+) -> crate::admin::Param<C> {
+    crate::admin::Param {
+        name,
+        help,
+        get,
+        set: crate::admin::Set::Num { min: 0, max, f },
+    }
+}
+
+/// `fail_loc`, `fail_val`, `fail_opc` and `rpc_delay_us`, the fault-injection
+/// parameters every server has, for a registry over any context.
+pub const fn params<C: ?Sized>() -> [crate::admin::Param<C>; 4] {
+    const U32: u64 = u32::MAX as u64;
+    [
+        param(
+            "fail_loc",
+            "fault point to act on, with Lustre's ONCE/SKIP/SOME flags (0: none)",
+            U32,
+            |_| format!("{:#x}", loc()),
+            |_, v| {
+                set_loc(v as u32);
+                Ok(())
+            },
+        ),
+        param(
+            "fail_val",
+            "the fault point's argument (milliseconds, or a count for SKIP/SOME/EVERY)",
+            U32,
+            |_| val().to_string(),
+            |_, v| {
+                set_val(v as u32);
+                Ok(())
+            },
+        ),
+        param(
+            "fail_opc",
+            "only requests of this opcode meet the fault point (0: any)",
+            u16::MAX as u64,
+            |_| opc().to_string(),
+            |_, v| {
+                set_opc(v as u32);
+                Ok(())
+            },
+        ),
+        param(
+            "rpc_delay_us",
+            "hold every reply this long (emulated network latency, server side)",
+            10_000_000,
+            |_| rpc_delay_us().to_string(),
+            |_, v| {
+                set_rpc_delay_us(v);
+                Ok(())
+            },
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

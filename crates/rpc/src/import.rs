@@ -269,14 +269,42 @@ impl Tags {
     }
 }
 
-/// Counts one OST read or write in flight while it lives, and tallies the count at
-/// entry.
+/// One direction (read or write) of an OSC's bulk RPCs: how many are out now, and
+/// the three histograms of its `rpc_stats`.
+#[derive(Default)]
+struct Bulk {
+    now: Arc<std::sync::atomic::AtomicUsize>,
+    /// RPCs in flight at each send, that one included.
+    in_flight: crate::stats::InFlight,
+    /// log2 buckets of pages (4 KiB) per RPC, as Lustre's `lprocfs_oh_tally_log2`.
+    pages: crate::stats::InFlight,
+    /// log2 buckets of the starting page in the object, plus one.
+    offset: crate::stats::InFlight,
+}
+
+/// Lustre's `fls(v)`: the position of the highest set bit, 0 for 0.
+fn fls(v: u64) -> usize {
+    (u64::BITS - v.leading_zeros()) as usize
+}
+
+impl Bulk {
+    fn clear(&self) {
+        self.in_flight.clear();
+        self.pages.clear();
+        self.offset.clear();
+    }
+}
+
+/// Counts one OST read or write in flight while it lives, and tallies it at entry.
 struct InFlightGuard(Arc<std::sync::atomic::AtomicUsize>);
 
 impl InFlightGuard {
-    fn enter(n: &Arc<std::sync::atomic::AtomicUsize>, hist: &crate::stats::InFlight) -> Self {
-        hist.tally(n.fetch_add(1, Ordering::Relaxed) + 1);
-        InFlightGuard(n.clone())
+    fn enter(b: &Bulk, offset: u64, len: u64) -> Self {
+        b.in_flight.tally(b.now.fetch_add(1, Ordering::Relaxed) + 1);
+        let pages = len.div_ceil(4096).max(1);
+        b.pages.tally(fls(pages - 1));
+        b.offset.tally(fls(offset / 4096));
+        InFlightGuard(b.now.clone())
     }
 }
 
@@ -341,10 +369,8 @@ pub struct Import {
     pending: Mutex<PendingMap>,
     rif: Arc<Rif>,
     /// OST reads and writes in flight now, and at each send (`rpc_stats`).
-    reads: Arc<std::sync::atomic::AtomicUsize>,
-    writes: Arc<std::sync::atomic::AtomicUsize>,
-    read_hist: crate::stats::InFlight,
-    write_hist: crate::stats::InFlight,
+    reads: Bulk,
+    writes: Bulk,
     tags: Arc<Tags>,
     last_committed: AtomicU64,
     lead: Mutex<Lead>,
@@ -353,6 +379,8 @@ pub struct Import {
     net_delay_us: AtomicU64,
     /// Requests answered, per opcode, with their round-trip times (`stats`).
     stats: crate::stats::OpStats,
+    /// Metadata operations asked, by md method (`md_stats`).
+    md_stats: crate::stats::MdStats,
 }
 
 struct TagGuard {
@@ -475,16 +503,15 @@ impl Import {
             }),
             pending: Mutex::new(PendingMap::default()),
             rif: Arc::new(Rif::new(cfg.max_rpcs_in_flight)),
-            reads: Arc::default(),
-            writes: Arc::default(),
-            read_hist: crate::stats::InFlight::default(),
-            write_hist: crate::stats::InFlight::default(),
+            reads: Bulk::default(),
+            writes: Bulk::default(),
             tags,
             last_committed: AtomicU64::new(0),
             lead: Mutex::new(Lead::default()),
             reader_cv: Condvar::new(),
             net_delay_us: AtomicU64::new(0),
             stats: crate::stats::OpStats::default(),
+            md_stats: crate::stats::MdStats::default(),
             cfg,
         });
         let weak = Arc::downgrade(&imp);
@@ -608,21 +635,50 @@ impl Import {
             let _ = writeln!(s);
             rpc_stats_table(&mut s, "modify", &self.tags.hist);
         } else {
-            rpc_stats_header(&mut s, &self.read_hist);
+            rpc_stats_header(&mut s, &self.reads.in_flight);
             let _ = writeln!(
                 s,
                 "read RPCs in flight:  {}",
-                self.reads.load(Ordering::Relaxed)
+                self.reads.now.load(Ordering::Relaxed)
             );
             let _ = writeln!(
                 s,
                 "write RPCs in flight: {}",
-                self.writes.load(Ordering::Relaxed)
+                self.writes.now.load(Ordering::Relaxed)
             );
+            // Writes leave at once (no write-back cache of pages yet).
             let _ = writeln!(s, "pending write pages:  0");
             let _ = writeln!(s, "pending read pages:   0");
             let _ = writeln!(s);
-            rpc_stats_table2(&mut s, "rpcs in flight", &self.read_hist, &self.write_hist);
+            rpc_stats_table2(
+                &mut s,
+                "pages per rpc",
+                &self.reads.pages,
+                &self.writes.pages,
+                |i| 1 << i,
+            );
+            let _ = writeln!(s);
+            rpc_stats_table2(
+                &mut s,
+                "rpcs in flight",
+                &self.reads.in_flight,
+                &self.writes.in_flight,
+                |i| i as u64,
+            );
+            let _ = writeln!(s);
+            rpc_stats_table2(
+                &mut s,
+                "offset",
+                &self.reads.offset,
+                &self.writes.offset,
+                |i| {
+                    if i == 0 {
+                        0
+                    } else {
+                        1 << (i - 1)
+                    }
+                },
+            );
         }
         s
     }
@@ -633,11 +689,17 @@ impl Import {
         &self.stats
     }
 
+    /// `md_stats`: the metadata operations asked of this import, by Lustre's md method
+    /// names; writing to it clears it.
+    pub fn md_stats(&self) -> &crate::stats::MdStats {
+        &self.md_stats
+    }
+
     /// Clears `rpc_stats` (what writing to it does).
     pub fn clear_rpc_stats(&self) {
         self.tags.hist.clear();
-        self.read_hist.clear();
-        self.write_hist.clear();
+        self.reads.clear();
+        self.writes.clear();
     }
 
     /// The most modify RPCs ever in flight at once since `rpc_stats` was cleared, and
@@ -678,15 +740,24 @@ impl Import {
     /// Sends a request and waits for its reply; a negative status becomes `Err`.
     pub async fn call(self: &Arc<Self>, req: Request) -> Result<Response, Errno> {
         let op = req.opcode();
+        self.md_stats.record(op);
         let tag_guard = if is_modify(op) {
             Some(self.take_tag(op == Opcode::Close).await)
         } else {
             None
         };
         let _permit = self.rif.take().await;
-        let _bulk = match op {
-            Opcode::OstRead => Some(InFlightGuard::enter(&self.reads, &self.read_hist)),
-            Opcode::OstWrite => Some(InFlightGuard::enter(&self.writes, &self.write_hist)),
+        let _bulk = match &req {
+            Request::OstRead(r) => Some(InFlightGuard::enter(
+                &self.reads,
+                r.offset,
+                u64::from(r.len),
+            )),
+            Request::OstWrite(w) => Some(InFlightGuard::enter(
+                &self.writes,
+                w.offset,
+                w.data.len() as u64,
+            )),
             _ => None,
         };
         let body = Arc::new(req.encode());

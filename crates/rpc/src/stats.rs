@@ -79,17 +79,8 @@ impl OpStats {
 
     /// The Lustre `stats` file: header lines, then one line per non-zero counter.
     pub fn render(&self) -> String {
-        let now = now_ns();
-        let start = self.start.load(Ordering::Relaxed);
         let mut s = String::new();
-        let _ = writeln!(s, "{:<25} {} secs.nsecs", "snapshot_time", secs(now));
-        let _ = writeln!(s, "{:<25} {} secs.nsecs", "start_time", secs(start));
-        let _ = writeln!(
-            s,
-            "{:<25} {} secs.nsecs",
-            "elapsed_time",
-            secs(now.saturating_sub(start))
-        );
+        stats_header(&mut s, self.start.load(Ordering::Relaxed));
         for (op, c) in Opcode::ALL.iter().zip(&self.counters) {
             let n = c.count.load(Ordering::Relaxed);
             if n == 0 {
@@ -135,6 +126,105 @@ impl OpStats {
             }
         }
     }
+}
+
+/// The MDC's `md_stats`: metadata operations asked of it, by the name of Lustre's md
+/// method that does the same (count only, unit `reqs`).
+pub struct MdStats {
+    counts: [AtomicU64; MD_OPS.len()],
+    start: AtomicU64,
+}
+
+/// Lustre's md method names, in the order `md_stats` prints them.
+const MD_OPS: [&str; 14] = [
+    "close",
+    "create",
+    "getattr",
+    "getattr_name",
+    "intent_lock",
+    "link",
+    "rename",
+    "setattr",
+    "fsync",
+    "read_page",
+    "unlink",
+    "setxattr",
+    "getxattr",
+    "intent_getattr_async",
+];
+
+/// The md method an MDC request serves, if any.
+fn md_op(op: Opcode) -> Option<usize> {
+    let name = match op {
+        Opcode::Close => "close",
+        Opcode::Create => "create",
+        Opcode::Getattr => "getattr",
+        Opcode::Lookup => "getattr_name",
+        Opcode::Open => "intent_lock",
+        Opcode::Link => "link",
+        Opcode::Rename => "rename",
+        Opcode::Setattr => "setattr",
+        Opcode::Sync => "fsync",
+        Opcode::Readdir => "read_page",
+        Opcode::Unlink => "unlink",
+        Opcode::Setxattr => "setxattr",
+        Opcode::Getxattr | Opcode::Listxattr => "getxattr",
+        Opcode::BatchGetattr => "intent_getattr_async",
+        _ => return None,
+    };
+    MD_OPS.iter().position(|n| *n == name)
+}
+
+impl Default for MdStats {
+    fn default() -> Self {
+        MdStats {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            start: AtomicU64::new(now_ns()),
+        }
+    }
+}
+
+impl MdStats {
+    /// Counts one request (opcodes that are no md method are not counted).
+    pub fn record(&self, op: Opcode) {
+        if let Some(i) = md_op(op) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets every count.
+    pub fn clear(&self) {
+        for c in &self.counts {
+            c.store(0, Ordering::Relaxed);
+        }
+        self.start.store(now_ns(), Ordering::Relaxed);
+    }
+
+    /// The `md_stats` file: the header, then one line per non-zero counter.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        stats_header(&mut s, self.start.load(Ordering::Relaxed));
+        for (name, c) in MD_OPS.iter().zip(&self.counts) {
+            let n = c.load(Ordering::Relaxed);
+            if n > 0 {
+                let _ = writeln!(s, "{name:<25} {n} samples [reqs]");
+            }
+        }
+        s
+    }
+}
+
+/// The three header lines of a Lustre counter file.
+fn stats_header(s: &mut String, start: u64) {
+    let now = now_ns();
+    let _ = writeln!(s, "{:<25} {} secs.nsecs", "snapshot_time", secs(now));
+    let _ = writeln!(s, "{:<25} {} secs.nsecs", "start_time", secs(start));
+    let _ = writeln!(
+        s,
+        "{:<25} {} secs.nsecs",
+        "elapsed_time",
+        secs(now.saturating_sub(start))
+    );
 }
 
 /// The name Lustre's stats files use for an opcode.
@@ -284,8 +374,15 @@ pub fn rpc_stats_table(out: &mut String, title: &str, h: &InFlight) {
     }
 }
 
-/// A read/write pair of histograms side by side, as the OSC's tables.
-pub fn rpc_stats_table2(out: &mut String, rows: &str, read: &InFlight, write: &InFlight) {
+/// A read/write pair of histograms side by side, as the OSC's tables; `label` names
+/// bucket `i` (the count itself, or a power of two for log2 buckets).
+pub fn rpc_stats_table2(
+    out: &mut String,
+    rows: &str,
+    read: &InFlight,
+    write: &InFlight,
+    label: fn(usize) -> u64,
+) {
     let (r, w) = (read.snapshot(), write.snapshot());
     let (rt, wt): (u64, u64) = (r.iter().sum(), w.iter().sum());
     let _ = writeln!(out, "\t\t\tread\t\t\twrite");
@@ -303,7 +400,8 @@ pub fn rpc_stats_table2(out: &mut String, rows: &str, read: &InFlight, write: &I
         wc += wn;
         let _ = writeln!(
             out,
-            "{i}:\t\t{rn:10} {:3} {:3}   | {wn:10} {:3} {:3}",
+            "{}:\t\t{rn:10} {:3} {:3}   | {wn:10} {:3} {:3}",
+            label(i),
             pct(rn, rt),
             pct(rc, rt),
             pct(wn, wt),
@@ -315,6 +413,49 @@ pub fn rpc_stats_table2(out: &mut String, rows: &str, read: &InFlight, write: &I
 #[cfg(test)]
 mod in_flight_tests {
     use super::*;
+
+    #[test]
+    fn md_stats_counts_md_methods_only() {
+        let m = MdStats::default();
+        m.record(Opcode::Create);
+        m.record(Opcode::Create);
+        m.record(Opcode::Listxattr);
+        m.record(Opcode::OstWrite);
+        let out = m.render();
+        let body: Vec<&str> = out.lines().skip(3).collect();
+        assert_eq!(
+            body,
+            [
+                "create                    2 samples [reqs]",
+                "getxattr                  1 samples [reqs]"
+            ]
+        );
+        m.clear();
+        assert_eq!(m.render().lines().count(), 3);
+    }
+
+    #[test]
+    fn osc_tables_label_log2_buckets_like_lustre() {
+        let (r, w) = (InFlight::default(), InFlight::default());
+        // Writes of 1, 2 and 256 pages: buckets fls(n - 1) = 0, 1, 8.
+        w.tally(0);
+        w.tally(1);
+        w.tally(8);
+        let mut s = String::new();
+        rpc_stats_table2(&mut s, "pages per rpc", &r, &w, |i| 1 << i);
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines[0], "\t\t\tread\t\t\twrite");
+        assert_eq!(
+            lines[1],
+            "pages per rpc         rpcs   % cum % |       rpcs   % cum %"
+        );
+        assert_eq!(lines[2], "1:\t\t         0   0   0   |          1  33  33");
+        assert_eq!(
+            lines[10],
+            "256:\t\t         0   0   0   |          1  33 100"
+        );
+        assert_eq!(lines.len(), 11);
+    }
 
     #[test]
     fn modify_table_in_lustre_layout() {
