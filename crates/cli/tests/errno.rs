@@ -404,6 +404,28 @@ fn permission_errnos_for_a_non_root_user() {
                 .await),
             Errno::EACCES
         );
+        // chown/chgrp by a non-owner fail even when nothing would change (Linux's
+        // chown_ok/chgrp_ok); the owner may "change" its own uid and the file's group.
+        let fg = cl.getattr_md(&u, f).await.unwrap().attr.gid;
+        for sa in [
+            SetAttr {
+                uid: Some(1000),
+                ..Default::default()
+            },
+            SetAttr {
+                gid: Some(fg),
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(
+                err(cl.setattr(&other, f, sa.clone()).await),
+                Errno::EPERM,
+                "non-owner no-op chown {sa:?}"
+            );
+            cl.setattr(&u, f, sa)
+                .await
+                .expect("the owner's no-op chown");
+        }
         // setgid is dropped when a non-member sets it; chown clears setuid.
         let g = cl
             .setattr(
@@ -447,16 +469,22 @@ fn permission_errnos_for_a_non_root_user() {
         assert_eq!(ch.attr.mode & 0o7777, 0o755, "chown clears setuid");
         // A setgid directory passes its group down.
         let sg = cl.mkdir(&r, Fid::ROOT, b"sg", 0o2777, None).await.unwrap();
-        cl.setattr(
-            &r,
-            sg.attr.fid,
-            SetAttr {
-                gid: Some(77),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+        let sgc = cl
+            .setattr(
+                &r,
+                sg.attr.fid,
+                SetAttr {
+                    gid: Some(77),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            sgc.attr.mode & 0o7000,
+            0o2000,
+            "chown keeps a directory's set-group-ID bit"
+        );
         let inner = cl
             .mkdir(&u, sg.attr.fid, b"inner", 0o755, None)
             .await

@@ -331,13 +331,16 @@ impl Namespace {
                 return Err(Errno::EPERM.into());
             }
         }
+        // Linux's chown_ok/chgrp_ok: only the owner may "change" the owner to itself,
+        // or the group to its own group or one it is in; anyone else gets EPERM even
+        // when nothing would change.
         if let Some(uid) = sa.uid {
-            if uid != rec.uid && !root {
+            if !(root || cred.uid == rec.uid && uid == rec.uid) {
                 return Err(Errno::EPERM.into());
             }
         }
         if let Some(gid) = sa.gid {
-            if gid != rec.gid && !root && !(cred.uid == rec.uid && cred.in_group(gid)) {
+            if !(root || cred.uid == rec.uid && (gid == rec.gid || cred.in_group(gid))) {
                 return Err(Errno::EPERM.into());
             }
         }
