@@ -58,6 +58,8 @@ errnos!(
     EALREADY,
     EINPROGRESS,
     ENOTSUP,
+    ENOLCK,
+    EDEADLK,
     EDQUOT,
     ENXIO,
     ECANCELED

@@ -5,6 +5,7 @@
 mod background;
 mod inode;
 mod layout;
+pub mod ldlm;
 mod ns;
 pub mod params;
 pub mod pdo;

@@ -1,0 +1,627 @@
+//! The MDT's lock manager: Lustre's LDLM with inode bits, kept in memory.
+//!
+//! A resource is a FID, or a `(directory FID, name hash)` pair for one name. A lock has
+//! a mode (EX, PW, PR, CW, CR, NL, with Lustre's compatibility matrix) and a set of
+//! inode bits; two locks on one resource conflict when their modes do and their bits
+//! intersect.
+//!
+//! Two kinds of holder, two rules:
+//! - **Clients** get locks with the reply that needs them (an intent), and only when
+//!   one can be granted at once: a request never waits for a client lock, it is
+//!   answered without one and the client does not cache. A client lock is also refused
+//!   while an MDT operation waits on the resource, so a stream of readers cannot starve
+//!   a writer.
+//! - **The MDT** takes locks for a modifying operation, all of an operation's
+//!   resources at once or none ([`Ldlm::acquire`]), so no operation holds some while
+//!   waiting for others and no two wait on each other. If any conflicts, the operation
+//!   waits in arrival order; the client locks in its way are returned once, to be
+//!   called back (a blocking callback), and the operation is woken when their cancels
+//!   (or their holders' eviction, [`Ldlm::overdue`] after `ldlm_timeout`) free it.
+
+use lode_base::{Errno, Fid};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Inode bits (Lustre's `MDS_INODELOCK_*`).
+pub mod bits {
+    /// The name → FID binding, and the right to look up under a directory.
+    pub const LOOKUP: u8 = 0x01;
+    /// Size, nlink, timestamps; for a directory, its entries.
+    pub const UPDATE: u8 = 0x02;
+    /// An open handle (open lock caching).
+    pub const OPEN: u8 = 0x04;
+    /// The file's layout.
+    pub const LAYOUT: u8 = 0x08;
+    /// Mode, owner, ACL.
+    pub const PERM: u8 = 0x10;
+    /// Other extended attributes.
+    pub const XATTR: u8 = 0x20;
+    /// Data-on-MDT data.
+    pub const DOM: u8 = 0x40;
+    /// Every bit.
+    pub const ALL: u8 = 0x7f;
+}
+
+/// A lock mode, with Lustre's wire values.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum LockMode {
+    /// Exclusive.
+    Ex = 1,
+    /// Protected write.
+    Pw = 2,
+    /// Protected read.
+    Pr = 4,
+    /// Concurrent write.
+    Cw = 8,
+    /// Concurrent read.
+    Cr = 16,
+    /// Null: compatible with everything.
+    Nl = 32,
+}
+
+impl LockMode {
+    /// Lustre's `lck_compat_array`.
+    pub fn compatible(self, other: LockMode) -> bool {
+        use LockMode::*;
+        let ok: &[LockMode] = match self {
+            Ex => &[Nl],
+            Pw => &[Nl, Cr],
+            Pr => &[Nl, Cr, Pr],
+            Cw => &[Nl, Cr, Cw],
+            Cr => &[Nl, Cr, Cw, Pr, Pw],
+            Nl => return true,
+        };
+        ok.contains(&other)
+    }
+
+    /// The mode with this wire value.
+    pub fn from_wire(v: u32) -> Option<LockMode> {
+        use LockMode::*;
+        [Ex, Pw, Pr, Cw, Cr, Nl]
+            .into_iter()
+            .find(|m| *m as u32 == v)
+    }
+}
+
+/// What a lock covers: an object, or one name in a directory (`hash` ≠ 0).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct ResId {
+    /// The object, or the directory of the name.
+    pub fid: Fid,
+    /// 0 for the object itself; else the name's hash (never 0).
+    pub hash: u64,
+}
+
+impl ResId {
+    /// The object's own resource.
+    pub fn object(fid: Fid) -> ResId {
+        ResId { fid, hash: 0 }
+    }
+
+    /// One name's resource in directory `dir` (Lustre's 4th resource word; hash 0 is
+    /// replaced by 1, so it never names the directory itself).
+    pub fn name(dir: Fid, name: &[u8]) -> ResId {
+        let h = lode_base::hash::name_hash(name);
+        ResId {
+            fid: dir,
+            hash: if h == 0 { 1 } else { h },
+        }
+    }
+}
+
+/// A lock's handle (Lustre's cookie): unique for the life of the MDT process.
+pub type Handle = u64;
+
+/// A client lock in the way of an MDT operation: call its holder back.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Callback {
+    /// The holder's reply slot.
+    pub slot: u32,
+    /// The lock.
+    pub handle: Handle,
+    /// What it covers.
+    pub res: ResId,
+    /// Its bits.
+    pub bits: u8,
+}
+
+/// What an MDT operation wants: one resource, a mode, bits.
+pub type Want = (ResId, LockMode, u8);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Owner {
+    Client(u32),
+    Mdt,
+}
+
+struct Lock {
+    handle: Handle,
+    owner: Owner,
+    mode: LockMode,
+    bits: u8,
+    /// When its holder was called back, if it was.
+    called: Option<Instant>,
+}
+
+impl Lock {
+    fn conflicts(&self, mode: LockMode, bits: u8) -> bool {
+        self.bits & bits != 0 && !self.mode.compatible(mode)
+    }
+}
+
+#[derive(Default)]
+struct Resource {
+    granted: Vec<Lock>,
+    /// Ids of the MDT operations waiting on it.
+    waiting: Vec<u64>,
+}
+
+type Wake = Box<dyn FnOnce(MdtLocks) + Send>;
+
+struct Waiter {
+    want: Vec<Want>,
+    wake: Wake,
+}
+
+#[derive(Default)]
+struct State {
+    res: HashMap<ResId, Resource>,
+    /// Every lock: its resource.
+    locks: HashMap<Handle, ResId>,
+    /// Each client's locks.
+    clients: HashMap<u32, HashSet<Handle>>,
+    /// Waiting MDT operations, oldest first.
+    waiters: BTreeMap<u64, Waiter>,
+    next: u64,
+}
+
+impl State {
+    fn id(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    /// Whether `want` can be granted now: no granted lock conflicts, nor any waiter
+    /// older than `before` on the same resources.
+    fn grantable(&self, want: &[Want], before: u64) -> bool {
+        want.iter().all(|(r, mode, bits)| {
+            let Some(res) = self.res.get(r) else {
+                return true;
+            };
+            !res.granted.iter().any(|l| l.conflicts(*mode, *bits))
+                && !res.waiting.iter().any(|id| {
+                    *id < before
+                        && self.waiters.get(id).is_some_and(|w| {
+                            w.want.iter().any(|(wr, wm, wb)| {
+                                wr == r && wb & bits != 0 && !wm.compatible(*mode)
+                            })
+                        })
+                })
+        })
+    }
+
+    fn grant(&mut self, r: ResId, owner: Owner, mode: LockMode, bits: u8) -> Handle {
+        let handle = self.id();
+        self.res.entry(r).or_default().granted.push(Lock {
+            handle,
+            owner,
+            mode,
+            bits,
+            called: None,
+        });
+        self.locks.insert(handle, r);
+        if let Owner::Client(slot) = owner {
+            self.clients.entry(slot).or_default().insert(handle);
+        }
+        handle
+    }
+
+    /// Removes a granted lock; returns its owner.
+    fn remove(&mut self, handle: Handle) -> Option<Owner> {
+        let r = self.locks.remove(&handle)?;
+        let res = self.res.get_mut(&r)?;
+        let i = res.granted.iter().position(|l| l.handle == handle)?;
+        let owner = res.granted.swap_remove(i).owner;
+        if res.granted.is_empty() && res.waiting.is_empty() {
+            self.res.remove(&r);
+        }
+        if let Owner::Client(slot) = owner {
+            if let Some(set) = self.clients.get_mut(&slot) {
+                set.remove(&handle);
+                if set.is_empty() {
+                    self.clients.remove(&slot);
+                }
+            }
+        }
+        Some(owner)
+    }
+
+    /// Grants every waiter that can now be granted, oldest first; returns them with
+    /// their locks, to be woken outside the state's mutex.
+    fn reprocess(&mut self) -> Vec<(Wake, Vec<Handle>)> {
+        let mut woken = Vec::new();
+        let ids: Vec<u64> = self.waiters.keys().copied().collect();
+        for id in ids {
+            let grantable = self
+                .waiters
+                .get(&id)
+                .is_some_and(|w| self.grantable(&w.want, id));
+            if !grantable {
+                continue;
+            }
+            let Some(w) = self.waiters.remove(&id) else {
+                continue;
+            };
+            for (r, _, _) in &w.want {
+                if let Some(res) = self.res.get_mut(r) {
+                    res.waiting.retain(|x| *x != id);
+                }
+            }
+            let handles = w
+                .want
+                .iter()
+                .map(|(r, mode, bits)| self.grant(*r, Owner::Mdt, *mode, *bits))
+                .collect();
+            woken.push((w.wake, handles));
+        }
+        woken
+    }
+}
+
+/// The lock manager of one MDT.
+pub struct Ldlm {
+    st: Mutex<State>,
+    /// Most locks one client may hold (`ldlm.namespaces.*.max_locks_per_client`).
+    max_per_client: AtomicUsize,
+}
+
+/// Locks an MDT operation holds; released when dropped (waking whoever waited).
+pub struct MdtLocks {
+    ldlm: Arc<Ldlm>,
+    handles: Vec<Handle>,
+}
+
+impl Drop for MdtLocks {
+    fn drop(&mut self) {
+        let woken = {
+            let mut st = self.ldlm.st.lock();
+            for h in self.handles.drain(..) {
+                st.remove(h);
+            }
+            st.reprocess()
+        };
+        self.ldlm.wake(woken);
+    }
+}
+
+/// The outcome of [`Ldlm::acquire`].
+pub enum Acquired {
+    /// Every lock, now.
+    Granted(MdtLocks),
+    /// The operation waits; `wake` runs with its locks once granted. Call back these
+    /// client locks (each is returned once, to the first operation they block).
+    Waiting(Vec<Callback>),
+}
+
+impl Ldlm {
+    /// A lock manager allowing `max_per_client` locks per client.
+    pub fn new(max_per_client: usize) -> Arc<Ldlm> {
+        Arc::new(Ldlm {
+            st: Mutex::new(State::default()),
+            max_per_client: AtomicUsize::new(max_per_client),
+        })
+    }
+
+    /// Sets the per-client cap (for new grants).
+    pub fn set_max_per_client(&self, n: usize) {
+        self.max_per_client.store(n, Ordering::Relaxed);
+    }
+
+    /// Grants a client lock if it can be granted at once; `Ok(None)` if something
+    /// conflicts (answer without a lock), `ENOLCK` if the client holds its cap.
+    pub fn grant(
+        &self,
+        slot: u32,
+        r: ResId,
+        mode: LockMode,
+        bits: u8,
+    ) -> Result<Option<Handle>, Errno> {
+        let mut st = self.st.lock();
+        let held = st.clients.get(&slot).map_or(0, HashSet::len);
+        if held >= self.max_per_client.load(Ordering::Relaxed) {
+            return Err(Errno::ENOLCK);
+        }
+        if !st.grantable(&[(r, mode, bits)], u64::MAX) {
+            return Ok(None);
+        }
+        Ok(Some(st.grant(r, Owner::Client(slot), mode, bits)))
+    }
+
+    /// Takes every lock an MDT operation wants, at once, or queues the operation (see
+    /// [`Acquired`]). `wake` runs on the thread whose cancel or release frees it.
+    pub fn acquire(
+        self: &Arc<Self>,
+        want: &[Want],
+        wake: impl FnOnce(MdtLocks) + Send + 'static,
+    ) -> Acquired {
+        let mut st = self.st.lock();
+        if st.grantable(want, u64::MAX) {
+            let handles = want
+                .iter()
+                .map(|(r, mode, bits)| st.grant(*r, Owner::Mdt, *mode, *bits))
+                .collect();
+            return Acquired::Granted(MdtLocks {
+                ldlm: self.clone(),
+                handles,
+            });
+        }
+        let id = st.id();
+        let now = Instant::now();
+        let mut callbacks = Vec::new();
+        for (r, mode, bits) in want {
+            let res = st.res.entry(*r).or_default();
+            res.waiting.push(id);
+            for l in res.granted.iter_mut() {
+                if let (Owner::Client(slot), None) = (l.owner, l.called) {
+                    if l.conflicts(*mode, *bits) {
+                        l.called = Some(now);
+                        callbacks.push(Callback {
+                            slot,
+                            handle: l.handle,
+                            res: *r,
+                            bits: l.bits,
+                        });
+                    }
+                }
+            }
+        }
+        st.waiters.insert(
+            id,
+            Waiter {
+                want: want.to_vec(),
+                wake: Box::new(wake),
+            },
+        );
+        Acquired::Waiting(callbacks)
+    }
+
+    /// A client cancels one of its locks; false if it holds no such lock (ignored).
+    pub fn cancel(self: &Arc<Self>, slot: u32, handle: Handle) -> bool {
+        let woken = {
+            let mut st = self.st.lock();
+            if !st.clients.get(&slot).is_some_and(|s| s.contains(&handle)) {
+                return false;
+            }
+            st.remove(handle);
+            st.reprocess()
+        };
+        self.wake(woken);
+        true
+    }
+
+    /// Drops every lock of a client (evicted or gone); returns how many.
+    pub fn evict(self: &Arc<Self>, slot: u32) -> usize {
+        let (n, woken) = {
+            let mut st = self.st.lock();
+            let handles: Vec<Handle> = st
+                .clients
+                .get(&slot)
+                .map(|s| s.iter().copied().collect())
+                .unwrap_or_default();
+            for h in &handles {
+                st.remove(*h);
+            }
+            (handles.len(), st.reprocess())
+        };
+        self.wake(woken);
+        n
+    }
+
+    /// Clients called back more than `timeout` ago that still hold the lock: to be
+    /// evicted.
+    pub fn overdue(&self, timeout: Duration) -> Vec<u32> {
+        let st = self.st.lock();
+        let mut slots: Vec<u32> = st
+            .res
+            .values()
+            .flat_map(|r| r.granted.iter())
+            .filter_map(|l| match (l.owner, l.called) {
+                (Owner::Client(slot), Some(t)) if t.elapsed() >= timeout => Some(slot),
+                _ => None,
+            })
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        slots
+    }
+
+    /// Locks granted now (clients' and the MDT's).
+    pub fn lock_count(&self) -> usize {
+        self.st.lock().locks.len()
+    }
+
+    /// Resources with a lock or a waiter.
+    pub fn resource_count(&self) -> usize {
+        self.st.lock().res.len()
+    }
+
+    /// Locks one client holds.
+    pub fn client_locks(&self, slot: u32) -> usize {
+        self.st.lock().clients.get(&slot).map_or(0, HashSet::len)
+    }
+
+    fn wake(self: &Arc<Self>, woken: Vec<(Wake, Vec<Handle>)>) {
+        for (wake, handles) in woken {
+            wake(MdtLocks {
+                ldlm: self.clone(),
+                handles,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use LockMode::*;
+
+    fn fid(oid: u32) -> Fid {
+        Fid::new(lode_base::fid::FIRST_NORMAL_SEQ, oid, 0)
+    }
+
+    #[test]
+    fn compatibility_is_lustres_matrix_and_symmetric() {
+        let all = [Ex, Pw, Pr, Cw, Cr, Nl];
+        let want = [
+            (Ex, vec![Nl]),
+            (Pw, vec![Nl, Cr]),
+            (Pr, vec![Nl, Cr, Pr]),
+            (Cw, vec![Nl, Cr, Cw]),
+            (Cr, vec![Nl, Cr, Cw, Pr, Pw]),
+            (Nl, all.to_vec()),
+        ];
+        for (m, ok) in want {
+            for o in all {
+                assert_eq!(m.compatible(o), ok.contains(&o), "{m:?} vs {o:?}");
+                assert_eq!(m.compatible(o), o.compatible(m), "symmetric {m:?} {o:?}");
+            }
+        }
+        assert_eq!(LockMode::from_wire(4), Some(Pr));
+        assert_eq!(LockMode::from_wire(3), None);
+    }
+
+    #[test]
+    fn locks_conflict_only_when_modes_do_and_bits_meet() {
+        let l = Ldlm::new(100);
+        let d = ResId::object(fid(1));
+        assert!(l.grant(1, d, Pr, bits::LOOKUP).unwrap().is_some());
+        assert!(l
+            .grant(2, d, Pr, bits::LOOKUP | bits::UPDATE)
+            .unwrap()
+            .is_some());
+        // EX on other bits does not meet them.
+        assert!(l.grant(3, d, Ex, bits::LAYOUT).unwrap().is_some());
+        // EX on UPDATE meets client 2's lock: not granted, answered without a lock.
+        assert_eq!(l.grant(3, d, Ex, bits::UPDATE).unwrap(), None);
+        // A name resource is another resource.
+        assert!(l
+            .grant(3, ResId::name(fid(1), b"x"), Ex, bits::UPDATE)
+            .unwrap()
+            .is_some());
+        assert_eq!(l.lock_count(), 4);
+        assert_eq!(l.resource_count(), 2);
+        assert_ne!(ResId::name(fid(1), b"x").hash, 0);
+    }
+
+    #[test]
+    fn an_mdt_operation_waits_for_cancels_and_is_woken_with_its_locks() {
+        let l = Ldlm::new(100);
+        let d = ResId::object(fid(1));
+        let h1 = l.grant(1, d, Pr, bits::UPDATE).unwrap().unwrap();
+        let h2 = l
+            .grant(2, d, Pr, bits::LOOKUP | bits::UPDATE)
+            .unwrap()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let Acquired::Waiting(cbs) = l.acquire(&[(d, Cw, bits::UPDATE)], move |locks| {
+            tx.send(locks).unwrap();
+        }) else {
+            panic!("two readers are in the way");
+        };
+        let mut called: Vec<(u32, Handle)> = cbs.iter().map(|c| (c.slot, c.handle)).collect();
+        called.sort_unstable();
+        assert_eq!(called, [(1, h1), (2, h2)]);
+        // While it waits, no new conflicting client lock is granted (no starvation).
+        assert_eq!(l.grant(3, d, Pr, bits::UPDATE).unwrap(), None);
+        // A client may not cancel what it does not hold.
+        assert!(!l.cancel(2, h1));
+        assert!(l.cancel(1, h1));
+        assert!(rx.try_recv().is_err(), "one holder left");
+        assert!(l.cancel(2, h2));
+        let locks = rx.try_recv().expect("woken once both cancelled");
+        assert_eq!(l.lock_count(), 1);
+        drop(locks);
+        assert_eq!((l.lock_count(), l.resource_count()), (0, 0));
+    }
+
+    #[test]
+    fn mdt_operations_take_all_their_locks_or_none_and_queue_in_order() {
+        let l = Ldlm::new(100);
+        let (a, b) = (ResId::object(fid(1)), ResId::object(fid(2)));
+        let Acquired::Granted(first) = l.acquire(&[(a, Ex, bits::UPDATE)], |_| {}) else {
+            panic!("free");
+        };
+        let (tx, rx) = mpsc::channel();
+        let tx2 = tx.clone();
+        // Wants a (held) and b (free): takes neither, so b stays free for others.
+        let Acquired::Waiting(cbs) =
+            l.acquire(&[(a, Ex, bits::UPDATE), (b, Ex, bits::UPDATE)], move |k| {
+                tx.send(("second", k)).unwrap();
+            })
+        else {
+            panic!("a is held");
+        };
+        assert!(cbs.is_empty(), "MDT locks are waited for, not called back");
+        let Acquired::Granted(on_b) = l.acquire(&[(b, Pr, bits::LOOKUP)], |_| {}) else {
+            panic!("other bits of b are free");
+        };
+        // A later waiter on a queues behind the earlier one.
+        let Acquired::Waiting(_) = l.acquire(&[(a, Cw, bits::UPDATE)], move |k| {
+            tx2.send(("third", k)).unwrap();
+        }) else {
+            panic!("a is held");
+        };
+        drop(first);
+        let (who, second) = rx.try_recv().expect("woken");
+        assert_eq!(who, "second");
+        assert!(rx.try_recv().is_err(), "the third waits for the second");
+        drop(second);
+        let (who, third) = rx.try_recv().expect("then the third");
+        assert_eq!(who, "third");
+        drop((third, on_b));
+        assert_eq!(l.lock_count(), 0);
+    }
+
+    #[test]
+    fn eviction_frees_a_clients_locks_and_overdue_names_it() {
+        let l = Ldlm::new(100);
+        let d = ResId::object(fid(1));
+        l.grant(7, d, Pr, bits::UPDATE).unwrap().unwrap();
+        l.grant(7, ResId::object(fid(2)), Pr, bits::UPDATE)
+            .unwrap()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let Acquired::Waiting(cbs) = l.acquire(&[(d, Pw, bits::UPDATE)], move |k| {
+            tx.send(k).unwrap();
+        }) else {
+            panic!("client 7 is in the way");
+        };
+        assert_eq!(cbs.len(), 1);
+        assert_eq!(l.overdue(Duration::from_secs(60)), Vec::<u32>::new());
+        assert_eq!(l.overdue(Duration::ZERO), [7]);
+        assert_eq!(l.evict(7), 2);
+        assert_eq!(l.client_locks(7), 0);
+        drop(rx.try_recv().expect("woken by the eviction"));
+        assert_eq!(l.lock_count(), 0);
+    }
+
+    #[test]
+    fn a_client_at_its_cap_gets_enolck_and_the_server_holds_no_more() {
+        let l = Ldlm::new(3);
+        for i in 0..3 {
+            l.grant(1, ResId::object(fid(i + 1)), Pr, bits::LOOKUP)
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(
+            l.grant(1, ResId::object(fid(9)), Pr, bits::LOOKUP),
+            Err(Errno::ENOLCK)
+        );
+        assert!(l.grant(2, ResId::object(fid(9)), Pr, bits::LOOKUP).is_ok());
+        assert_eq!(l.lock_count(), 4);
+    }
+}
