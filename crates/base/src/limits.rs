@@ -75,3 +75,13 @@ pub const CONN_WRITE_TIMEOUT_MS: u64 = 30_000;
 /// Bytes read from one connection before its requests are executed, so a flooding
 /// client is served in bounded rounds and its buffer stays small.
 pub const READ_ROUND_BYTES: usize = 256 << 10;
+
+/// Most lock handles in one cancel or blocking callback.
+pub const LOCKS_PER_RPC_MAX: usize = 4096;
+
+/// Most locks one client may hold on one MDT (`ldlm.namespaces.*.max_locks_per_client`).
+pub const LOCKS_PER_CLIENT_MAX: usize = 1 << 20;
+
+/// How long a client may take to give a lock back once called back, before it is
+/// evicted (`ldlm_timeout`, seconds; Lustre's default is 20).
+pub const LDLM_TIMEOUT_DEFAULT_S: u64 = 20;

@@ -83,10 +83,16 @@ fn connections_beyond_max_connections_are_closed_at_once_and_the_others_keep_wor
     let d1 = s1.run(mkdir_p(&s1.client, "/one"));
     let d2 = s2.run(mkdir_p(&s2.client, "/two"));
 
-    // Six raw peers fill the eight connections; each is served (a PING is answered,
-    // ENOTCONN since it never connected). A probe of the testkit's may still hold a slot
-    // for a moment, hence the retry.
-    let fillers: Vec<RawPeer> = (0..6)
+    // Each client holds two connections (its requests and its lock callback channel);
+    // four raw peers fill the eight; each is served (a PING is answered, ENOTCONN since
+    // it never connected). A probe of the testkit's may still hold a slot for a moment,
+    // hence the retry.
+    for s in [&s1, &s2] {
+        wait_for("the callback channel", Duration::from_secs(10), || {
+            s.client.callback_channel_up()
+        });
+    }
+    let fillers: Vec<RawPeer> = (0..4)
         .map(|i| {
             let mut served = None;
             wait_for(

@@ -7,6 +7,7 @@
 
 mod fids;
 mod io;
+mod locks;
 mod ns;
 pub mod params;
 
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 pub use io::FileHandle;
+pub use locks::HeldLock;
 pub use lode_proto::{DirEntry, MdtBody};
 pub use lode_rpc::blocking_caller;
 
@@ -82,6 +84,7 @@ pub struct Client {
     mgs: Arc<Import>,
     fids: fids::FidPool,
     dcache: Mutex<DirCache>,
+    locks: locks::Locks,
     rt: Handle,
 }
 
@@ -138,6 +141,7 @@ impl Client {
             fids: fids::FidPool::default(),
             oscs: RwLock::new(HashMap::new()),
             dcache: Mutex::new(HashMap::new()),
+            locks: locks::Locks::default(),
             cfg,
             uuid,
             mdc,
@@ -145,6 +149,9 @@ impl Client {
             rt,
         });
         client.apply_targets(&conf.targets);
+        client
+            .rt
+            .spawn(locks::callback_channel(Arc::downgrade(&client)));
         // Parameters stored with `set-param -P` that name this client's devices.
         let params = params::ClientParams(client.clone());
         for r in lode_rpc::admin::apply_persistent(&params, &conf.params) {

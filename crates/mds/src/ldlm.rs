@@ -340,6 +340,22 @@ impl Ldlm {
         Ok(Some(st.grant(r, Owner::Client(slot), mode, bits)))
     }
 
+    /// Takes every lock an MDT operation wants if it can at once (nothing queued).
+    pub fn try_acquire(self: &Arc<Self>, want: &[Want]) -> Option<MdtLocks> {
+        let mut st = self.st.lock();
+        if !st.grantable(want, u64::MAX) {
+            return None;
+        }
+        let handles = want
+            .iter()
+            .map(|(r, mode, bits)| st.grant(*r, Owner::Mdt, *mode, *bits))
+            .collect();
+        Some(MdtLocks {
+            ldlm: self.clone(),
+            handles,
+        })
+    }
+
     /// Takes every lock an MDT operation wants, at once, or queues the operation (see
     /// [`Acquired`]). `wake` runs on the thread whose cancel or release frees it.
     pub fn acquire(

@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 13] = {
+static MDT: [Param<Mdt>; 14] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -86,12 +86,41 @@ static MDT: [Param<Mdt>; 13] = {
             get: |m| m.config().uuid.clone(),
             set: Set::No,
         },
+        Param {
+            name: "ldlm_timeout",
+            help: "seconds a client may keep a lock after its callback before it is evicted",
+            get: |m| m.ldlm_timeout_s().to_string(),
+            set: Set::Num {
+                min: 1,
+                max: 3600,
+                f: |m, v| {
+                    m.set_ldlm_timeout_s(v);
+                    Ok(())
+                },
+            },
+        },
         fail_loc,
         fail_val,
         fail_opc,
         rpc_delay_us,
     ]
 };
+
+/// `ldlm.namespaces.mdt-FS-MDTxxxx_UUID.*`: the MDT's lock manager.
+static LDLM: [Param<Mdt>; 2] = [
+    Param {
+        name: "lock_count",
+        help: "locks granted now (clients' and the MDT's own)",
+        get: |m| m.ldlm().lock_count().to_string(),
+        set: Set::No,
+    },
+    Param {
+        name: "resource_count",
+        help: "objects and names with a lock or a waiter",
+        get: |m| m.ldlm().resource_count().to_string(),
+        set: Set::No,
+    },
+];
 
 /// `lod.FS-MDTxxxx-mdtlov.*`: the default layout of new files, and the OSTs.
 static LOD: [Param<Mdt>; 3] = [
@@ -177,6 +206,11 @@ impl Registry for MdtParams {
                 obj: format!("lod.{t}-mdtlov"),
                 ctx: self.0.clone(),
                 params: &LOD,
+            },
+            Device {
+                obj: format!("ldlm.namespaces.mdt-{t}_UUID"),
+                ctx: self.0.clone(),
+                params: &LDLM,
             },
         ]
     }

@@ -2,19 +2,22 @@
 //! reconstruction for resends, in-flight tracking, parked SYNCs, and the exhaustive
 //! dispatch of `MdtRequest` to the namespace layer.
 
+use crate::ldlm::{self, Acquired, Ldlm, LockMode, MdtLocks, ResId, Want};
 use crate::{Ctx, MdtConfig, Namespace, OpError, OpResult, OstState, Tunables};
 use lode_base::{Cred, Errno};
 use lode_proto::{
-    ConnectRep, ConnectReq, Empty, MdtRequest, Opcode, Reply, SyncRep, CONNECT_SUPPORTED,
+    ConnectRep, ConnectReq, Empty, LdlmCancelReq, LdlmEnqueueRep, MdtRequest, Opcode, Reply,
+    Request, SyncRep, CONNECT_SUPPORTED,
 };
-use lode_rpc::{Incoming, OpStats, Outgoing, Service};
+use lode_rpc::{CallbackChannel, Incoming, OpStats, Outgoing, Service};
 use lode_store::mdt::ReplySlot;
 use lode_store::records::{self, ClientRec};
 use lode_store::{Batch, Cf, MdtStore, StoreError};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 use tracing::{debug, info, warn};
 
 /// A connected client.
@@ -52,6 +55,14 @@ pub struct Mdt {
     /// on the way) or finds its record (answered from it), never neither.
     tags: Mutex<HashMap<u32, ClientTags>>,
     stats: OpStats,
+    /// The lock manager.
+    ldlm: Arc<Ldlm>,
+    /// Each client's callback channel, by slot: only a client with one gets locks.
+    channels: Mutex<HashMap<u32, CallbackChannel>>,
+    /// Seconds a called-back client may keep a lock before it is evicted.
+    ldlm_timeout_s: AtomicU64,
+    /// Itself, for parked operations that finish on another thread.
+    me: Weak<Mdt>,
 }
 
 struct ClientTable {
@@ -79,13 +90,87 @@ impl Mdt {
         if let Some(e) = bad {
             return Err(e);
         }
-        Ok(Arc::new(Mdt {
-            ns: Namespace::open(cfg, store)?,
+        let ns = Namespace::open(cfg, store)?;
+        let mdt = Arc::new_cyclic(|me| Mdt {
+            ns,
             exports: RwLock::new(HashMap::new()),
             clients: Mutex::new(ClientTable { by_uuid, next_slot }),
             tags: Mutex::new(HashMap::new()),
             stats: OpStats::default(),
-        }))
+            ldlm: Ldlm::new(lode_base::limits::LOCKS_PER_CLIENT_MAX),
+            channels: Mutex::new(HashMap::new()),
+            ldlm_timeout_s: AtomicU64::new(lode_base::limits::LDLM_TIMEOUT_DEFAULT_S),
+            me: me.clone(),
+        });
+        let weak = Arc::downgrade(&mdt);
+        std::thread::Builder::new()
+            .name("ldlm-timer".into())
+            .spawn(move || ldlm_timer(weak))
+            .map_err(|e| StoreError::Engine(format!("cannot start the lock timer: {e}")))?;
+        Ok(mdt)
+    }
+
+    /// The lock manager.
+    pub fn ldlm(&self) -> &Arc<Ldlm> {
+        &self.ldlm
+    }
+
+    /// `ldlm_timeout` in seconds.
+    pub fn ldlm_timeout_s(&self) -> u64 {
+        self.ldlm_timeout_s.load(Ordering::Relaxed)
+    }
+
+    /// Sets `ldlm_timeout` (seconds, ≥ 1).
+    pub fn set_ldlm_timeout_s(&self, s: u64) {
+        self.ldlm_timeout_s.store(s.max(1), Ordering::Relaxed);
+    }
+
+    /// Evicts the client in `slot`: its locks, callback channel, exports and open
+    /// handles go; its next request is refused (ENOTCONN) and it reconnects afresh.
+    fn evict(&self, slot: u32, why: &str) {
+        let uuid = self
+            .exports
+            .read()
+            .values()
+            .find(|e| e.slot == slot)
+            .map(|e| e.uuid.clone())
+            .unwrap_or_default();
+        warn!(client = %uuid, slot, "evicting client: {why}");
+        // An empty callback: every lock of yours is gone, drop what they covered.
+        if let Some(ch) = self.channels.lock().remove(&slot) {
+            ch.send(&Request::LdlmBlCallback(LdlmCancelReq {
+                handles: Vec::new(),
+            }));
+        }
+        self.exports.write().retain(|_, e| e.slot != slot);
+        self.ns.close_all_of(slot);
+        self.ldlm.evict(slot);
+    }
+
+    /// Sends blocking callbacks, one per client; a client that cannot be reached is
+    /// evicted at once.
+    fn call_back(&self, cbs: &[ldlm::Callback]) {
+        let mut by_slot: HashMap<u32, Vec<u64>> = HashMap::new();
+        for c in cbs {
+            by_slot.entry(c.slot).or_default().push(c.handle);
+        }
+        for (slot, handles) in by_slot {
+            let ch = self.channels.lock().get(&slot).cloned();
+            let sent = ch.is_some_and(|ch| {
+                handles
+                    .chunks(lode_base::limits::LOCKS_PER_RPC_MAX)
+                    .all(|h| {
+                        ch.send(&Request::LdlmBlCallback(LdlmCancelReq {
+                            handles: h.to_vec(),
+                        }))
+                    })
+            });
+            if sent {
+                self.stats.record(Opcode::LdlmBlCallback, 0);
+            } else {
+                self.evict(slot, "its callback channel is gone");
+            }
+        }
     }
 
     /// The namespace layer.
@@ -239,6 +324,8 @@ impl Mdt {
             MdtRequest::Disconnect(_) => {
                 self.exports.write().remove(&inc.header.handle);
                 self.ns.close_all_of(exp.slot);
+                self.channels.lock().remove(&exp.slot);
+                self.ldlm.evict(exp.slot);
                 (Reply::Disconnect(Empty {}), 0)
             }
             MdtRequest::Statfs(_) => (Reply::Statfs(self.ns.statfs()?), 0),
@@ -331,8 +418,71 @@ impl Mdt {
             MdtRequest::DomRead(_) | MdtRequest::DomWrite(_) => {
                 return Err(Errno::EOPNOTSUPP.into())
             }
+            MdtRequest::LdlmCallbackChannel(_) => {
+                let ch = inc.callback_channel().ok_or(Errno::EINVAL)?;
+                self.channels.lock().insert(exp.slot, ch);
+                (Reply::LdlmCallbackChannel(Empty {}), 0)
+            }
+            MdtRequest::LdlmEnqueue(r) => {
+                let mode = LockMode::from_wire(r.mode).ok_or(Errno::EINVAL)?;
+                if r.bits & !ldlm::bits::ALL != 0 || r.bits == 0 {
+                    return Err(Errno::EINVAL.into());
+                }
+                // A client that cannot be called back gets no lock (it must not cache).
+                let reachable = self
+                    .channels
+                    .lock()
+                    .get(&exp.slot)
+                    .is_some_and(|c| !c.broken());
+                let res = ResId {
+                    fid: r.fid,
+                    hash: r.hash,
+                };
+                let handle = if reachable {
+                    self.ldlm.grant(exp.slot, res, mode, r.bits)?
+                } else {
+                    None
+                };
+                (Reply::LdlmEnqueue(LdlmEnqueueRep { handle }), 0)
+            }
+            MdtRequest::LdlmCancel(r) => {
+                if r.handles.len() > lode_base::limits::LOCKS_PER_RPC_MAX {
+                    return Err(Errno::EPROTO.into());
+                }
+                for h in r.handles {
+                    if !self.ldlm.cancel(exp.slot, h) {
+                        debug!(client = %exp.uuid, handle = h, "cancel of a lock it does not hold: ignored");
+                    }
+                }
+                (Reply::LdlmCancel(Empty {}), 0)
+            }
             MdtRequest::Connect(_) => return Err(Errno::EALREADY.into()),
         })
+    }
+}
+
+/// The locks a modification takes (Lustre's inode bits): what it changes, so that every
+/// client caching it is called back first.
+fn lock_wants(req: &MdtRequest) -> Vec<Want> {
+    use ldlm::bits::{PERM, UPDATE};
+    match req {
+        MdtRequest::Setattr(r) => vec![(ResId::object(r.fid), LockMode::Pw, UPDATE | PERM)],
+        _ => Vec::new(),
+    }
+}
+
+/// Evicts clients that keep a called-back lock longer than `ldlm_timeout`.
+fn ldlm_timer(mdt: Weak<Mdt>) {
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let Some(m) = mdt.upgrade() else { return };
+        let timeout = Duration::from_secs(m.ldlm_timeout_s());
+        for slot in m.ldlm.overdue(timeout) {
+            m.evict(
+                slot,
+                &format!("lock callback timer expired after {}s", timeout.as_secs()),
+            );
+        }
     }
 }
 
@@ -410,6 +560,23 @@ impl Service for Mdt {
         // The export goes; its open handles stay, keyed by the client's slot, so a client
         // that reconnects keeps them (eviction of vanished clients is a recovery matter).
         self.exports.write().retain(|_, e| e.conn_id != conn_id);
+        // A client whose callback channel closed can no longer be called back: its
+        // locks go (it drops its cache when it loses the channel).
+        let gone: Vec<u32> = {
+            let mut ch = self.channels.lock();
+            let gone = ch
+                .iter()
+                .filter(|(_, c)| c.conn_id == conn_id)
+                .map(|(s, _)| *s)
+                .collect::<Vec<_>>();
+            for s in &gone {
+                ch.remove(s);
+            }
+            gone
+        };
+        for slot in gone {
+            self.ldlm.evict(slot);
+        }
     }
 
     fn stats(&self) -> Option<&OpStats> {
@@ -422,7 +589,7 @@ impl Mdt {
     /// a late duplicate is dropped; a resend of one executing is dropped; a resend of
     /// one executed is answered from its reply record; anything else runs, and its
     /// outcome (success or error) is recorded before its tag is free again.
-    fn modify(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> Outgoing {
+    fn modify(&self, inc: &Incoming, exp: &Arc<Export>, req: MdtRequest) -> Outgoing {
         let h = &inc.header;
         let (tag, xid) = (h.tag, h.xid);
         // Close may use one tag beyond the grant, so closes never wait behind opens.
@@ -473,6 +640,83 @@ impl Mdt {
             }
             ct.executing.insert(tag, xid);
         }
+        // The locks the change needs: granted now, or the request is parked until the
+        // clients holding conflicting ones give them back (or are evicted).
+        let want = lock_wants(&req);
+        let locks = if want.is_empty() {
+            None
+        } else if let Some(l) = self.ldlm.try_acquire(&want) {
+            Some(l)
+        } else {
+            return self.park_modify(inc, exp, req, &want);
+        };
+        self.execute_modify(inc, exp, req, locks)
+    }
+
+    /// Queues an admitted modification for its locks, calls back the clients in its way,
+    /// and parks the request; whoever frees the locks runs it and sends its reply.
+    fn park_modify(
+        &self,
+        inc: &Incoming,
+        exp: &Arc<Export>,
+        req: MdtRequest,
+        want: &[Want],
+    ) -> Outgoing {
+        let Some(d) = inc.defer() else {
+            // Built in-process, with no connection to answer on later.
+            self.untag(exp.slot, inc.header.tag, inc.header.xid);
+            return self.error_out(Errno::EAGAIN.into());
+        };
+        let parked = Arc::new(Mutex::new(Some((req, d))));
+        let (me, exp2, parked2) = (self.me.clone(), exp.clone(), parked.clone());
+        let (header, body, peer, conn_id) = (inc.header, inc.body.clone(), inc.peer, inc.conn_id);
+        let acquired = self.ldlm.acquire(want, move |locks| {
+            let Some(mdt) = me.upgrade() else { return };
+            let Some((req, d)) = parked2.lock().take() else {
+                return;
+            };
+            let inc = Incoming::local(header, body, peer, conn_id);
+            let out = mdt.execute_modify(&inc, &exp2, req, Some(locks));
+            if Service::flush(&*mdt) {
+                d.send(out);
+            }
+        });
+        match acquired {
+            Acquired::Granted(locks) => {
+                // Freed meanwhile: run it here after all.
+                let Some((req, _d)) = parked.lock().take() else {
+                    return Outgoing::parked();
+                };
+                self.execute_modify(inc, exp, req, Some(locks))
+            }
+            Acquired::Waiting(cbs) => {
+                debug!(client = %exp.uuid, callbacks = cbs.len(), "modification waits for lock cancels");
+                self.call_back(&cbs);
+                Outgoing::parked()
+            }
+        }
+    }
+
+    fn untag(&self, slot: u32, tag: u16, xid: u64) {
+        let mut tags = self.tags.lock();
+        if let Some(ct) = tags.get_mut(&slot) {
+            if ct.executing.get(&tag) == Some(&xid) {
+                ct.executing.remove(&tag);
+            }
+        }
+    }
+
+    /// Runs an admitted modification (its locks held), records an error outcome, and
+    /// frees its tag.
+    fn execute_modify(
+        &self,
+        inc: &Incoming,
+        exp: &Export,
+        req: MdtRequest,
+        locks: Option<MdtLocks>,
+    ) -> Outgoing {
+        let h = &inc.header;
+        let (tag, xid) = (h.tag, h.xid);
         if lode_rpc::fail::check_op(lode_rpc::fail::DELAY_EXEC, h.opcode) {
             std::thread::sleep(std::time::Duration::from_millis(u64::from(
                 lode_rpc::fail::val(),
@@ -491,12 +735,8 @@ impl Mdt {
                 out = self.error_out(OpError::Store(e));
             }
         }
-        let mut tags = self.tags.lock();
-        if let Some(ct) = tags.get_mut(&exp.slot) {
-            if ct.executing.get(&tag) == Some(&xid) {
-                ct.executing.remove(&tag);
-            }
-        }
+        drop(locks);
+        self.untag(exp.slot, tag, xid);
         out
     }
 

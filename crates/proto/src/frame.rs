@@ -18,6 +18,9 @@ pub const FLAG_RESENT: u16 = 0x2;
 pub const FLAG_REPLAY: u16 = 0x4;
 /// Header flag: this frame is a reply.
 pub const FLAG_REPLY: u16 = 0x100;
+/// Header flag: a request from the server to the client (a lock callback), sent on the
+/// client's callback channel.
+pub const FLAG_CALLBACK: u16 = 0x200;
 
 /// The fixed header of every request and reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

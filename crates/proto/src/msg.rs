@@ -111,6 +111,34 @@ pub struct SeqAllocRep {
     pub width: u32,
 }
 
+/// A lock request: on an object (`hash` 0) or one name of a directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LdlmEnqueueReq {
+    /// The object, or the directory of the name.
+    pub fid: Fid,
+    /// 0, or the name's hash.
+    pub hash: u64,
+    /// Lustre's mode value (EX 1, PW 2, PR 4, CW 8, CR 16, NL 32).
+    pub mode: u32,
+    /// Inode bits.
+    pub bits: u8,
+}
+
+/// The lock granted, if it could be at once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LdlmEnqueueRep {
+    /// Its handle; `None`: something conflicts, do not cache.
+    pub handle: Option<u64>,
+}
+
+/// Lock handles (cancels and blocking callbacks), at most
+/// [`lode_base::limits::LOCKS_PER_RPC_MAX`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LdlmCancelReq {
+    /// The locks.
+    pub handles: Vec<u64>,
+}
+
 /// getattr by FID.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetattrReq {
@@ -521,6 +549,8 @@ pub enum ServiceKind {
     Ost,
     /// The management service.
     Mgs,
+    /// A client (callbacks from a target).
+    Client,
 }
 
 macro_rules! messages {
@@ -673,6 +703,16 @@ messages! {
     Destroy = 45, Ost, false: ObjsReq => Empty,
     /// Set OST objects' modification time (explicit mtime, utimes).
     OstSetattr = 46, Ost, false: OstSetattrReq => Empty,
+    /// Ask for a lock (Lustre's LDLM_ENQUEUE): granted at once or not at all.
+    LdlmEnqueue = 101, Mdt, false: LdlmEnqueueReq => LdlmEnqueueRep,
+    /// Give locks back (LDLM_CANCEL).
+    LdlmCancel = 103, Mdt, false: LdlmCancelReq => Empty,
+    /// From the MDT to a client on its callback channel: give these locks back
+    /// (LDLM_BL_CALLBACK).
+    LdlmBlCallback = 104, Client, false: LdlmCancelReq => Empty,
+    /// Makes this connection the callback channel of the export named in the header
+    /// (lode's; Lustre calls back over LNet to the client's NID).
+    LdlmCallbackChannel = 107, Mdt, false: Empty => Empty,
     /// Register a target with the MGS.
     MgsRegister = 60, Mgs, false: MgsRegisterReq => Empty,
     /// Fetch the file system config.
@@ -720,7 +760,7 @@ service_requests! {
     /// What a metadata target answers.
     MdtRequest, Mdt: Connect, Disconnect, Ping, Statfs, SeqAlloc, Getattr, Lookup, Readdir,
     BatchGetattr, Create, Open, Close, Unlink, Rename, Link, Setattr, Getxattr, Setxattr,
-    Listxattr, DomRead, DomWrite, Sync,
+    Listxattr, DomRead, DomWrite, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel,
 }
 
 service_requests! {

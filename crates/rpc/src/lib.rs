@@ -11,5 +11,6 @@ pub mod stats;
 mod wire;
 
 pub use import::{blocking_caller, Import, ImportConfig, Response};
-pub use server::{serve, Incoming, Outgoing, ServerConfig, Service};
+pub use server::{serve, CallbackChannel, Incoming, Outgoing, ServerConfig, Service};
 pub use stats::OpStats;
+pub use wire::read_frame;

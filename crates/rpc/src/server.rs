@@ -15,7 +15,7 @@ use crate::fail;
 use crate::stats::OpStats;
 use crate::wire::FrameSink;
 use lode_base::limits;
-use lode_proto::frame::FLAG_REPLY;
+use lode_proto::frame::{FLAG_CALLBACK, FLAG_REPLY};
 use lode_proto::{DecodeError, Frame, FrameError, Header, Opcode, Reply};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
@@ -88,6 +88,46 @@ impl Incoming {
             to: Some(to),
             header: self.header,
             start: self.start,
+        })
+    }
+}
+
+/// A connection a client gave the server for callbacks: the server sends requests
+/// (flagged [`FLAG_CALLBACK`]) on it from any thread, and does not wait for answers.
+#[derive(Clone)]
+pub struct CallbackChannel {
+    sink: Arc<FrameSink>,
+    /// The connection, for [`Service::disconnected`] bookkeeping by the service.
+    pub conn_id: u64,
+}
+
+static NEXT_CALLBACK_XID: AtomicU64 = AtomicU64::new(1);
+
+impl CallbackChannel {
+    /// Sends a callback; false if the connection is gone.
+    pub fn send(&self, req: &lode_proto::Request) -> bool {
+        let header = Header {
+            opcode: req.opcode() as u16,
+            flags: FLAG_CALLBACK,
+            xid: NEXT_CALLBACK_XID.fetch_add(1, Ordering::Relaxed),
+            ..Default::default()
+        };
+        !self.sink.broken() && self.sink.send(Frame::encode(&header, &req.encode()))
+    }
+
+    /// Whether the connection is gone.
+    pub fn broken(&self) -> bool {
+        self.sink.broken()
+    }
+}
+
+impl Incoming {
+    /// This request's connection as a callback channel (`None` for an in-process
+    /// request).
+    pub fn callback_channel(&self) -> Option<CallbackChannel> {
+        self.reply_to.as_ref().map(|to| CallbackChannel {
+            sink: to.sink.clone(),
+            conn_id: self.conn_id,
         })
     }
 }

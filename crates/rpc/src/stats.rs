@@ -259,6 +259,10 @@ pub fn lustre_name(op: Opcode) -> &'static str {
         Opcode::OstSync => "ost_sync",
         Opcode::Destroy => "ost_destroy",
         Opcode::OstSetattr => "ost_setattr",
+        Opcode::LdlmEnqueue => "ldlm_enqueue",
+        Opcode::LdlmCancel => "ldlm_cancel",
+        Opcode::LdlmBlCallback => "ldlm_bl_callback",
+        Opcode::LdlmCallbackChannel => "ldlm_callback_channel",
         Opcode::MgsRegister => "mgs_target_reg",
         Opcode::MgsConfig => "mgs_config_read",
     }

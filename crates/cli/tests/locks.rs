@@ -1,0 +1,187 @@
+//! Metadata locks between real processes: a client holding a lock is called back over
+//! its own callback channel before another client changes what the lock covers; a
+//! client that does not give the lock back is evicted after `ldlm_timeout` and the
+//! change goes ahead; a client that cannot be called back gets no lock.
+
+mod common;
+
+use common::*;
+use lode_base::{Errno, SetAttr};
+use lode_client::Session;
+use lode_proto::{Empty, LdlmCancelReq, LdlmEnqueueReq, Reply, Request};
+use lode_testkit::wait_for;
+use std::time::{Duration, Instant};
+
+/// Lustre's PR mode and the UPDATE|PERM bits (what a cached getattr needs).
+const PR: u32 = 4;
+const UPDATE_PERM: u8 = 0x02 | 0x10;
+
+fn chmod(s: &Session, fid: lode_base::Fid, mode: u32) -> lode_client::MdtBody {
+    let sa = SetAttr {
+        mode: Some(mode),
+        ..Default::default()
+    };
+    s.run(s.client.setattr(&root(), fid, sa)).expect("chmod")
+}
+
+fn create(s: &Session, name: &str) -> lode_base::Fid {
+    s.run(
+        s.client
+            .create(&root(), lode_base::Fid::ROOT, name.as_bytes(), 0o644, None),
+    )
+    .expect("create")
+    .attr
+    .fid
+}
+
+fn pr_lock(fid: lode_base::Fid) -> LdlmEnqueueReq {
+    LdlmEnqueueReq {
+        fid,
+        hash: 0,
+        mode: PR,
+        bits: UPDATE_PERM,
+    }
+}
+
+/// An enqueue by hand: the lock's handle, if granted.
+fn raw_enqueue(peer: &mut RawPeer, handle: u64, req: LdlmEnqueueReq) -> Option<u64> {
+    let rep = peer
+        .call(&Request::LdlmEnqueue(req), handle)
+        .expect("enqueue answered");
+    match Reply::decode(rep.header.opcode, &rep.body) {
+        Ok(Reply::LdlmEnqueue(r)) => r.handle,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn channel_up(s: &Session) {
+    wait_for(
+        "the callback channel to come up",
+        Duration::from_secs(10),
+        || s.client.callback_channel_up(),
+    );
+}
+
+#[test]
+fn a_change_calls_back_the_lock_holder_first_and_counts_the_callback() {
+    let c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    channel_up(&a);
+    let f = create(&a, "f");
+    let h = a
+        .run(a.client.lock_enqueue(f, 0, PR, UPDATE_PERM))
+        .expect("enqueue")
+        .expect("granted: nothing conflicts");
+    assert_eq!(a.client.locks_held().len(), 1);
+    assert_eq!(
+        c.get_param("ldlm.namespaces.*.lock_count"),
+        "1",
+        "one client lock"
+    );
+    // B's chmod waits for A's cancel, then runs.
+    let got = chmod(&b, f, 0o600);
+    assert_eq!(got.attr.mode & 0o7777, 0o600);
+    assert_eq!(a.client.lock_callbacks(), 1, "A was called back once");
+    assert!(
+        !a.client.locks_held().contains_key(&h),
+        "A dropped the lock"
+    );
+    wait_for("no lock left on the MDT", Duration::from_secs(5), || {
+        c.get_param("ldlm.namespaces.*.lock_count") == "0"
+    });
+    let stats = c.get_param("mdt.*.stats");
+    assert!(
+        stats.lines().any(|l| l.starts_with("ldlm_bl_callback ")),
+        "callbacks counted: {stats}"
+    );
+    assert!(
+        stats.lines().any(|l| l.starts_with("ldlm_cancel ")),
+        "{stats}"
+    );
+    // Compatible locks do not call each other back: two readers.
+    let h1 = a.run(a.client.lock_enqueue(f, 0, PR, UPDATE_PERM)).unwrap();
+    let h2 = b.run(b.client.lock_enqueue(f, 0, PR, UPDATE_PERM)).unwrap();
+    assert!(h1.is_some() && h2.is_some());
+    assert_eq!(a.client.lock_callbacks() + b.client.lock_callbacks(), 1);
+    // A change by the holder itself calls its own lock back too, and goes ahead.
+    assert_eq!(chmod(&a, f, 0o640).attr.mode & 0o7777, 0o640);
+    assert!(a.client.locks_held().is_empty() && b.client.locks_held().is_empty());
+}
+
+#[test]
+fn a_client_that_keeps_a_called_back_lock_is_evicted_and_the_change_goes_ahead() {
+    let c = cluster(1);
+    c.set_param("mdt.*.ldlm_timeout=2");
+    let b = c.client();
+    let f = create(&b, "g");
+    // A hand-made client: it registers a callback channel, takes a lock and then never
+    // answers the callback.
+    let mut peer = RawPeer::connect(&c.addr("mdt0"));
+    let handle = peer
+        .connect_as(
+            &c.fsname,
+            &format!("{}-MDT0000", c.fsname),
+            "stubborn-client",
+        )
+        .handle;
+    let mut chan = RawPeer::connect(&c.addr("mdt0"));
+    let rep = chan
+        .call(&Request::LdlmCallbackChannel(Empty {}), handle)
+        .expect("channel registered");
+    assert_eq!(rep.header.status, 0);
+    let granted = raw_enqueue(&mut peer, handle, pr_lock(f)).expect("granted");
+    // A cancel of a lock it does not hold is ignored; the connection stays usable.
+    let rep = peer
+        .call(
+            &Request::LdlmCancel(LdlmCancelReq {
+                handles: vec![granted + 1000],
+            }),
+            handle,
+        )
+        .expect("cancel answered");
+    assert_eq!(rep.header.status, 0);
+    let t = Instant::now();
+    assert_eq!(chmod(&b, f, 0o600).attr.mode & 0o7777, 0o600);
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "the change waited for the lock's holder: {waited:?}"
+    );
+    // The stubborn client got the callback on its channel, then the eviction notice.
+    let cb = chan
+        .next_frame(Duration::from_secs(5))
+        .expect("a blocking callback on the channel");
+    assert_eq!(cb.header.opcode, lode_proto::Opcode::LdlmBlCallback as u16);
+    assert!(
+        c.log("mdt0").contains("evicting client"),
+        "the eviction is logged"
+    );
+    // Evicted: its handle is gone.
+    let rep = peer.try_ping(handle).expect("answered");
+    assert_eq!(rep.header.status, Errno::ENOTCONN.status());
+    assert_eq!(c.get_param("ldlm.namespaces.*.lock_count"), "0");
+}
+
+#[test]
+fn a_client_without_a_callback_channel_gets_no_lock() {
+    let c = cluster(1);
+    let mut peer = RawPeer::connect(&c.addr("mdt0"));
+    let handle = peer
+        .connect_as(&c.fsname, &format!("{}-MDT0000", c.fsname), "no-channel")
+        .handle;
+    let enq = pr_lock(lode_base::Fid::ROOT);
+    assert_eq!(raw_enqueue(&mut peer, handle, enq.clone()), None);
+    // A malformed request (bad mode, no bits) is refused, the connection stays usable.
+    for (mode, bits) in [(3, UPDATE_PERM), (PR, 0), (PR, 0x80)] {
+        let bad = LdlmEnqueueReq {
+            mode,
+            bits,
+            ..enq.clone()
+        };
+        let rep = peer
+            .call(&Request::LdlmEnqueue(bad), handle)
+            .expect("answered");
+        assert_eq!(rep.header.status, Errno::EINVAL.status());
+    }
+    assert_eq!(peer.ping(handle).header.status, 0);
+}

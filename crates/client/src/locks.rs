@@ -1,0 +1,269 @@
+//! The client's side of metadata locks: the callback channel (a second connection the
+//! client opens to its MDT, on which the MDT sends blocking callbacks, so the client
+//! needs no listening port), the locks it holds, and their cancels.
+//!
+//! A client caches what a lock covers only while the channel is up: a client that
+//! cannot be called back must not trust its cache. Losing the channel, or an eviction
+//! (an empty callback), drops every lock.
+
+use crate::Client;
+use lode_base::{Errno, Fid};
+use lode_proto::frame::{FLAG_CALLBACK, FLAG_REPLY};
+use lode_proto::{Empty, Frame, Header, LdlmCancelReq, LdlmEnqueueReq, Opcode, Reply, Request};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tracing::{debug, info, warn};
+
+/// How often the channel shows the MDT it is alive (its idle timeout is far longer).
+const CHANNEL_PING: Duration = Duration::from_secs(60);
+/// How long to wait before opening the channel again after losing it.
+const CHANNEL_RETRY: Duration = Duration::from_secs(1);
+/// Most handles remembered as called back before their grant arrived.
+const REVOKED_MAX: usize = 4096;
+
+/// What one held lock covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldLock {
+    /// The object, or the directory of a name.
+    pub fid: Fid,
+    /// 0, or the name's hash.
+    pub hash: u64,
+    /// Lustre's mode value.
+    pub mode: u32,
+    /// Inode bits.
+    pub bits: u8,
+}
+
+/// The locks of one client on its MDT.
+#[derive(Default)]
+pub(crate) struct Locks {
+    held: Mutex<HashMap<u64, HeldLock>>,
+    /// Called back before the reply that granted them arrived: not to be recorded.
+    revoked: Mutex<HashSet<u64>>,
+    /// Blocking callbacks received.
+    callbacks: AtomicU64,
+    /// The callback channel is registered with the MDT.
+    up: AtomicBool,
+}
+
+impl Locks {
+    fn drop_all(&self) {
+        self.held.lock().clear();
+    }
+}
+
+impl Client {
+    /// Asks the MDT for a lock on `fid` (or one name of it, `hash` ≠ 0) in Lustre's
+    /// `mode` with inode `bits`. `None`: not granted now (something conflicts, or the
+    /// callback channel is down), so nothing it would cover may be cached.
+    pub async fn lock_enqueue(
+        &self,
+        fid: Fid,
+        hash: u64,
+        mode: u32,
+        bits: u8,
+    ) -> Result<Option<u64>, Errno> {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let req = LdlmEnqueueReq {
+            fid,
+            hash,
+            mode,
+            bits,
+        };
+        let rep = self.mdc.call(Request::LdlmEnqueue(req)).await?;
+        let Reply::LdlmEnqueue(r) = rep.reply else {
+            return Err(Errno::EPROTO);
+        };
+        let Some(h) = r.handle else { return Ok(None) };
+        if self.locks.revoked.lock().remove(&h) {
+            // Called back already (the callback overtook this reply); it is cancelled.
+            return Ok(None);
+        }
+        self.locks.held.lock().insert(
+            h,
+            HeldLock {
+                fid,
+                hash,
+                mode,
+                bits,
+            },
+        );
+        Ok(Some(h))
+    }
+
+    /// Gives locks back.
+    pub async fn lock_cancel(&self, handles: Vec<u64>) -> Result<(), Errno> {
+        {
+            let mut held = self.locks.held.lock();
+            for h in &handles {
+                held.remove(h);
+            }
+        }
+        for chunk in handles.chunks(lode_base::limits::LOCKS_PER_RPC_MAX) {
+            self.mdc
+                .call(Request::LdlmCancel(LdlmCancelReq {
+                    handles: chunk.to_vec(),
+                }))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The locks this client holds now.
+    pub fn locks_held(&self) -> HashMap<u64, HeldLock> {
+        self.locks.held.lock().clone()
+    }
+
+    /// Blocking callbacks received so far.
+    pub fn lock_callbacks(&self) -> u64 {
+        self.locks.callbacks.load(Ordering::Relaxed)
+    }
+
+    /// Whether the MDT can call this client back now.
+    pub fn callback_channel_up(&self) -> bool {
+        self.locks.up.load(Ordering::Acquire)
+    }
+
+    /// A blocking callback: drop the locks (and what they cover), then cancel them.
+    fn on_callback(self: &Arc<Self>, handles: Vec<u64>) {
+        self.locks.callbacks.fetch_add(1, Ordering::Relaxed);
+        self.mdc.stats().record(Opcode::LdlmBlCallback, 0);
+        if handles.is_empty() {
+            info!("the MDT dropped every lock of this client (evicted)");
+            self.locks.drop_all();
+            return;
+        }
+        {
+            let mut held = self.locks.held.lock();
+            let mut revoked = self.locks.revoked.lock();
+            for h in &handles {
+                if held.remove(h).is_none() {
+                    if revoked.len() >= REVOKED_MAX {
+                        revoked.clear();
+                    }
+                    revoked.insert(*h);
+                }
+            }
+        }
+        let me = self.clone();
+        self.rt.spawn(async move {
+            if let Err(e) = me.lock_cancel(handles).await {
+                debug!("lock cancel after a callback failed: {e}");
+            }
+        });
+    }
+}
+
+/// Keeps the callback channel open for as long as the client lives.
+pub(crate) async fn callback_channel(client: Weak<Client>) {
+    loop {
+        let Some(c) = client.upgrade() else { return };
+        let target = c.mdc.target().to_string();
+        let (addr, handle) = (c.mdc.addr(), c.mdc.granted().map(|g| g.handle));
+        drop(c);
+        if let Some(handle) = handle {
+            match run_channel(&client, &addr, handle).await {
+                Ok(()) => return,
+                Err(e) => debug!(%target, "callback channel: {e}"),
+            }
+        }
+        let Some(c) = client.upgrade() else { return };
+        if c.locks.up.swap(false, Ordering::AcqRel) {
+            warn!(%target, "callback channel lost: every lock dropped");
+        }
+        c.locks.drop_all();
+        drop(c);
+        tokio::time::sleep(CHANNEL_RETRY).await;
+    }
+}
+
+fn frame(opcode: Opcode, handle: u64, xid: u64) -> Vec<u8> {
+    let header = Header {
+        opcode: opcode as u16,
+        handle,
+        xid,
+        ..Default::default()
+    };
+    let body = match opcode {
+        Opcode::Ping => Request::Ping(Empty {}),
+        _ => Request::LdlmCallbackChannel(Empty {}),
+    };
+    Frame::encode(&header, &body.encode())
+}
+
+/// Registers one connection as the channel and serves it; `Ok` when the client is
+/// gone.
+async fn run_channel(client: &Weak<Client>, addr: &str, handle: u64) -> Result<(), String> {
+    let sock = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = sock.set_nodelay(true);
+    let (mut rd, mut wr) = sock.into_split();
+    wr.write_all(&frame(Opcode::LdlmCallbackChannel, handle, 1))
+        .await
+        .map_err(|e| e.to_string())?;
+    let rep = lode_rpc::read_frame(&mut rd)
+        .await
+        .map_err(|e| e.to_string())?;
+    if rep.header.flags & FLAG_REPLY == 0 || rep.header.status != 0 {
+        return Err(format!("refused (status {})", rep.header.status));
+    }
+    {
+        let Some(c) = client.upgrade() else {
+            return Ok(());
+        };
+        c.locks.up.store(true, Ordering::Release);
+    }
+    // Pings go from their own task: a read is never interrupted half way.
+    let pinger = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut xid = 1;
+            loop {
+                tokio::time::sleep(CHANNEL_PING).await;
+                xid += 1;
+                if client.strong_count() == 0
+                    || wr
+                        .write_all(&frame(Opcode::Ping, handle, xid))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        })
+    };
+    let served = serve_channel(client, &mut rd).await;
+    pinger.abort();
+    served
+}
+
+async fn serve_channel(
+    client: &Weak<Client>,
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+) -> Result<(), String> {
+    loop {
+        let f = lode_rpc::read_frame(rd).await.map_err(|e| e.to_string())?;
+        let Some(c) = client.upgrade() else {
+            return Ok(());
+        };
+        if f.header.flags & FLAG_CALLBACK == 0 {
+            // A ping's reply.
+            continue;
+        }
+        match Request::decode(f.header.opcode, &f.body) {
+            Ok(Request::LdlmBlCallback(r))
+                if r.handles.len() <= lode_base::limits::LOCKS_PER_RPC_MAX =>
+            {
+                c.on_callback(r.handles);
+            }
+            _ => return Err(format!("unexpected callback opcode {}", f.header.opcode)),
+        }
+    }
+}
