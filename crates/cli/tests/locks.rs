@@ -185,3 +185,131 @@ fn a_client_without_a_callback_channel_gets_no_lock() {
     }
     assert_eq!(peer.ping(handle).header.status, 0);
 }
+
+/// Lustre's name resource hash (0 is replaced by 1).
+fn name_hash(name: &[u8]) -> u64 {
+    match lode_base::hash::name_hash(name) {
+        0 => 1,
+        h => h,
+    }
+}
+
+#[test]
+fn every_kind_of_change_calls_back_exactly_the_locks_that_cover_it() {
+    let c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    channel_up(&a);
+    let r = root();
+    let mk = |s: &Session, name: &str| {
+        s.run(
+            s.client
+                .mkdir(&r, lode_base::Fid::ROOT, name.as_bytes(), 0o755, None),
+        )
+        .expect("mkdir")
+        .attr
+        .fid
+    };
+    let (d, other) = (mk(&b, "d"), mk(&b, "other"));
+    let file = |name: &str| {
+        b.run(b.client.create(&r, d, name.as_bytes(), 0o644, None))
+            .expect("create")
+            .attr
+            .fid
+    };
+    file("y");
+    let (z, x) = (file("z"), file("x"));
+    // A lock A takes, then B's change; whether A must be called back.
+    let lock = |fid, hash, bits| {
+        a.run(a.client.lock_enqueue(fid, hash, PR, bits))
+            .expect("enqueue")
+            .expect("granted")
+    };
+    let update = 0x02;
+    let lookup = 0x01;
+    // (what, the lock A holds, whether B's change must call it back, the change)
+    type Case<'a> = (
+        &'static str,
+        (lode_base::Fid, u64, u8),
+        bool,
+        Box<dyn Fn() + 'a>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "create in a directory whose entries A caches",
+            (d, 0, update),
+            true,
+            Box::new(|| {
+                file("new");
+            }),
+        ),
+        (
+            "create in another directory",
+            (other, 0, update),
+            false,
+            Box::new(|| {
+                file("new2");
+            }),
+        ),
+        (
+            "unlink of a name A caches",
+            (d, name_hash(b"y"), lookup),
+            true,
+            Box::new(|| b.run(b.client.unlink(&r, d, b"y")).expect("unlink")),
+        ),
+        (
+            "unlink moves the removed file's nlink",
+            (z, 0, update),
+            true,
+            Box::new(|| b.run(b.client.unlink(&r, d, b"z")).expect("unlink")),
+        ),
+        (
+            "rename onto a name A caches",
+            (d, name_hash(b"w"), lookup),
+            true,
+            Box::new(|| {
+                b.run(b.client.rename(&r, d, b"x", d, b"w", 0))
+                    .expect("rename")
+            }),
+        ),
+        (
+            "link moves the file's nlink",
+            (x, 0, update),
+            true,
+            Box::new(|| {
+                b.run(b.client.link(&r, x, d, b"x2")).expect("link");
+            }),
+        ),
+        (
+            "setxattr of a file A caches",
+            (x, 0, 0x20),
+            true,
+            Box::new(|| {
+                b.run(b.client.setxattr(&r, x, b"user.k", Some(b"v"), 0))
+                    .expect("setxattr")
+            }),
+        ),
+        (
+            "a change of another name's lock leaves it alone",
+            (d, name_hash(b"untouched"), lookup),
+            false,
+            Box::new(|| {
+                file("elsewhere");
+            }),
+        ),
+    ];
+    for (what, (fid, hash, bits), called, change) in cases {
+        let before = a.client.lock_callbacks();
+        let h = lock(fid, hash, bits);
+        change();
+        let got = a.client.lock_callbacks() - before;
+        assert_eq!(got, u64::from(called), "{what}: callbacks");
+        assert_eq!(
+            a.client.locks_held().contains_key(&h),
+            !called,
+            "{what}: lock held afterwards"
+        );
+        if !called {
+            a.run(a.client.lock_cancel(vec![h])).expect("cancel");
+        }
+    }
+}

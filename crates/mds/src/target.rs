@@ -9,6 +9,7 @@ use lode_proto::{
     ConnectRep, ConnectReq, Empty, LdlmCancelReq, LdlmEnqueueRep, MdtRequest, Opcode, Reply,
     Request, SyncRep, CONNECT_SUPPORTED,
 };
+use lode_rpc::server::Deferred;
 use lode_rpc::{CallbackChannel, Incoming, OpStats, Outgoing, Service};
 use lode_store::mdt::ReplySlot;
 use lode_store::records::{self, ClientRec};
@@ -461,14 +462,27 @@ impl Mdt {
     }
 }
 
-/// The locks a modification takes (Lustre's inode bits): what it changes, so that every
-/// client caching it is called back first.
-fn lock_wants(req: &MdtRequest) -> Vec<Want> {
-    use ldlm::bits::{PERM, UPDATE};
+/// Whether a modification's locks depend on what a name points to now (so they must
+/// be checked again once held).
+fn looks_up(req: &MdtRequest) -> bool {
     match req {
-        MdtRequest::Setattr(r) => vec![(ResId::object(r.fid), LockMode::Pw, UPDATE | PERM)],
-        _ => Vec::new(),
+        MdtRequest::Unlink(_) | MdtRequest::Rename(_) => true,
+        MdtRequest::Create(r) => r
+            .open_flags
+            .is_some_and(|f| f & (libc::O_TRUNC as u32) != 0),
+        _ => false,
     }
+}
+
+/// How often a modification re-chooses its locks when the names they depend on change
+/// while it waits.
+const LOCK_RETRIES: usize = 4;
+
+/// What became of a modification: answered now (with the parked request's promise, if
+/// it had one), or parked.
+enum Ran {
+    Now(Outgoing, Option<Deferred>),
+    Parked,
 }
 
 /// Evicts clients that keep a called-back lock longer than `ldlm_timeout`.
@@ -642,15 +656,38 @@ impl Mdt {
         }
         // The locks the change needs: granted now, or the request is parked until the
         // clients holding conflicting ones give them back (or are evicted).
-        let want = lock_wants(&req);
-        let locks = if want.is_empty() {
-            None
-        } else if let Some(l) = self.ldlm.try_acquire(&want) {
-            Some(l)
-        } else {
-            return self.park_modify(inc, exp, req, &want);
-        };
-        self.execute_modify(inc, exp, req, locks)
+        match self.lock_and_run(inc, exp, req, None) {
+            Ran::Now(out, _) => out,
+            Ran::Parked => Outgoing::parked(),
+        }
+    }
+
+    /// Takes the locks an admitted modification needs and runs it, or parks it until
+    /// they are free (calling back the clients in the way). The locks are chosen from
+    /// the namespace as it is (the child an unlink removes); if that changed by the time
+    /// they are held, they are chosen again.
+    fn lock_and_run(
+        &self,
+        inc: &Incoming,
+        exp: &Arc<Export>,
+        req: MdtRequest,
+        d: Option<Deferred>,
+    ) -> Ran {
+        for _ in 0..LOCK_RETRIES {
+            let want = self.lock_wants(&req);
+            if want.is_empty() {
+                break;
+            }
+            let Some(locks) = self.ldlm.try_acquire(&want) else {
+                return self.park_modify(inc, exp, req, want, d);
+            };
+            if !looks_up(&req) || self.lock_wants(&req) == want {
+                return Ran::Now(self.execute_modify(inc, exp, req, Some(locks)), d);
+            }
+        }
+        // No locks needed, or the names keep changing under us: the PDO locks still
+        // make the change atomic.
+        Ran::Now(self.execute_modify(inc, exp, req, None), d)
     }
 
     /// Queues an admitted modification for its locks, calls back the clients in its way,
@@ -660,41 +697,120 @@ impl Mdt {
         inc: &Incoming,
         exp: &Arc<Export>,
         req: MdtRequest,
-        want: &[Want],
-    ) -> Outgoing {
-        let Some(d) = inc.defer() else {
+        want: Vec<Want>,
+        d: Option<Deferred>,
+    ) -> Ran {
+        let Some(d) = d.or_else(|| inc.defer()) else {
             // Built in-process, with no connection to answer on later.
             self.untag(exp.slot, inc.header.tag, inc.header.xid);
-            return self.error_out(Errno::EAGAIN.into());
+            return Ran::Now(self.error_out(Errno::EAGAIN.into()), None);
         };
         let parked = Arc::new(Mutex::new(Some((req, d))));
         let (me, exp2, parked2) = (self.me.clone(), exp.clone(), parked.clone());
         let (header, body, peer, conn_id) = (inc.header, inc.body.clone(), inc.peer, inc.conn_id);
-        let acquired = self.ldlm.acquire(want, move |locks| {
+        let want2 = want.clone();
+        let acquired = self.ldlm.acquire(&want, move |locks| {
             let Some(mdt) = me.upgrade() else { return };
             let Some((req, d)) = parked2.lock().take() else {
                 return;
             };
             let inc = Incoming::local(header, body, peer, conn_id);
-            let out = mdt.execute_modify(&inc, &exp2, req, Some(locks));
-            if Service::flush(&*mdt) {
-                d.send(out);
+            let ran = if !looks_up(&req) || mdt.lock_wants(&req) == want2 {
+                Ran::Now(mdt.execute_modify(&inc, &exp2, req, Some(locks)), Some(d))
+            } else {
+                drop(locks);
+                mdt.lock_and_run(&inc, &exp2, req, Some(d))
+            };
+            if let Ran::Now(out, Some(d)) = ran {
+                if Service::flush(&*mdt) {
+                    d.send(out);
+                }
             }
         });
         match acquired {
             Acquired::Granted(locks) => {
                 // Freed meanwhile: run it here after all.
-                let Some((req, _d)) = parked.lock().take() else {
-                    return Outgoing::parked();
+                let Some((req, d)) = parked.lock().take() else {
+                    return Ran::Parked;
                 };
-                self.execute_modify(inc, exp, req, Some(locks))
+                if !looks_up(&req) || self.lock_wants(&req) == want {
+                    Ran::Now(self.execute_modify(inc, exp, req, Some(locks)), Some(d))
+                } else {
+                    drop(locks);
+                    self.lock_and_run(inc, exp, req, Some(d))
+                }
             }
             Acquired::Waiting(cbs) => {
                 debug!(client = %exp.uuid, callbacks = cbs.len(), "modification waits for lock cancels");
                 self.call_back(&cbs);
-                Outgoing::parked()
+                Ran::Parked
             }
         }
+    }
+
+    /// The locks a modification takes (Lustre's inode bits): everything it changes, so
+    /// every client caching any of it is called back first. A directory whose entries
+    /// change: CW UPDATE (concurrent changes of other names go on; a client's cached
+    /// listing or "no such name" is revoked). A name: PW LOOKUP on `(dir, name hash)`.
+    /// An object whose attributes change: PW on the bits they belong to.
+    fn lock_wants(&self, req: &MdtRequest) -> Vec<Want> {
+        use ldlm::bits::{LOOKUP, PERM, UPDATE, XATTR};
+        let dir = |d| (ResId::object(d), LockMode::Cw, UPDATE);
+        let name = |d, n: &[u8]| (ResId::name(d, n), LockMode::Pw, LOOKUP);
+        let obj = |f, bits| (ResId::object(f), LockMode::Pw, bits);
+        let child = |d, n: &[u8]| self.ns.dirent(d, n).ok().flatten().map(|e| e.fid);
+        let mut w = match req {
+            MdtRequest::Create(r) => {
+                let mut w = vec![dir(r.parent), name(r.parent, &r.name)];
+                // An open-create of an existing file may truncate it.
+                if r.open_flags
+                    .is_some_and(|f| f & (libc::O_TRUNC as u32) != 0)
+                {
+                    w.extend(child(r.parent, &r.name).map(|c| obj(c, UPDATE)));
+                }
+                w
+            }
+            MdtRequest::Unlink(r) => {
+                let mut w = vec![dir(r.parent), name(r.parent, &r.name)];
+                // Its nlink and ctime change (or it goes).
+                w.extend(child(r.parent, &r.name).map(|c| obj(c, UPDATE)));
+                w
+            }
+            MdtRequest::Rename(r) => {
+                let mut w = vec![
+                    dir(r.src_parent),
+                    name(r.src_parent, &r.src_name),
+                    dir(r.dst_parent),
+                    name(r.dst_parent, &r.dst_name),
+                ];
+                w.extend(child(r.src_parent, &r.src_name).map(|c| obj(c, UPDATE)));
+                w.extend(child(r.dst_parent, &r.dst_name).map(|c| obj(c, UPDATE)));
+                w
+            }
+            MdtRequest::Link(r) => vec![dir(r.parent), name(r.parent, &r.name), obj(r.fid, UPDATE)],
+            MdtRequest::Setattr(r) => vec![obj(r.fid, UPDATE | PERM)],
+            // An ACL is a permission; every xattr change moves ctime.
+            MdtRequest::Setxattr(r) => vec![obj(r.fid, UPDATE | PERM | XATTR)],
+            MdtRequest::Open(r) if r.flags & (libc::O_TRUNC as u32) != 0 => {
+                vec![obj(r.fid, UPDATE)]
+            }
+            _ => Vec::new(),
+        };
+        // One entry per resource: the strongest mode asked and every bit (a rename within
+        // one directory names it twice).
+        w.sort_by_key(|(r, _, _)| *r);
+        w.dedup_by(|b, a| {
+            if a.0 == b.0 {
+                a.2 |= b.2;
+                if a.1 == LockMode::Cw && b.1 == LockMode::Pw {
+                    a.1 = LockMode::Pw;
+                }
+                true
+            } else {
+                false
+            }
+        });
+        w
     }
 
     fn untag(&self, slot: u32, tag: u16, xid: u64) {
