@@ -313,3 +313,25 @@ fn every_kind_of_change_calls_back_exactly_the_locks_that_cover_it() {
         }
     }
 }
+
+#[test]
+fn a_client_that_goes_away_leaves_no_lock_behind() {
+    let c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    channel_up(&a);
+    let f = create(&a, "gone");
+    a.run(a.client.lock_enqueue(f, 0, PR, UPDATE_PERM))
+        .expect("enqueue")
+        .expect("granted");
+    assert_eq!(c.get_param("ldlm.namespaces.*.lock_count"), "1");
+    drop(a);
+    // Its callback channel closed with it: the MDT dropped its locks, so nobody waits
+    // for a callback to a client that is gone (or for its eviction).
+    wait_for(
+        "the lock of the client that went",
+        Duration::from_secs(10),
+        || c.get_param("ldlm.namespaces.*.lock_count") == "0",
+    );
+    assert_eq!(chmod(&b, f, 0o600).attr.mode & 0o7777, 0o600);
+    assert!(!c.log("mdt0").contains("evicting client"));
+}

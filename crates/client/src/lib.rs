@@ -88,6 +88,16 @@ pub struct Client {
     rt: Handle,
 }
 
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Close the callback channel now, so the MDT drops this client's locks at once
+        // instead of calling back a client that is gone.
+        if let Some(t) = self.locks.channel_task.lock().take() {
+            t.abort();
+        }
+    }
+}
+
 impl Client {
     /// Fetches the config from the MGS and connects to every target. Connection
     /// refusals (wrong fsname, key, version) come back as errors with a message.
@@ -149,9 +159,10 @@ impl Client {
             rt,
         });
         client.apply_targets(&conf.targets);
-        client
+        let channel = client
             .rt
             .spawn(locks::callback_channel(Arc::downgrade(&client)));
+        *client.locks.channel_task.lock() = Some(channel.abort_handle());
         // Parameters stored with `set-param -P` that name this client's devices.
         let params = params::ClientParams(client.clone());
         for r in lode_rpc::admin::apply_persistent(&params, &conf.params) {

@@ -48,6 +48,8 @@ pub(crate) struct Locks {
     callbacks: AtomicU64,
     /// The callback channel is registered with the MDT.
     up: AtomicBool,
+    /// The channel's task, aborted when the client goes.
+    pub(crate) channel_task: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 impl Locks {
@@ -239,9 +241,17 @@ async fn run_channel(client: &Weak<Client>, addr: &str, handle: u64) -> Result<(
             }
         })
     };
-    let served = serve_channel(client, &mut rd).await;
-    pinger.abort();
-    served
+    // The pinger holds the write half: it goes with this future, however that ends.
+    let _pinger = AbortOnDrop(pinger);
+    serve_channel(client, &mut rd).await
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn serve_channel(
