@@ -335,3 +335,28 @@ fn a_client_that_goes_away_leaves_no_lock_behind() {
     assert_eq!(chmod(&b, f, 0o600).attr.mode & 0o7777, 0o600);
     assert!(!c.log("mdt0").contains("evicting client"));
 }
+
+#[test]
+fn many_changes_of_one_file_at_once_queue_on_its_lock_and_all_complete() {
+    let c = cluster(1);
+    let (a, b) = (
+        std::sync::Arc::new(c.client()),
+        std::sync::Arc::new(c.client()),
+    );
+    let f = create(&a, "hot");
+    let workers: Vec<_> = (0..8)
+        .map(|t| {
+            let s = if t % 2 == 0 { a.clone() } else { b.clone() };
+            std::thread::spawn(move || {
+                for i in 0..50u32 {
+                    let mode = 0o600 | (i % 8) << 3;
+                    assert_eq!(chmod(&s, f, mode).attr.mode & 0o7777, mode);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker");
+    }
+    assert_eq!(c.get_param("ldlm.namespaces.*.lock_count"), "0");
+}

@@ -271,6 +271,12 @@ impl State {
     }
 }
 
+thread_local! {
+    /// Operations woken on this thread and not yet run (`None`: no wake under way).
+    static WAKING: std::cell::RefCell<Option<std::collections::VecDeque<(Wake, MdtLocks)>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// The lock manager of one MDT.
 pub struct Ldlm {
     st: Mutex<State>,
@@ -469,12 +475,50 @@ impl Ldlm {
         self.st.lock().clients.get(&slot).map_or(0, HashSet::len)
     }
 
+    /// Runs the woken operations. An operation woken while this thread already runs
+    /// one (its locks' release woke the next) waits its turn in the thread's queue
+    /// instead of running nested, so a long queue on one resource never grows the stack.
     fn wake(self: &Arc<Self>, woken: Vec<(Wake, Vec<Handle>)>) {
-        for (wake, handles) in woken {
-            wake(MdtLocks {
-                ldlm: self.clone(),
-                handles,
-            });
+        let mut items: Vec<(Wake, MdtLocks)> = woken
+            .into_iter()
+            .map(|(w, handles)| {
+                (
+                    w,
+                    MdtLocks {
+                        ldlm: self.clone(),
+                        handles,
+                    },
+                )
+            })
+            .collect();
+        let outer = WAKING.with(|q| {
+            let mut q = q.borrow_mut();
+            match q.as_mut() {
+                Some(queued) => {
+                    queued.extend(items.drain(..));
+                    false
+                }
+                None => {
+                    *q = Some(std::collections::VecDeque::from(items));
+                    true
+                }
+            }
+        });
+        if !outer {
+            return;
+        }
+        // Resets the queue however the loop ends (a panicking operation included).
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                WAKING.with(|q| q.borrow_mut().take());
+            }
+        }
+        let _reset = Reset;
+        while let Some((w, locks)) =
+            WAKING.with(|q| q.borrow_mut().as_mut().and_then(|v| v.pop_front()))
+        {
+            w(locks);
         }
     }
 }
@@ -599,6 +643,34 @@ mod tests {
         let (who, third) = rx.try_recv().expect("then the third");
         assert_eq!(who, "third");
         drop((third, on_b));
+        assert_eq!(l.lock_count(), 0);
+    }
+
+    #[test]
+    fn a_long_queue_on_one_resource_is_woken_one_after_another_not_nested() {
+        use std::sync::atomic::AtomicUsize;
+        let l = Ldlm::new(100);
+        let r = ResId::object(fid(1));
+        let Acquired::Granted(first) = l.acquire(&[(r, Ex, bits::UPDATE)], |_| {}) else {
+            panic!("free");
+        };
+        let active = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = mpsc::channel();
+        for i in 0..1000 {
+            let (active, tx) = (active.clone(), tx.clone());
+            let Acquired::Waiting(_) = l.acquire(&[(r, Ex, bits::UPDATE)], move |locks| {
+                assert_eq!(active.fetch_add(1, Ordering::SeqCst), 0, "nested wake");
+                // Releasing wakes the next, which must wait until this one returns.
+                drop(locks);
+                active.fetch_sub(1, Ordering::SeqCst);
+                tx.send(i).unwrap();
+            }) else {
+                panic!("queued");
+            };
+        }
+        drop(first);
+        let order: Vec<i32> = rx.try_iter().collect();
+        assert_eq!(order, (0..1000).collect::<Vec<_>>(), "every one, in order");
         assert_eq!(l.lock_count(), 0);
     }
 
