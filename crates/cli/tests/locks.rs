@@ -360,3 +360,24 @@ fn many_changes_of_one_file_at_once_queue_on_its_lock_and_all_complete() {
     }
     assert_eq!(c.get_param("ldlm.namespaces.*.lock_count"), "0");
 }
+
+#[test]
+fn a_client_past_its_lock_cap_gets_enolck_and_keeps_working() {
+    let c = cluster(1);
+    c.set_param("ldlm.namespaces.*.max_locks_per_client=2");
+    let a = c.client();
+    channel_up(&a);
+    let fids: Vec<_> = (0..3).map(|i| create(&a, &format!("c{i}"))).collect();
+    for f in &fids[..2] {
+        a.run(a.client.lock_enqueue(*f, 0, PR, UPDATE_PERM))
+            .expect("enqueue")
+            .expect("granted under the cap");
+    }
+    assert_eq!(
+        a.run(a.client.lock_enqueue(fids[2], 0, PR, UPDATE_PERM)),
+        Err(Errno::ENOLCK)
+    );
+    assert_eq!(c.get_param("ldlm.namespaces.*.lock_count"), "2");
+    // Still served: a change calls its locks back as usual.
+    assert_eq!(chmod(&a, fids[0], 0o600).attr.mode & 0o7777, 0o600);
+}

@@ -321,6 +321,11 @@ impl Ldlm {
         })
     }
 
+    /// The per-client cap.
+    pub fn max_per_client(&self) -> usize {
+        self.max_per_client.load(Ordering::Relaxed)
+    }
+
     /// Sets the per-client cap (for new grants).
     pub fn set_max_per_client(&self, n: usize) {
         self.max_per_client.store(n, Ordering::Relaxed);

@@ -107,7 +107,21 @@ static MDT: [Param<Mdt>; 14] = {
 };
 
 /// `ldlm.namespaces.mdt-FS-MDTxxxx_UUID.*`: the MDT's lock manager.
-static LDLM: [Param<Mdt>; 2] = [
+static LDLM: [Param<Mdt>; 3] = [
+    Param {
+        name: "max_locks_per_client",
+        help: "most locks one client may hold; past it an enqueue gets ENOLCK",
+        get: |m| m.ldlm().max_per_client().to_string(),
+        set: Set::Num {
+            min: 1,
+            max: lode_base::limits::LOCKS_PER_CLIENT_MAX as u64,
+            f: |m, v| {
+                m.ldlm()
+                    .set_max_per_client(usize::try_from(v).unwrap_or(usize::MAX));
+                Ok(())
+            },
+        },
+    },
     Param {
         name: "lock_count",
         help: "locks granted now (clients' and the MDT's own)",
