@@ -24,12 +24,29 @@ pub struct Cluster {
     server_args: BTreeMap<String, Vec<String>>,
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+/// Ports handed out are below Linux's ephemeral range (32768 and up by default): a
+/// port the kernel picked for `bind(0)` and that was then released can be taken by any
+/// outgoing connection before the server binds it (every client connects several
+/// times), and the server then fails to start. Below the range only this process hands
+/// ports out, each once.
+const PORT_BASE: u16 = 20_000;
+const PORT_SPAN: u16 = 12_000;
+
+/// A TCP port on 127.0.0.1 that was free a moment ago and that no connection will take
+/// meanwhile (see [`PORT_BASE`]); each call gives another.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Test binaries run one at a time; the pid keeps two at once apart anyway.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = (std::process::id() % u32::from(PORT_SPAN)) as u16;
+    for _ in 0..PORT_SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = PORT_BASE + (start.wrapping_add(n) % PORT_SPAN);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {PORT_BASE}..{}", PORT_BASE + PORT_SPAN)
 }
 
 /// Waits until `f` holds or `deadline` passes; panics with `what` on timeout.
