@@ -381,3 +381,125 @@ fn a_client_past_its_lock_cap_gets_enolck_and_keeps_working() {
     // Still served: a change calls its locks back as usual.
     assert_eq!(chmod(&a, fids[0], 0o600).attr.mode & 0o7777, 0o600);
 }
+
+/// MDT getattrs and lookups this client has sent.
+fn md_reads(s: &Session) -> u64 {
+    let st = s.client.mdc().stats();
+    st.count(lode_proto::Opcode::Getattr) + st.count(lode_proto::Opcode::Lookup)
+}
+
+#[test]
+fn a_client_answers_from_its_cache_under_locks_and_sees_every_change_of_another() {
+    let c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    channel_up(&a);
+    channel_up(&b);
+    let r = root();
+    let d = b
+        .run(b.client.mkdir(&r, lode_base::Fid::ROOT, b"d", 0o755, None))
+        .expect("mkdir")
+        .attr
+        .fid;
+    let f = b
+        .run(b.client.create(&r, d, b"f", 0o644, None))
+        .expect("create")
+        .attr
+        .fid;
+    let look = |name: &[u8]| a.run(a.client.lookup(&r, d, name));
+    let stat = |fid| a.run(a.client.getattr(&r, fid));
+
+    // Cached: the second stat and lookup cost no RPC.
+    a.run(a.client.getattr(&r, d)).expect("dir attrs");
+    assert_eq!(stat(f).expect("stat").mode & 0o7777, 0o644);
+    assert_eq!(look(b"f").expect("lookup").attr.fid, f);
+    let before = md_reads(&a);
+    for _ in 0..20 {
+        stat(f).expect("stat");
+        look(b"f").expect("lookup");
+    }
+    assert_eq!(md_reads(&a), before, "answered from the cache");
+
+    // Another client's chmod: seen at once.
+    chmod(&b, f, 0o600);
+    assert_eq!(stat(f).expect("stat").mode & 0o7777, 0o600);
+    // A hard link: nlink seen.
+    b.run(b.client.link(&r, f, d, b"f2")).expect("link");
+    assert_eq!(stat(f).expect("stat").nlink, 2);
+    // A write through another client: the size comes from the OSTs from then on.
+    let fh = b
+        .run(b.client.open(&r, f, libc::O_WRONLY))
+        .expect("open for write");
+    b.run(b.client.write(&fh, 0, b"hello")).expect("write");
+    b.run(b.client.close(&fh)).expect("close");
+    assert_eq!(stat(f).expect("stat").size, 5);
+    // A rename: the old name is gone, the new one found.
+    look(b"f").expect("cached again");
+    b.run(b.client.rename(&r, d, b"f", d, b"g", 0))
+        .expect("rename");
+    assert_eq!(look(b"f").unwrap_err(), Errno::ENOENT);
+    assert_eq!(look(b"g").expect("new name").attr.fid, f);
+    // An unlink of the last names: gone, and so is the file.
+    look(b"g").expect("cached");
+    b.run(b.client.unlink(&r, d, b"g")).expect("unlink");
+    b.run(b.client.unlink(&r, d, b"f2")).expect("unlink");
+    assert_eq!(look(b"g").unwrap_err(), Errno::ENOENT);
+    assert_eq!(stat(f).unwrap_err(), Errno::ENOENT);
+    // Search permission taken away: a cached lookup is not served to a user who may no
+    // longer search the directory.
+    let h = b
+        .run(b.client.create(&r, d, b"h", 0o644, None))
+        .expect("create")
+        .attr
+        .fid;
+    assert_eq!(
+        a.run(a.client.lookup(&user(), d, b"h"))
+            .expect("user lookup")
+            .attr
+            .fid,
+        h
+    );
+    chmod(&b, d, 0o700);
+    assert_eq!(
+        a.run(a.client.lookup(&user(), d, b"h")).unwrap_err(),
+        Errno::EACCES
+    );
+}
+
+#[test]
+fn a_clients_own_changes_cancel_its_locks_early_and_cost_no_callback() {
+    let c = cluster(1);
+    let a = c.client();
+    channel_up(&a);
+    let r = root();
+    let f = create(&a, "mine");
+    a.run(a.client.getattr(&r, f)).expect("stat");
+    a.run(a.client.getattr(&r, lode_base::Fid::ROOT))
+        .expect("stat root");
+    a.run(a.client.lookup(&r, lode_base::Fid::ROOT, b"mine"))
+        .expect("lookup");
+    assert!(!a.client.locks_held().is_empty(), "cached under locks");
+    // chmod, link, rename, unlink of what A caches: no callback to A, each seen.
+    assert_eq!(chmod(&a, f, 0o600).attr.mode & 0o7777, 0o600);
+    assert_eq!(
+        a.run(a.client.getattr(&r, f)).expect("stat").mode & 0o7777,
+        0o600
+    );
+    a.run(a.client.rename(
+        &r,
+        lode_base::Fid::ROOT,
+        b"mine",
+        lode_base::Fid::ROOT,
+        b"ours",
+        0,
+    ))
+    .expect("rename");
+    assert_eq!(
+        a.run(a.client.lookup(&r, lode_base::Fid::ROOT, b"mine"))
+            .unwrap_err(),
+        Errno::ENOENT
+    );
+    a.run(a.client.unlink(&r, lode_base::Fid::ROOT, b"ours"))
+        .expect("unlink");
+    assert_eq!(a.run(a.client.getattr(&r, f)).unwrap_err(), Errno::ENOENT);
+    assert_eq!(a.client.lock_callbacks(), 0, "every lock cancelled early");
+}

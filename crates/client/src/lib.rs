@@ -254,7 +254,15 @@ impl Client {
 
     /// Sends one request to the MDT.
     pub(crate) async fn md(&self, req: Request) -> Result<Reply, Errno> {
-        Ok(self.mdc.call(req).await?.reply)
+        let cancels = self.release_for_change(&req);
+        let flags = if matches!(req, Request::Getattr(_) | Request::Lookup(_))
+            && self.callback_channel_up()
+        {
+            lode_proto::frame::FLAG_INTENT
+        } else {
+            0
+        };
+        Ok(self.mdc.call_with(req, flags, &cancels).await?.reply)
     }
 
     /// statfs of the file system: space summed over OSTs, inodes from the MDT.

@@ -7,9 +7,12 @@
 //! (an empty callback), drops every lock.
 
 use crate::Client;
-use lode_base::{Errno, Fid};
+use lode_base::perm::{may_access, MAY_EXEC};
+use lode_base::{Cred, Errno, Fid};
 use lode_proto::frame::{FLAG_CALLBACK, FLAG_REPLY};
-use lode_proto::{Empty, Frame, Header, LdlmCancelReq, LdlmEnqueueReq, Opcode, Reply, Request};
+use lode_proto::{
+    Empty, Frame, Header, LdlmCancelReq, LdlmEnqueueReq, MdtBody, Opcode, Reply, Request,
+};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,9 +41,65 @@ pub struct HeldLock {
     pub bits: u8,
 }
 
+/// Most locks the cache keeps; past it, some are given back (Lustre's `lru_size`).
+const CACHE_LOCKS_MAX: usize = 1 << 16;
+
+/// What one cache lock covers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    /// An object's attributes.
+    Attr(Fid),
+    /// A name's binding in a directory.
+    Name(Fid, Vec<u8>),
+}
+
+/// What the client knows under locks: attributes and names, each with the lock that
+/// keeps it true.
+#[derive(Default)]
+struct Cache {
+    attrs: HashMap<Fid, (MdtBody, u64)>,
+    names: HashMap<(Fid, Vec<u8>), (Fid, u64)>,
+    by_lock: HashMap<u64, Key>,
+}
+
+impl Cache {
+    /// Forgets what `handle` covered; false if it covered nothing.
+    fn forget_lock(&mut self, handle: u64) -> bool {
+        match self.by_lock.remove(&handle) {
+            Some(Key::Attr(f)) => {
+                if self.attrs.get(&f).is_some_and(|(_, h)| *h == handle) {
+                    self.attrs.remove(&f);
+                }
+                true
+            }
+            Some(Key::Name(d, n)) => {
+                let k = (d, n);
+                if self.names.get(&k).is_some_and(|(_, h)| *h == handle) {
+                    self.names.remove(&k);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets an entry; returns its lock.
+    fn forget(&mut self, key: &Key) -> Option<u64> {
+        let h = match key {
+            Key::Attr(f) => self.attrs.remove(f)?.1,
+            Key::Name(d, n) => self.names.remove(&(*d, n.clone()))?.1,
+        };
+        self.by_lock.remove(&h);
+        Some(h)
+    }
+}
+
 /// The locks of one client on its MDT.
 #[derive(Default)]
 pub(crate) struct Locks {
+    cache: Mutex<Cache>,
+    /// Locks the cache let go of, to cancel with the next request.
+    unused: Mutex<Vec<u64>>,
     held: Mutex<HashMap<u64, HeldLock>>,
     /// Called back before the reply that granted them arrived: not to be recorded.
     revoked: Mutex<HashSet<u64>>,
@@ -55,6 +114,7 @@ pub(crate) struct Locks {
 impl Locks {
     fn drop_all(&self) {
         self.held.lock().clear();
+        *self.cache.lock() = Cache::default();
     }
 }
 
@@ -132,6 +192,154 @@ impl Client {
         self.locks.up.load(Ordering::Acquire)
     }
 
+    /// Attributes known under a lock, if any (no RPC).
+    pub(crate) fn cached_attrs(&self, fid: Fid) -> Option<MdtBody> {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return None;
+        }
+        self.locks
+            .cache
+            .lock()
+            .attrs
+            .get(&fid)
+            .map(|(b, _)| b.clone())
+    }
+
+    /// A lookup answered from the cache: the name's binding, the child's attributes and
+    /// the directory's permission bits all under locks, and the caller may search the
+    /// directory. `None`: ask the MDT.
+    pub(crate) fn cached_lookup(&self, cred: &Cred, parent: Fid, name: &[u8]) -> Option<MdtBody> {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return None;
+        }
+        let c = self.locks.cache.lock();
+        let (dir, _) = c.attrs.get(&parent)?;
+        if !may_access(&dir.attr, cred, MAY_EXEC) {
+            return None;
+        }
+        let (child, _) = c.names.get(&(parent, name.to_vec()))?;
+        c.attrs.get(child).map(|(b, _)| b.clone())
+    }
+
+    /// Keeps what a reply granted locks for: the attributes (`body.lock`) and, for a
+    /// lookup, the name (`body.name_lock`).
+    pub(crate) fn remember(&self, body: &MdtBody, name: Option<(Fid, &[u8])>) {
+        let mut stale = Vec::new();
+        {
+            let mut revoked = self.locks.revoked.lock();
+            let mut held = self.locks.held.lock();
+            let mut c = self.locks.cache.lock();
+            let fid = body.attr.fid;
+            let mut entries = vec![(body.lock, Key::Attr(fid))];
+            if let Some((d, n)) = name {
+                entries.push((body.name_lock, Key::Name(d, n.to_vec())));
+            }
+            for (h, key) in entries {
+                if h == 0 || revoked.remove(&h) {
+                    continue;
+                }
+                let (lfid, hash, bits) = match &key {
+                    Key::Attr(f) => (*f, 0, 0x02 | 0x10),
+                    Key::Name(d, n) => (*d, lode_base::hash::name_hash(n).max(1), 0x01),
+                };
+                held.insert(
+                    h,
+                    HeldLock {
+                        fid: lfid,
+                        hash,
+                        mode: 4,
+                        bits,
+                    },
+                );
+                let old = match &key {
+                    Key::Attr(f) => c.attrs.insert(*f, (body.clone(), h)).map(|(_, o)| o),
+                    Key::Name(d, n) => c.names.insert((*d, n.clone()), (fid, h)).map(|(_, o)| o),
+                };
+                c.by_lock.insert(h, key);
+                // One lock per entry: the one it replaces goes back.
+                if let Some(o) = old.filter(|o| *o != h) {
+                    c.by_lock.remove(&o);
+                    held.remove(&o);
+                    stale.push(o);
+                }
+            }
+            if c.by_lock.len() > CACHE_LOCKS_MAX {
+                let extra: Vec<u64> = c
+                    .by_lock
+                    .keys()
+                    .take(c.by_lock.len() / 8)
+                    .copied()
+                    .collect();
+                for h in extra {
+                    c.forget_lock(h);
+                    held.remove(&h);
+                    stale.push(h);
+                }
+            }
+        }
+        // Given back with the next request (no extra round trip).
+        self.locks.unused.lock().extend(stale);
+    }
+
+    /// Early lock cancel: the locks of cached entries a change of ours will make false,
+    /// forgotten now and returned to be cancelled just before the change (so the MDT
+    /// does not call us back for our own change).
+    pub(crate) fn release_for_change(&self, req: &Request) -> Vec<u64> {
+        let dir = |d: Fid| Key::Attr(d);
+        let name = |d: Fid, n: &[u8]| Key::Name(d, n.to_vec());
+        let mut keys = match req {
+            Request::Create(r) => vec![dir(r.parent), name(r.parent, &r.name)],
+            Request::Unlink(r) => vec![dir(r.parent), name(r.parent, &r.name)],
+            Request::Rename(r) => vec![
+                dir(r.src_parent),
+                name(r.src_parent, &r.src_name),
+                dir(r.dst_parent),
+                name(r.dst_parent, &r.dst_name),
+            ],
+            Request::Link(r) => vec![dir(r.parent), name(r.parent, &r.name), Key::Attr(r.fid)],
+            Request::Setattr(r) => vec![Key::Attr(r.fid)],
+            Request::Setxattr(r) => vec![Key::Attr(r.fid)],
+            Request::Open(r) => {
+                let acc = r.flags & libc::O_ACCMODE as u32;
+                let write = acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32;
+                if !write && r.flags & libc::O_TRUNC as u32 == 0 {
+                    return self.unused_cancels();
+                }
+                vec![Key::Attr(r.fid)]
+            }
+            _ => return self.unused_cancels(),
+        };
+        let mut c = self.locks.cache.lock();
+        // The children whose names change: their nlink and ctime move too.
+        let children: Vec<Key> = keys
+            .iter()
+            .filter_map(|k| match k {
+                Key::Name(d, n) => c.names.get(&(*d, n.clone())).map(|(f, _)| Key::Attr(*f)),
+                Key::Attr(_) => None,
+            })
+            .collect();
+        keys.extend(children);
+        let mut handles: Vec<u64> = keys.iter().filter_map(|k| c.forget(k)).collect();
+        drop(c);
+        handles.append(&mut self.locks.unused.lock());
+        handles.truncate(lode_base::limits::LOCKS_PER_RPC_MAX);
+        let mut held = self.locks.held.lock();
+        for h in &handles {
+            held.remove(h);
+        }
+        handles
+    }
+
+    /// Locks the cache let go of, to cancel with the next request.
+    fn unused_cancels(&self) -> Vec<u64> {
+        let mut unused = self.locks.unused.lock();
+        if unused.is_empty() {
+            return Vec::new();
+        }
+        let n = unused.len().min(lode_base::limits::LOCKS_PER_RPC_MAX);
+        unused.drain(..n).collect()
+    }
+
     /// A blocking callback: drop the locks (and what they cover), then cancel them.
     fn on_callback(self: &Arc<Self>, handles: Vec<u64>) {
         self.locks.callbacks.fetch_add(1, Ordering::Relaxed);
@@ -144,7 +352,9 @@ impl Client {
         {
             let mut held = self.locks.held.lock();
             let mut revoked = self.locks.revoked.lock();
+            let mut cache = self.locks.cache.lock();
             for h in &handles {
+                cache.forget_lock(*h);
                 if held.remove(h).is_none() {
                     if revoked.len() >= REVOKED_MAX {
                         revoked.clear();

@@ -15,6 +15,9 @@ const MAX_SYMLINKS: usize = 40;
 impl Client {
     /// Attributes as the MDT has them (no glimpse).
     pub async fn getattr_md(&self, cred: &Cred, fid: Fid) -> Result<MdtBody, Errno> {
+        if let Some(b) = self.cached_attrs(fid) {
+            return Ok(b);
+        }
         match self
             .md(Request::Getattr(GetattrReq {
                 cred: cred.clone(),
@@ -22,7 +25,10 @@ impl Client {
             }))
             .await?
         {
-            Reply::Getattr(b) => Ok(b),
+            Reply::Getattr(b) => {
+                self.remember(&b, None);
+                Ok(b)
+            }
             _ => Err(Errno::EPROTO),
         }
     }
@@ -51,6 +57,9 @@ impl Client {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
+        if let Some(b) = self.cached_lookup(cred, parent, name) {
+            return Ok(b);
+        }
         match self
             .md(Request::Lookup(LookupReq {
                 cred: cred.clone(),
@@ -59,7 +68,10 @@ impl Client {
             }))
             .await?
         {
-            Reply::Lookup(b) => Ok(b),
+            Reply::Lookup(b) => {
+                self.remember(&b, Some((parent, name)));
+                Ok(b)
+            }
             _ => Err(Errno::EPROTO),
         }
     }

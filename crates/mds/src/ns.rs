@@ -27,6 +27,8 @@ impl Namespace {
             layout: rec.layout.clone(),
             glimpse: !is_dir(rec.mode) && rec.flags & INODE_DATA != 0 && has_objects,
             symlink: rec.symlink.clone(),
+            lock: 0,
+            name_lock: 0,
         }
     }
 
@@ -473,6 +475,11 @@ impl Namespace {
             _ => return Err(Errno::EBADF.into()),
         }
         self.close_inner(ctx, handle)
+    }
+
+    /// The file an open handle is on.
+    pub(crate) fn handle_fid(&self, handle: u64) -> Option<Fid> {
+        self.opens.lock().handles.get(&handle).map(|h| h.fid)
     }
 
     /// Closes a handle outside any request (client disconnect).

@@ -148,6 +148,39 @@ impl Mdt {
         self.ldlm.evict(slot);
     }
 
+    /// Whether a request asks for locks with its reply and its client can be called
+    /// back (only then may it cache).
+    fn intent(&self, inc: &Incoming, exp: &Export) -> bool {
+        inc.header.flags & lode_proto::frame::FLAG_INTENT != 0
+            && self
+                .channels
+                .lock()
+                .get(&exp.slot)
+                .is_some_and(|c| !c.broken())
+    }
+
+    /// A PR UPDATE|PERM lock on an object's attributes for a client, if it can be
+    /// granted at once; 0 if not (the client then does not cache them).
+    fn grant_attrs(&self, exp: &Export, fid: lode_base::Fid) -> u64 {
+        self.ldlm
+            .grant(
+                exp.slot,
+                ResId::object(fid),
+                LockMode::Pr,
+                ldlm::bits::UPDATE | ldlm::bits::PERM,
+            )
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+
+    /// Takes back a lock granted for a reply that fails.
+    fn ungrant(&self, exp: &Export, handle: u64) {
+        if handle != 0 {
+            self.ldlm.cancel(exp.slot, handle);
+        }
+    }
+
     /// Sends blocking callbacks, one per client; a client that cannot be reached is
     /// evicted at once.
     fn call_back(&self, cbs: &[ldlm::Callback]) {
@@ -335,14 +368,54 @@ impl Mdt {
             MdtRequest::Sync(_) => return Err(Errno::EPROTO.into()),
             MdtRequest::Getattr(r) => {
                 check_cred(&r.cred)?;
-                (Reply::Getattr(self.ns.getattr(r.fid)?), 0)
+                if !self.intent(inc, exp) {
+                    return Ok((Reply::Getattr(self.ns.getattr(r.fid)?), 0));
+                }
+                // The lock first, then the read: what the reply says is what the lock
+                // covers (a change after the grant has to call it back).
+                let lock = self.grant_attrs(exp, r.fid);
+                let mut b = self
+                    .ns
+                    .getattr(r.fid)
+                    .inspect_err(|_| self.ungrant(exp, lock))?;
+                b.lock = lock;
+                (Reply::Getattr(b), 0)
             }
             MdtRequest::Lookup(r) => {
                 check_cred(&r.cred)?;
-                (
-                    Reply::Lookup(self.ns.lookup(&r.cred, r.parent, &r.name)?),
-                    0,
-                )
+                if !self.intent(inc, exp) || matches!(&r.name[..], b"." | b"..") {
+                    return Ok((
+                        Reply::Lookup(self.ns.lookup(&r.cred, r.parent, &r.name)?),
+                        0,
+                    ));
+                }
+                let name_lock = self
+                    .ldlm
+                    .grant(
+                        exp.slot,
+                        ResId::name(r.parent, &r.name),
+                        LockMode::Pr,
+                        ldlm::bits::LOOKUP,
+                    )
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0);
+                let found = self
+                    .ns
+                    .lookup(&r.cred, r.parent, &r.name)
+                    .inspect_err(|_| self.ungrant(exp, name_lock))?;
+                let lock = self.grant_attrs(exp, found.attr.fid);
+                // Read again under the object's lock (the first read only named it).
+                let mut b = if lock != 0 {
+                    self.ns.getattr(found.attr.fid).inspect_err(|_| {
+                        self.ungrant(exp, lock);
+                        self.ungrant(exp, name_lock);
+                    })?
+                } else {
+                    found
+                };
+                (b.lock, b.name_lock) = (lock, name_lock);
+                (Reply::Lookup(b), 0)
             }
             MdtRequest::Readdir(r) => {
                 check_cred(&r.cred)?;
@@ -466,10 +539,8 @@ impl Mdt {
 /// be checked again once held).
 fn looks_up(req: &MdtRequest) -> bool {
     match req {
-        MdtRequest::Unlink(_) | MdtRequest::Rename(_) => true,
-        MdtRequest::Create(r) => r
-            .open_flags
-            .is_some_and(|f| f & (libc::O_TRUNC as u32) != 0),
+        MdtRequest::Unlink(_) | MdtRequest::Rename(_) | MdtRequest::Close(_) => true,
+        MdtRequest::Create(r) => r.open_flags.is_some(),
         _ => false,
     }
 }
@@ -762,10 +833,9 @@ impl Mdt {
         let mut w = match req {
             MdtRequest::Create(r) => {
                 let mut w = vec![dir(r.parent), name(r.parent, &r.name)];
-                // An open-create of an existing file may truncate it.
-                if r.open_flags
-                    .is_some_and(|f| f & (libc::O_TRUNC as u32) != 0)
-                {
+                // An open-create of an existing file may truncate it, or mark it as
+                // holding data (which changes how its size is read).
+                if r.open_flags.is_some() {
                     w.extend(child(r.parent, &r.name).map(|c| obj(c, UPDATE)));
                 }
                 w
@@ -791,9 +861,25 @@ impl Mdt {
             MdtRequest::Setattr(r) => vec![obj(r.fid, UPDATE | PERM)],
             // An ACL is a permission; every xattr change moves ctime.
             MdtRequest::Setxattr(r) => vec![obj(r.fid, UPDATE | PERM | XATTR)],
-            MdtRequest::Open(r) if r.flags & (libc::O_TRUNC as u32) != 0 => {
+            // A truncating open changes the size; the first open for write marks the
+            // file as holding data (its size then comes from the OSTs).
+            MdtRequest::Open(r)
+                if r.flags & (libc::O_TRUNC as u32) != 0
+                    || (crate::ns::wants_write(r.flags as i32)
+                        && self
+                            .ns
+                            .inode(r.fid)
+                            .is_ok_and(|i| i.flags & lode_store::records::INODE_DATA == 0)) =>
+            {
                 vec![obj(r.fid, UPDATE)]
             }
+            // The last close of an unlinked file destroys it.
+            MdtRequest::Close(r) => self
+                .ns
+                .handle_fid(r.handle)
+                .filter(|f| self.ns.inode(*f).is_ok_and(|i| i.nlink == 0))
+                .map(|f| vec![obj(f, UPDATE)])
+                .unwrap_or_default(),
             _ => Vec::new(),
         };
         // One entry per resource: the strongest mode asked and every bit (a rename within

@@ -30,6 +30,12 @@ pub struct MdtBody {
     /// Symlink target (empty for other types).
     #[serde(with = "serde_bytes")]
     pub symlink: Vec<u8>,
+    /// The lock granted with this reply on the object's attributes (PR UPDATE|PERM),
+    /// asked for with `FLAG_INTENT`; 0 if none.
+    pub lock: u64,
+    /// The lock granted on the name a lookup followed (PR LOOKUP on `(dir, name)`);
+    /// 0 if none.
+    pub name_lock: u64,
 }
 
 /// Who connects to what.

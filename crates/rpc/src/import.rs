@@ -119,6 +119,8 @@ struct Pending {
     opcode: u16,
     tag: u16,
     body: Arc<Vec<u8>>,
+    /// Header flags it was sent with (kept on resends).
+    flags: u16,
     tx: oneshot::Sender<Frame>,
     /// Its caller cannot read (a task, or a thread with several calls out).
     passive: bool,
@@ -739,6 +741,19 @@ impl Import {
 
     /// Sends a request and waits for its reply; a negative status becomes `Err`.
     pub async fn call(self: &Arc<Self>, req: Request) -> Result<Response, Errno> {
+        self.call_with(req, 0, &[]).await
+    }
+
+    /// [`Import::call`] with header `flags` (e.g. `FLAG_INTENT`), and locks to cancel
+    /// first (early lock cancel): their LDLM_CANCEL frame leaves in the same write just
+    /// before the request, so the target, which runs a connection's requests in order,
+    /// drops them before the request looks for conflicts, and no round trip is added.
+    pub async fn call_with(
+        self: &Arc<Self>,
+        req: Request,
+        flags: u16,
+        cancels: &[u64],
+    ) -> Result<Response, Errno> {
         let op = req.opcode();
         self.md_stats.record(op);
         let tag_guard = if is_modify(op) {
@@ -762,7 +777,13 @@ impl Import {
         };
         let body = Arc::new(req.encode());
         let sent = std::time::Instant::now();
-        let frame = self.wait(op as u16, tag_guard, body).await?;
+        let cancel = (!cancels.is_empty()).then(|| {
+            Request::LdlmCancel(lode_proto::LdlmCancelReq {
+                handles: cancels.to_vec(),
+            })
+            .encode()
+        });
+        let frame = self.wait(op as u16, tag_guard, body, flags, cancel).await?;
         self.stats.record(
             op,
             u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX),
@@ -793,6 +814,8 @@ impl Import {
         op: u16,
         tag_guard: Option<TagGuard>,
         body: Arc<Vec<u8>>,
+        flags: u16,
+        cancel: Option<Vec<u8>>,
     ) -> Result<Frame, Errno> {
         let tag = tag_guard.as_ref().map_or(0, |t| t.tag);
         let (tx, mut rx) = oneshot::channel();
@@ -808,6 +831,7 @@ impl Import {
                     opcode: op,
                     tag,
                     body: body.clone(),
+                    flags,
                     tx,
                     passive: false,
                     held_tag: None,
@@ -832,7 +856,7 @@ impl Import {
                 tokio::time::sleep(d).await;
             }
         }
-        self.send(xid, op, tag, &body, 0);
+        self.send_first(xid, op, tag, &body, flags, cancel.as_deref());
         // Let calls joined with this one send theirs before deciding who may read.
         YieldOnce(false).await;
         let active = may_lead();
@@ -874,7 +898,7 @@ impl Import {
                 None if tokio::time::Instant::now() >= deadline => {}
                 None => {
                     debug!(target = %self.cfg.target, xid, "no reply yet, resending");
-                    self.send(xid, op, tag, &body, FLAG_RESENT);
+                    self.send(xid, op, tag, &body, FLAG_RESENT | flags);
                 }
             }
         }
@@ -1071,16 +1095,16 @@ impl Import {
     async fn resend_orphan(self: Arc<Self>, xid: u64) {
         loop {
             tokio::time::sleep(self.resend_interval()).await;
-            let Some((op, tag, body)) = self
+            let Some((op, tag, body, flags)) = self
                 .pending
                 .lock()
                 .map
                 .get(&xid)
-                .map(|p| (p.opcode, p.tag, p.body.clone()))
+                .map(|p| (p.opcode, p.tag, p.body.clone(), p.flags))
             else {
                 return;
             };
-            self.send(xid, op, tag, &body, FLAG_RESENT);
+            self.send(xid, op, tag, &body, FLAG_RESENT | flags);
         }
     }
 
@@ -1107,6 +1131,20 @@ impl Import {
     }
 
     fn send(self: &Arc<Self>, xid: u64, opcode: u16, tag: u16, body: &[u8], flags: u16) {
+        self.send_first(xid, opcode, tag, body, flags, None);
+    }
+
+    /// Sends a request, after `cancel` (an LDLM_CANCEL body, xid 0: its reply is not
+    /// waited for) in the same write.
+    fn send_first(
+        self: &Arc<Self>,
+        xid: u64,
+        opcode: u16,
+        tag: u16,
+        body: &[u8],
+        flags: u16,
+        cancel: Option<&[u8]>,
+    ) {
         let mut st = self.state.lock();
         let Some(conn) = st.tx.clone() else {
             if let Some(e) = st.refused {
@@ -1138,7 +1176,19 @@ impl Import {
             last_xid: self.last_xid(),
             ..header
         };
-        conn.sink.send(Frame::encode(&header, body));
+        let mut bytes = Vec::new();
+        if let Some(c) = cancel {
+            let ch = Header {
+                opcode: Opcode::LdlmCancel as u16,
+                flags: 0,
+                tag: 0,
+                xid: 0,
+                ..header
+            };
+            bytes = Frame::encode(&ch, c);
+        }
+        bytes.extend_from_slice(&Frame::encode(&header, body));
+        conn.sink.send(bytes);
     }
 
     fn fail_pending(&self, _e: Errno) {
@@ -1180,15 +1230,16 @@ impl Import {
             }
         }
         // Resend everything that has not been answered, in xid order, on the new connection.
-        let resend: Vec<(u64, u16, u16, Arc<Vec<u8>>)> = self
+        type Resend = (u64, u16, u16, Arc<Vec<u8>>, u16);
+        let resend: Vec<Resend> = self
             .pending
             .lock()
             .map
             .iter()
-            .map(|(x, p)| (*x, p.opcode, p.tag, p.body.clone()))
+            .map(|(x, p)| (*x, p.opcode, p.tag, p.body.clone(), p.flags))
             .collect();
-        for (xid, op, tag, body) in resend {
-            self.send(xid, op, tag, &body, FLAG_RESENT);
+        for (xid, op, tag, body, flags) in resend {
+            self.send(xid, op, tag, &body, FLAG_RESENT | flags);
         }
         self.kick(&mut self.lead.lock());
     }
