@@ -135,7 +135,7 @@ pub struct SetAttr {
 }
 
 /// Who is asking: the caller's identity, carried in every MDT request.
-#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Default, Serialize, Deserialize)]
 pub struct Cred {
     /// Effective (fs) uid.
     pub uid: u32,

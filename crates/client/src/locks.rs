@@ -51,6 +51,8 @@ enum Key {
     Attr(Fid),
     /// A name's binding in a directory.
     Name(Fid, Vec<u8>),
+    /// That a caller may search a directory.
+    Search(Fid, Cred),
 }
 
 /// What the client knows under locks: attributes and names, each with the lock that
@@ -59,6 +61,7 @@ enum Key {
 struct Cache {
     attrs: HashMap<Fid, (MdtBody, u64)>,
     names: HashMap<(Fid, Vec<u8>), (Fid, u64)>,
+    search: HashMap<(Fid, Cred), u64>,
     by_lock: HashMap<u64, Key>,
 }
 
@@ -79,6 +82,13 @@ impl Cache {
                 }
                 true
             }
+            Some(Key::Search(d, c)) => {
+                let k = (d, c);
+                if self.search.get(&k) == Some(&handle) {
+                    self.search.remove(&k);
+                }
+                true
+            }
             None => false,
         }
     }
@@ -88,6 +98,7 @@ impl Cache {
         let h = match key {
             Key::Attr(f) => self.attrs.remove(f)?.1,
             Key::Name(d, n) => self.names.remove(&(*d, n.clone()))?.1,
+            Key::Search(d, c) => self.search.remove(&(*d, c.clone()))?,
         };
         self.by_lock.remove(&h);
         Some(h)
@@ -213,8 +224,11 @@ impl Client {
             return None;
         }
         let c = self.locks.cache.lock();
-        let (dir, _) = c.attrs.get(&parent)?;
-        if !may_access(&dir.attr, cred, MAY_EXEC) {
+        let may_search = match c.attrs.get(&parent) {
+            Some((dir, _)) => may_access(&dir.attr, cred, MAY_EXEC),
+            None => c.search.contains_key(&(parent, cred.clone())),
+        };
+        if !may_search {
             return None;
         }
         let (child, _) = c.names.get(&(parent, name.to_vec()))?;
@@ -223,7 +237,7 @@ impl Client {
 
     /// Keeps what a reply granted locks for: the attributes (`body.lock`) and, for a
     /// lookup, the name (`body.name_lock`).
-    pub(crate) fn remember(&self, body: &MdtBody, name: Option<(Fid, &[u8])>) {
+    pub(crate) fn remember(&self, body: &MdtBody, name: Option<(Fid, &[u8], &Cred)>) {
         let mut stale = Vec::new();
         {
             let mut revoked = self.locks.revoked.lock();
@@ -231,8 +245,9 @@ impl Client {
             let mut c = self.locks.cache.lock();
             let fid = body.attr.fid;
             let mut entries = vec![(body.lock, Key::Attr(fid))];
-            if let Some((d, n)) = name {
+            if let Some((d, n, cred)) = name {
                 entries.push((body.name_lock, Key::Name(d, n.to_vec())));
+                entries.push((body.dir_lock, Key::Search(d, cred.clone())));
             }
             for (h, key) in entries {
                 if h == 0 || revoked.remove(&h) {
@@ -241,6 +256,7 @@ impl Client {
                 let (lfid, hash, bits) = match &key {
                     Key::Attr(f) => (*f, 0, 0x02 | 0x10),
                     Key::Name(d, n) => (*d, lode_base::hash::name_hash(n).max(1), 0x01),
+                    Key::Search(d, _) => (*d, 0, 0x10),
                 };
                 held.insert(
                     h,
@@ -254,6 +270,7 @@ impl Client {
                 let old = match &key {
                     Key::Attr(f) => c.attrs.insert(*f, (body.clone(), h)).map(|(_, o)| o),
                     Key::Name(d, n) => c.names.insert((*d, n.clone()), (fid, h)).map(|(_, o)| o),
+                    Key::Search(d, cr) => c.search.insert((*d, cr.clone()), h),
                 };
                 c.by_lock.insert(h, key);
                 // One lock per entry: the one it replaces goes back.
@@ -310,12 +327,25 @@ impl Client {
             _ => return self.unused_cancels(),
         };
         let mut c = self.locks.cache.lock();
+        // A change of an object's permissions (chmod, chown, an ACL) ends what its
+        // PERM locks allowed.
+        if let Request::Setattr(lode_proto::SetattrReq { fid, .. })
+        | Request::Setxattr(lode_proto::SetxattrReq { fid, .. }) = req
+        {
+            let perms: Vec<Key> = c
+                .search
+                .keys()
+                .filter(|(d, _)| d == fid)
+                .map(|(d, cr)| Key::Search(*d, cr.clone()))
+                .collect();
+            keys.extend(perms);
+        }
         // The children whose names change: their nlink and ctime move too.
         let children: Vec<Key> = keys
             .iter()
             .filter_map(|k| match k {
                 Key::Name(d, n) => c.names.get(&(*d, n.clone())).map(|(f, _)| Key::Attr(*f)),
-                Key::Attr(_) => None,
+                Key::Attr(_) | Key::Search(..) => None,
             })
             .collect();
         keys.extend(children);

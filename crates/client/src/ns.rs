@@ -69,7 +69,7 @@ impl Client {
             .await?
         {
             Reply::Lookup(b) => {
-                self.remember(&b, Some((parent, name)));
+                self.remember(&b, Some((parent, name, cred)));
                 Ok(b)
             }
             _ => Err(Errno::EPROTO),

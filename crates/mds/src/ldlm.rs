@@ -417,16 +417,27 @@ impl Ldlm {
 
     /// A client cancels one of its locks; false if it holds no such lock (ignored).
     pub fn cancel(self: &Arc<Self>, slot: u32, handle: Handle) -> bool {
-        let woken = {
+        self.cancel_many(slot, &[handle]) == 1
+    }
+
+    /// A client cancels some of its locks (one pass); returns how many it held.
+    pub fn cancel_many(self: &Arc<Self>, slot: u32, handles: &[Handle]) -> usize {
+        let (n, woken) = {
             let mut st = self.st.lock();
-            if !st.clients.get(&slot).is_some_and(|s| s.contains(&handle)) {
-                return false;
+            let mut n = 0;
+            for h in handles {
+                if st.clients.get(&slot).is_some_and(|s| s.contains(h)) {
+                    st.remove(*h);
+                    n += 1;
+                }
             }
-            st.remove(handle);
-            st.reprocess()
+            if n == 0 || st.waiters.is_empty() {
+                return n;
+            }
+            (n, st.reprocess())
         };
         self.wake(woken);
-        true
+        n
     }
 
     /// Drops every lock of a client (evicted or gone); returns how many.

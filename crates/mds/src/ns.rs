@@ -29,6 +29,7 @@ impl Namespace {
             symlink: rec.symlink.clone(),
             lock: 0,
             name_lock: 0,
+            dir_lock: 0,
         }
     }
 
@@ -142,6 +143,11 @@ impl Namespace {
     }
 
     pub(crate) fn lookup(&self, cred: &Cred, parent: Fid, name: &[u8]) -> OpResult<MdtBody> {
+        self.getattr(self.lookup_fid(cred, parent, name)?)
+    }
+
+    /// What `name` in `parent` points to, if the caller may search `parent`.
+    pub(crate) fn lookup_fid(&self, cred: &Cred, parent: Fid, name: &[u8]) -> OpResult<Fid> {
         let dir = self.dir_inode(parent)?;
         if !may_access(&dir.attr(parent), cred, MAY_EXEC) {
             return Err(Errno::EACCES.into());
@@ -154,7 +160,7 @@ impl Namespace {
                 self.dirent(parent, name)?.ok_or(Errno::ENOENT)?.fid
             }
         };
-        self.getattr(child)
+        Ok(child)
     }
 
     pub(crate) fn readdir(

@@ -389,32 +389,32 @@ impl Mdt {
                         0,
                     ));
                 }
-                let name_lock = self
-                    .ldlm
-                    .grant(
-                        exp.slot,
-                        ResId::name(r.parent, &r.name),
-                        LockMode::Pr,
-                        ldlm::bits::LOOKUP,
-                    )
-                    .ok()
-                    .flatten()
-                    .unwrap_or(0);
-                let found = self
-                    .ns
-                    .lookup(&r.cred, r.parent, &r.name)
-                    .inspect_err(|_| self.ungrant(exp, name_lock))?;
-                let lock = self.grant_attrs(exp, found.attr.fid);
-                // Read again under the object's lock (the first read only named it).
-                let mut b = if lock != 0 {
-                    self.ns.getattr(found.attr.fid).inspect_err(|_| {
-                        self.ungrant(exp, lock);
-                        self.ungrant(exp, name_lock);
-                    })?
-                } else {
-                    found
+                let grant = |res, bits| {
+                    self.ldlm
+                        .grant(exp.slot, res, LockMode::Pr, bits)
+                        .ok()
+                        .flatten()
+                        .unwrap_or(0)
                 };
-                (b.lock, b.name_lock) = (lock, name_lock);
+                // The directory's permissions (the search check) and the name, locked
+                // before they are read.
+                let dir_lock = grant(ResId::object(r.parent), ldlm::bits::PERM);
+                let name_lock = grant(ResId::name(r.parent, &r.name), ldlm::bits::LOOKUP);
+                // The name's lock before resolving it, the object's before reading it.
+                let child = self
+                    .ns
+                    .lookup_fid(&r.cred, r.parent, &r.name)
+                    .inspect_err(|_| {
+                        self.ungrant(exp, name_lock);
+                        self.ungrant(exp, dir_lock);
+                    })?;
+                let lock = self.grant_attrs(exp, child);
+                let mut b = self.ns.getattr(child).inspect_err(|_| {
+                    for h in [lock, name_lock, dir_lock] {
+                        self.ungrant(exp, h);
+                    }
+                })?;
+                (b.lock, b.name_lock, b.dir_lock) = (lock, name_lock, dir_lock);
                 (Reply::Lookup(b), 0)
             }
             MdtRequest::Readdir(r) => {
@@ -523,10 +523,9 @@ impl Mdt {
                 if r.handles.len() > lode_base::limits::LOCKS_PER_RPC_MAX {
                     return Err(Errno::EPROTO.into());
                 }
-                for h in r.handles {
-                    if !self.ldlm.cancel(exp.slot, h) {
-                        debug!(client = %exp.uuid, handle = h, "cancel of a lock it does not hold: ignored");
-                    }
+                let held = self.ldlm.cancel_many(exp.slot, &r.handles);
+                if held < r.handles.len() {
+                    debug!(client = %exp.uuid, ignored = r.handles.len() - held, "cancel of locks it does not hold: ignored");
                 }
                 (Reply::LdlmCancel(Empty {}), 0)
             }
@@ -634,7 +633,16 @@ impl Service for Mdt {
             warn!(peer = %inc.peer, client = %exp.uuid, opcode = inc.header.opcode, "tag on a request that modifies nothing: refused");
             return self.error_out(Errno::EPROTO.into());
         }
-        self.run(inc, &exp, req)
+        let early_cancel = matches!(req, MdtRequest::LdlmCancel(_)) && inc.header.xid == 0;
+        let out = self.run(inc, &exp, req);
+        if early_cancel {
+            // An early cancel riding ahead of a change: nobody waits for its reply.
+            return Outgoing {
+                drop: true,
+                ..Default::default()
+            };
+        }
+        out
     }
 
     fn flush(&self) -> bool {

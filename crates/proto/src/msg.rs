@@ -36,6 +36,9 @@ pub struct MdtBody {
     /// The lock granted on the name a lookup followed (PR LOOKUP on `(dir, name)`);
     /// 0 if none.
     pub name_lock: u64,
+    /// The lock granted on the permissions of the directory a lookup searched (PR
+    /// PERM): the caller may search it for as long as this is held; 0 if none.
+    pub dir_lock: u64,
 }
 
 /// Who connects to what.
