@@ -503,3 +503,36 @@ fn a_clients_own_changes_cancel_its_locks_early_and_cost_no_callback() {
     assert_eq!(a.run(a.client.getattr(&r, f)).unwrap_err(), Errno::ENOENT);
     assert_eq!(a.client.lock_callbacks(), 0, "every lock cancelled early");
 }
+
+#[test]
+fn a_cached_lookup_survives_creates_in_its_directory_but_not_a_chmod_of_it() {
+    let c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    channel_up(&a);
+    let r = root();
+    let d = b
+        .run(b.client.mkdir(&r, lode_base::Fid::ROOT, b"pd", 0o755, None))
+        .expect("mkdir")
+        .attr
+        .fid;
+    let n = b
+        .run(b.client.create(&r, d, b"n", 0o644, None))
+        .expect("create")
+        .attr
+        .fid;
+    let look = || a.run(a.client.lookup(&user(), d, b"n"));
+    assert_eq!(look().expect("lookup").attr.fid, n);
+    // Another name created in the directory: the cached lookup still holds.
+    b.run(b.client.create(&r, d, b"other", 0o644, None))
+        .expect("create");
+    let before = md_reads(&a);
+    assert_eq!(look().expect("cached lookup").attr.fid, n);
+    assert_eq!(
+        md_reads(&a),
+        before,
+        "no RPC: the search right is still locked"
+    );
+    // The directory closed to others: the user may no longer look names up in it.
+    chmod(&b, d, 0o700);
+    assert_eq!(look().unwrap_err(), Errno::EACCES);
+}
