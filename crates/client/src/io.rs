@@ -126,6 +126,7 @@ impl Client {
             Reply::Create(r) => r,
             _ => return Err(Errno::EPROTO),
         };
+        self.remember(&rep.body, Some((parent, name, cred)));
         let fh = FileHandle {
             fid: rep.body.attr.fid,
             handle: rep.handle.ok_or(Errno::EPROTO)?,

@@ -255,8 +255,10 @@ impl Client {
     /// Sends one request to the MDT.
     pub(crate) async fn md(&self, req: Request) -> Result<Reply, Errno> {
         let cancels = self.release_for_change(&req);
-        let flags = if matches!(req, Request::Getattr(_) | Request::Lookup(_))
-            && self.callback_channel_up()
+        let flags = if matches!(
+            req,
+            Request::Getattr(_) | Request::Lookup(_) | Request::Create(_)
+        ) && self.callback_channel_up()
         {
             lode_proto::frame::FLAG_INTENT
         } else {

@@ -200,7 +200,10 @@ impl Client {
             open_flags: None,
         };
         match self.md(Request::Create(req)).await? {
-            Reply::Create(r) => Ok(r.body),
+            Reply::Create(r) => {
+                self.remember(&r.body, Some((parent, name, cred)));
+                Ok(r.body)
+            }
             _ => Err(Errno::EPROTO),
         }
     }

@@ -415,6 +415,39 @@ impl Ldlm {
         Acquired::Waiting(callbacks)
     }
 
+    /// Hands an MDT operation's locks over to its client: in one step, so nothing can
+    /// change in between, the operation's locks go and the client gets those of `want`
+    /// that can be granted (0 for one that cannot, or past the client's cap). What the
+    /// operation read under its locks is then what the client's locks cover.
+    pub fn release_and_grant(
+        self: &Arc<Self>,
+        mut locks: MdtLocks,
+        slot: u32,
+        want: &[Want],
+    ) -> Vec<Handle> {
+        let (got, woken) = {
+            let mut st = self.st.lock();
+            for h in locks.handles.drain(..) {
+                st.remove(h);
+            }
+            let cap = self.max_per_client.load(Ordering::Relaxed);
+            let got = want
+                .iter()
+                .map(|(r, mode, bits)| {
+                    let held = st.clients.get(&slot).map_or(0, HashSet::len);
+                    if held < cap && st.grantable(&[(*r, *mode, *bits)], u64::MAX) {
+                        st.grant(*r, Owner::Client(slot), *mode, *bits)
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            (got, st.reprocess())
+        };
+        self.wake(woken);
+        got
+    }
+
     /// A client cancels one of its locks; false if it holds no such lock (ignored).
     pub fn cancel(self: &Arc<Self>, slot: u32, handle: Handle) -> bool {
         self.cancel_many(slot, &[handle]) == 1

@@ -4,7 +4,7 @@
 
 use crate::ldlm::{self, Acquired, Ldlm, LockMode, MdtLocks, ResId, Want};
 use crate::{Ctx, MdtConfig, Namespace, OpError, OpResult, OstState, Tunables};
-use lode_base::{Cred, Errno};
+use lode_base::{Cred, Errno, Fid};
 use lode_proto::{
     ConnectRep, ConnectReq, Empty, LdlmCancelReq, LdlmEnqueueRep, MdtRequest, Opcode, Reply,
     Request, SyncRep, CONNECT_SUPPORTED,
@@ -840,7 +840,13 @@ impl Mdt {
         let child = |d, n: &[u8]| self.ns.dirent(d, n).ok().flatten().map(|e| e.fid);
         let mut w = match req {
             MdtRequest::Create(r) => {
-                let mut w = vec![dir(r.parent), name(r.parent, &r.name)];
+                // The new object too (its FID is the client's): nobody changes it
+                // before its creator's locks on it are granted.
+                let mut w = vec![
+                    dir(r.parent),
+                    name(r.parent, &r.name),
+                    obj(r.fid, UPDATE | PERM),
+                ];
                 // An open-create of an existing file may truncate it, or mark it as
                 // holding data (which changes how its size is read).
                 if r.open_flags.is_some() {
@@ -932,6 +938,10 @@ impl Mdt {
                 lode_rpc::fail::val(),
             )));
         }
+        let create_intent = match &req {
+            MdtRequest::Create(r) if self.intent(inc, exp) => Some((r.parent, r.name.clone())),
+            _ => None,
+        };
         let mut out = self.run(inc, exp, req);
         if out.status < 0 && !self.ns.store.is_stopped() {
             // Recorded too: a resent failing request fails the same way even if it
@@ -945,9 +955,39 @@ impl Mdt {
                 out = self.error_out(OpError::Store(e));
             }
         }
-        drop(locks);
+        if let (Some(c), 0, Some(l)) = (create_intent, out.status, locks) {
+            self.grant_created(exp, c, l, &mut out);
+        }
         self.untag(exp.slot, tag, xid);
         out
+    }
+
+    /// A create with an intent: the change's own locks are handed over to the creator as
+    /// those a lookup of the new name would get (the directory's PERM, the name, the new
+    /// object's attributes), so the reply needs no second read.
+    fn grant_created(
+        &self,
+        exp: &Export,
+        (parent, name): (Fid, Vec<u8>),
+        locks: MdtLocks,
+        out: &mut Outgoing,
+    ) {
+        let Ok(Reply::Create(mut rep)) = Reply::decode(Opcode::Create as u16, &out.body) else {
+            return;
+        };
+        use ldlm::bits::{LOOKUP, PERM, UPDATE};
+        let want = [
+            (ResId::object(parent), LockMode::Pr, PERM),
+            (ResId::name(parent, &name), LockMode::Pr, LOOKUP),
+            (
+                ResId::object(rep.body.attr.fid),
+                LockMode::Pr,
+                UPDATE | PERM,
+            ),
+        ];
+        let got = self.ldlm.release_and_grant(locks, exp.slot, &want);
+        (rep.body.dir_lock, rep.body.name_lock, rep.body.lock) = (got[0], got[1], got[2]);
+        out.body = Reply::Create(rep).encode();
     }
 
     fn run(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> Outgoing {
