@@ -140,9 +140,10 @@ pub fn run(a: MountArgs) -> Result<()> {
         .block_on(Client::connect(cfg))
         .map_err(|e| anyhow!("mount: {e}"))?;
     // get-param/set-param reach the client's tunables through this socket.
-    let params = Arc::new(lode_client::params::ClientParams(client.clone()));
+    let instance = lode_client::params::ClientParams(client.clone()).instance();
+    let params = Arc::new(lode_client::params::all(client.clone()));
     let run_dir = crate::params::run_dir();
-    let admin = run_dir.join(format!("{fsname}-client-{}.sock", params.instance()));
+    let admin = run_dir.join(format!("{fsname}-client-{instance}.sock"));
     if std::fs::create_dir_all(&run_dir).is_ok() {
         rt.spawn(lode_rpc::admin::serve_admin(admin.clone(), params));
     }

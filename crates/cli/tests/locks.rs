@@ -170,7 +170,11 @@ fn a_client_that_keeps_a_called_back_lock_is_evicted_and_the_change_goes_ahead()
     // Evicted: its handle is gone.
     let rep = peer.try_ping(handle).expect("answered");
     assert_eq!(rep.header.status, Errno::ENOTCONN.status());
-    assert_eq!(c.get_param("ldlm.namespaces.*.lock_count"), "0");
+    // Its lock went with it: what is left is what B's cache holds.
+    assert_eq!(
+        c.get_param("ldlm.namespaces.*.lock_count"),
+        b.client.locks_held().len().to_string()
+    );
 }
 
 #[test]
@@ -551,4 +555,43 @@ fn a_cached_lookup_survives_creates_in_its_directory_but_not_a_chmod_of_it() {
     // The directory closed to others: the user may no longer look names up in it.
     chmod(&b, d, 0o700);
     assert_eq!(look().unwrap_err(), Errno::EACCES);
+}
+
+#[test]
+fn lru_size_clear_empties_the_cache_and_gives_its_locks_back() {
+    use lode_rpc::admin::Params;
+    let c = cluster(1);
+    let a = c.client();
+    channel_up(&a);
+    let r = root();
+    let f = create(&a, "cold");
+    a.run(a.client.getattr(&r, f)).expect("stat");
+    let p = lode_client::params::all(a.client.clone());
+    let ns = p
+        .names()
+        .into_iter()
+        .find(|n| n.starts_with("ldlm.namespaces.") && n.ends_with(".lock_count"))
+        .expect("the client's lock namespace")
+        .trim_end_matches(".lock_count")
+        .to_string();
+    let count = |p: &dyn Params| -> usize {
+        p.get(&format!("{ns}.lock_count"))
+            .expect("lock_count")
+            .parse()
+            .expect("a number")
+    };
+    assert!(count(&p) >= 1, "the create's locks are cached");
+    assert!(p.set(&format!("{ns}.lru_size"), "0").is_err(), "0 refused");
+    assert!(p.set(&format!("{ns}.lru_size"), "lots").is_err());
+    p.set(&format!("{ns}.lru_size"), "clear").expect("clear");
+    assert_eq!(count(&p), 0);
+    // The next request gives them back to the MDT, and a stat asks the MDT again.
+    let before = md_reads(&a);
+    a.run(a.client.getattr(&r, f)).expect("stat");
+    assert_eq!(md_reads(&a), before + 1, "a cold cache asks the MDT");
+    assert_eq!(
+        c.get_param("ldlm.namespaces.*.lock_count"),
+        a.client.locks_held().len().to_string(),
+        "the MDT holds only what the cache holds again"
+    );
 }

@@ -164,7 +164,7 @@ impl Client {
             .spawn(locks::callback_channel(Arc::downgrade(&client)));
         *client.locks.channel_task.lock() = Some(channel.abort_handle());
         // Parameters stored with `set-param -P` that name this client's devices.
-        let params = params::ClientParams(client.clone());
+        let params = params::all(client.clone());
         for r in lode_rpc::admin::apply_persistent(&params, &conf.params) {
             tracing::warn!("persistent parameter refused: {r}");
         }

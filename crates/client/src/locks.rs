@@ -41,8 +41,9 @@ pub struct HeldLock {
     pub bits: u8,
 }
 
-/// Most locks the cache keeps; past it, some are given back (Lustre's `lru_size`).
-const CACHE_LOCKS_MAX: usize = 1 << 16;
+/// Most locks the cache keeps by default; past it, some are given back (Lustre's
+/// `lru_size`).
+const CACHE_LOCKS_DEFAULT: usize = 1 << 16;
 
 /// What one cache lock covers.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -111,6 +112,8 @@ pub(crate) struct Locks {
     cache: Mutex<Cache>,
     /// Locks the cache let go of, to cancel with the next request.
     unused: Mutex<Vec<u64>>,
+    /// `lru_size` (0: the default).
+    cache_max: std::sync::atomic::AtomicUsize,
     held: Mutex<HashMap<u64, HeldLock>>,
     /// Called back before the reply that granted them arrived: not to be recorded.
     revoked: Mutex<HashSet<u64>>,
@@ -280,7 +283,7 @@ impl Client {
                     stale.push(o);
                 }
             }
-            if c.by_lock.len() > CACHE_LOCKS_MAX {
+            if c.by_lock.len() > self.lock_cache_max() {
                 let extra: Vec<u64> = c
                     .by_lock
                     .keys()
@@ -358,6 +361,36 @@ impl Client {
             held.remove(h);
         }
         handles
+    }
+
+    /// The most locks the cache keeps (`lru_size`).
+    pub fn lock_cache_max(&self) -> usize {
+        match self.locks.cache_max.load(Ordering::Relaxed) {
+            0 => CACHE_LOCKS_DEFAULT,
+            n => n,
+        }
+    }
+
+    /// Sets `lru_size`.
+    pub fn set_lock_cache_max(&self, n: usize) {
+        self.locks.cache_max.store(n, Ordering::Relaxed);
+    }
+
+    /// Forgets everything cached and gives its locks back with the next request
+    /// (`lru_size=clear`: a cold cache).
+    pub fn lock_cache_clear(&self) {
+        let handles: Vec<u64> = {
+            let mut c = self.locks.cache.lock();
+            let hs = c.by_lock.keys().copied().collect();
+            *c = Cache::default();
+            hs
+        };
+        let mut held = self.locks.held.lock();
+        for h in &handles {
+            held.remove(h);
+        }
+        drop(held);
+        self.locks.unused.lock().extend(handles);
     }
 
     /// Locks the cache let go of, to cancel with the next request.

@@ -4,7 +4,7 @@
 //! Lustre names a mount's devices by its superblock.
 
 use crate::Client;
-use lode_rpc::admin::{Device, Param, Registry, Set};
+use lode_rpc::admin::{Chain, Device, Param, Params, Registry, Set};
 use lode_rpc::Import;
 use std::sync::Arc;
 
@@ -131,5 +131,63 @@ impl Registry for ClientParams {
             ));
         }
         s
+    }
+}
+
+/// Every parameter of a client: its devices' and its lock namespace's.
+pub fn all(client: Arc<Client>) -> impl Params {
+    Chain(ClientParams(client.clone()), LockParams(client))
+}
+
+/// The client's lock namespace on its MDT (`ldlm.namespaces.FS-MDT0000-mdc-ID.*`).
+pub struct LockParams(pub Arc<Client>);
+
+/// `ldlm.namespaces.*-mdc-*.*`.
+static LDLM: [Param<Client>; 2] = [
+    Param {
+        name: "lock_count",
+        help: "metadata locks this client holds",
+        get: |c| c.locks_held().len().to_string(),
+        set: Set::No,
+    },
+    Param {
+        name: "lru_size",
+        help: "most locks the cache keeps; 'clear' gives every cached lock back (a cold cache)",
+        get: |c| c.lock_cache_max().to_string(),
+        set: Set::Text(|c, v| {
+            if v.trim() == "clear" {
+                c.lock_cache_clear();
+                return Ok(());
+            }
+            let n: usize = v
+                .trim()
+                .parse()
+                .map_err(|_| format!("Invalid argument: {v:?} is neither a number nor 'clear'"))?;
+            if n == 0 || n > lode_base::limits::LOCKS_PER_CLIENT_MAX {
+                return Err(format!(
+                    "Numerical result out of range: lru_size must be 1..{}",
+                    lode_base::limits::LOCKS_PER_CLIENT_MAX
+                ));
+            }
+            c.set_lock_cache_max(n);
+            Ok(())
+        }),
+    },
+];
+
+impl Registry for LockParams {
+    type Ctx = Client;
+
+    fn devices(&self) -> Vec<Device<Client>> {
+        let id = ClientParams(self.0.clone()).instance();
+        vec![Device {
+            obj: format!("ldlm.namespaces.{}-mdc-{id}", self.0.mdc().target()),
+            ctx: self.0.clone(),
+            params: &LDLM,
+        }]
+    }
+
+    fn prometheus(&self) -> String {
+        format!("lode_client_locks {}\n", self.0.locks_held().len())
     }
 }

@@ -175,6 +175,44 @@ impl<R: Registry> Params for R {
     }
 }
 
+/// Two sets of parameters served as one (e.g. a process's registries over different
+/// kinds of state).
+pub struct Chain<A, B>(pub A, pub B);
+
+impl<A: Params, B: Params> Params for Chain<A, B> {
+    fn names(&self) -> Vec<String> {
+        let mut v = self.0.names();
+        v.extend(self.1.names());
+        v
+    }
+
+    fn get(&self, name: &str) -> Option<String> {
+        self.0.get(name).or_else(|| self.1.get(name))
+    }
+
+    fn set(&self, name: &str, value: &str) -> Result<(), String> {
+        if self.0.names().iter().any(|n| n == name) {
+            self.0.set(name, value)
+        } else {
+            self.1.set(name, value)
+        }
+    }
+
+    fn help(&self, name: &str) -> Option<String> {
+        self.0.help(name).or_else(|| self.1.help(name))
+    }
+
+    fn prometheus(&self) -> String {
+        self.0.prometheus() + &self.1.prometheus()
+    }
+
+    fn set_persistent(&self, name: &str, value: &str) -> Option<Result<(), String>> {
+        self.0
+            .set_persistent(name, value)
+            .or_else(|| self.1.set_persistent(name, value))
+    }
+}
+
 /// Shell-style matching with `*` and `?` (lctl's globbing).
 pub fn glob_match(pat: &str, s: &str) -> bool {
     let (p, t): (Vec<char>, Vec<char>) = (pat.chars().collect(), s.chars().collect());
