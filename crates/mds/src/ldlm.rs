@@ -221,11 +221,17 @@ impl State {
 
     /// Removes a granted lock; returns its owner.
     fn remove(&mut self, handle: Handle) -> Option<Owner> {
+        self.remove_keeping(handle, false)
+    }
+
+    /// Removes a granted lock; keeps its resource even if now empty when `keep` (a
+    /// lock about to be granted on it reuses it; [`State::prune`] drops it if not).
+    fn remove_keeping(&mut self, handle: Handle, keep: bool) -> Option<Owner> {
         let r = self.locks.remove(&handle)?;
         let res = self.res.get_mut(&r)?;
         let i = res.granted.iter().position(|l| l.handle == handle)?;
         let owner = res.granted.swap_remove(i).owner;
-        if res.granted.is_empty() && res.waiting.is_empty() {
+        if !keep && res.granted.is_empty() && res.waiting.is_empty() {
             self.res.remove(&r);
         }
         if let Owner::Client(slot) = owner {
@@ -237,6 +243,19 @@ impl State {
             }
         }
         Some(owner)
+    }
+
+    /// Drops the resources of `rs` that hold nothing.
+    fn prune(&mut self, rs: impl Iterator<Item = ResId>) {
+        for r in rs {
+            if self
+                .res
+                .get(&r)
+                .is_some_and(|x| x.granted.is_empty() && x.waiting.is_empty())
+            {
+                self.res.remove(&r);
+            }
+        }
     }
 
     /// Grants every waiter that can now be granted, oldest first; returns them with
@@ -427,8 +446,13 @@ impl Ldlm {
     ) -> Vec<Handle> {
         let (got, woken) = {
             let mut st = self.st.lock();
+            // The resources stay while the client's locks take the operation's place.
+            let mut freed = Vec::with_capacity(locks.handles.len());
             for h in locks.handles.drain(..) {
-                st.remove(h);
+                if let Some(r) = st.locks.get(&h).copied() {
+                    freed.push(r);
+                }
+                st.remove_keeping(h, true);
             }
             let cap = self.max_per_client.load(Ordering::Relaxed);
             let got = want
@@ -442,6 +466,7 @@ impl Ldlm {
                     }
                 })
                 .collect();
+            st.prune(freed.into_iter());
             (got, st.reprocess())
         };
         self.wake(woken);
@@ -721,6 +746,39 @@ mod tests {
         let order: Vec<i32> = rx.try_iter().collect();
         assert_eq!(order, (0..1000).collect::<Vec<_>>(), "every one, in order");
         assert_eq!(l.lock_count(), 0);
+    }
+
+    #[test]
+    fn an_operations_locks_are_handed_over_in_one_step() {
+        let l = Ldlm::new(100);
+        let (d, n, o) = (
+            ResId::object(fid(1)),
+            ResId::name(fid(1), b"x"),
+            ResId::object(fid(2)),
+        );
+        let Acquired::Granted(op) = l.acquire(
+            &[
+                (d, Cw, bits::UPDATE),
+                (n, Pw, bits::LOOKUP),
+                (o, Pw, bits::UPDATE),
+            ],
+            |_| {},
+        ) else {
+            panic!("free");
+        };
+        // Another client reads the new object meanwhile: refused while the op holds it.
+        assert_eq!(l.grant(9, o, Pr, bits::UPDATE).unwrap(), None);
+        let got = l.release_and_grant(op, 1, &[(d, Pr, bits::PERM), (n, Pr, bits::LOOKUP)]);
+        assert!(got.iter().all(|h| *h != 0), "{got:?}");
+        // The object's resource held only the op's lock: gone with it.
+        assert_eq!((l.lock_count(), l.resource_count()), (2, 2));
+        assert_eq!(l.client_locks(1), 2);
+        // A want in conflict with another client's lock is not granted (0).
+        l.grant(9, o, Pw, bits::UPDATE).unwrap().unwrap();
+        let Acquired::Granted(op) = l.acquire(&[(d, Cw, bits::UPDATE)], |_| {}) else {
+            panic!("CW UPDATE does not meet the client's PR PERM");
+        };
+        assert_eq!(l.release_and_grant(op, 1, &[(o, Pr, bits::UPDATE)]), [0]);
     }
 
     #[test]
