@@ -142,8 +142,6 @@ struct Lock {
     owner: Owner,
     mode: LockMode,
     bits: u8,
-    /// When its holder was called back, if it was.
-    called: Option<Instant>,
 }
 
 impl Lock {
@@ -175,6 +173,9 @@ struct State {
     clients: HashMap<u32, HashSet<Handle>>,
     /// Waiting MDT operations, oldest first.
     waiters: BTreeMap<u64, Waiter>,
+    /// Client locks whose holders were called back: holder and when. Kept apart so the
+    /// eviction timer looks at these only, not at every lock.
+    called: HashMap<Handle, (u32, Instant)>,
     next: u64,
 }
 
@@ -210,13 +211,24 @@ impl State {
             owner,
             mode,
             bits,
-            called: None,
         });
         self.locks.insert(handle, r);
         if let Owner::Client(slot) = owner {
             self.clients.entry(slot).or_default().insert(handle);
         }
         handle
+    }
+
+    /// A client lock if it can be granted now: `Ok(None)` if something conflicts,
+    /// `ENOLCK` if the client holds `cap` locks already.
+    fn grant_client(&mut self, slot: u32, cap: usize, w: Want) -> Result<Option<Handle>, Errno> {
+        if self.clients.get(&slot).map_or(0, HashSet::len) >= cap {
+            return Err(Errno::ENOLCK);
+        }
+        if !self.grantable(&[w], u64::MAX) {
+            return Ok(None);
+        }
+        Ok(Some(self.grant(w.0, Owner::Client(slot), w.1, w.2)))
     }
 
     /// Removes a granted lock; returns its owner.
@@ -228,6 +240,7 @@ impl State {
     /// lock about to be granted on it reuses it; [`State::prune`] drops it if not).
     fn remove_keeping(&mut self, handle: Handle, keep: bool) -> Option<Owner> {
         let r = self.locks.remove(&handle)?;
+        self.called.remove(&handle);
         let res = self.res.get_mut(&r)?;
         let i = res.granted.iter().position(|l| l.handle == handle)?;
         let owner = res.granted.swap_remove(i).owner;
@@ -359,20 +372,17 @@ impl Ldlm {
         mode: LockMode,
         bits: u8,
     ) -> Result<Option<Handle>, Errno> {
-        let mut st = self.st.lock();
-        let held = st.clients.get(&slot).map_or(0, HashSet::len);
-        if held >= self.max_per_client.load(Ordering::Relaxed) {
-            return Err(Errno::ENOLCK);
-        }
-        if !st.grantable(&[(r, mode, bits)], u64::MAX) {
-            return Ok(None);
-        }
-        Ok(Some(st.grant(r, Owner::Client(slot), mode, bits)))
+        let cap = self.max_per_client.load(Ordering::Relaxed);
+        self.st.lock().grant_client(slot, cap, (r, mode, bits))
     }
 
     /// Takes every lock an MDT operation wants if it can at once (nothing queued).
     pub fn try_acquire(self: &Arc<Self>, want: &[Want]) -> Option<MdtLocks> {
-        let mut st = self.st.lock();
+        self.grant_all(&mut self.st.lock(), want)
+    }
+
+    /// Grants every lock of `want` to the MDT if all can be granted now.
+    fn grant_all(self: &Arc<Self>, st: &mut State, want: &[Want]) -> Option<MdtLocks> {
         if !st.grantable(want, u64::MAX) {
             return None;
         }
@@ -393,27 +403,21 @@ impl Ldlm {
         want: &[Want],
         wake: impl FnOnce(MdtLocks) + Send + 'static,
     ) -> Acquired {
-        let mut st = self.st.lock();
-        if st.grantable(want, u64::MAX) {
-            let handles = want
-                .iter()
-                .map(|(r, mode, bits)| st.grant(*r, Owner::Mdt, *mode, *bits))
-                .collect();
-            return Acquired::Granted(MdtLocks {
-                ldlm: self.clone(),
-                handles,
-            });
+        let mut guard = self.st.lock();
+        if let Some(locks) = self.grant_all(&mut guard, want) {
+            return Acquired::Granted(locks);
         }
+        let st = &mut *guard;
         let id = st.id();
         let now = Instant::now();
         let mut callbacks = Vec::new();
         for (r, mode, bits) in want {
             let res = st.res.entry(*r).or_default();
             res.waiting.push(id);
-            for l in res.granted.iter_mut() {
-                if let (Owner::Client(slot), None) = (l.owner, l.called) {
-                    if l.conflicts(*mode, *bits) {
-                        l.called = Some(now);
+            for l in res.granted.iter() {
+                if let Owner::Client(slot) = l.owner {
+                    if l.conflicts(*mode, *bits) && !st.called.contains_key(&l.handle) {
+                        st.called.insert(l.handle, (slot, now));
                         callbacks.push(Callback {
                             slot,
                             handle: l.handle,
@@ -457,14 +461,7 @@ impl Ldlm {
             let cap = self.max_per_client.load(Ordering::Relaxed);
             let got = want
                 .iter()
-                .map(|(r, mode, bits)| {
-                    let held = st.clients.get(&slot).map_or(0, HashSet::len);
-                    if held < cap && st.grantable(&[(*r, *mode, *bits)], u64::MAX) {
-                        st.grant(*r, Owner::Client(slot), *mode, *bits)
-                    } else {
-                        0
-                    }
-                })
+                .map(|w| st.grant_client(slot, cap, *w).ok().flatten().unwrap_or(0))
                 .collect();
             st.prune(freed.into_iter());
             (got, st.reprocess())
@@ -521,13 +518,10 @@ impl Ldlm {
     pub fn overdue(&self, timeout: Duration) -> Vec<u32> {
         let st = self.st.lock();
         let mut slots: Vec<u32> = st
-            .res
+            .called
             .values()
-            .flat_map(|r| r.granted.iter())
-            .filter_map(|l| match (l.owner, l.called) {
-                (Owner::Client(slot), Some(t)) if t.elapsed() >= timeout => Some(slot),
-                _ => None,
-            })
+            .filter(|(_, t)| t.elapsed() >= timeout)
+            .map(|(slot, _)| *slot)
             .collect();
         slots.sort_unstable();
         slots.dedup();

@@ -151,27 +151,32 @@ impl Mdt {
     /// Whether a request asks for locks with its reply and its client can be called
     /// back (only then may it cache).
     fn intent(&self, inc: &Incoming, exp: &Export) -> bool {
-        inc.header.flags & lode_proto::frame::FLAG_INTENT != 0
-            && self
-                .channels
-                .lock()
-                .get(&exp.slot)
-                .is_some_and(|c| !c.broken())
+        inc.header.flags & lode_proto::frame::FLAG_INTENT != 0 && self.reachable(exp.slot)
     }
 
-    /// A PR UPDATE|PERM lock on an object's attributes for a client, if it can be
-    /// granted at once; 0 if not (the client then does not cache them).
-    fn grant_attrs(&self, exp: &Export, fid: lode_base::Fid) -> u64 {
+    /// Whether the client in `slot` can be called back: only such a client gets locks
+    /// (a client that cannot be called back must not cache).
+    fn reachable(&self, slot: u32) -> bool {
+        self.channels.lock().get(&slot).is_some_and(|c| !c.broken())
+    }
+
+    /// A PR lock with `bits` on `res` for a client, if it can be granted at once; 0 if
+    /// not (the client then does not cache what it would cover).
+    fn grant_pr(&self, exp: &Export, res: ResId, bits: u8) -> u64 {
         self.ldlm
-            .grant(
-                exp.slot,
-                ResId::object(fid),
-                LockMode::Pr,
-                ldlm::bits::UPDATE | ldlm::bits::PERM,
-            )
+            .grant(exp.slot, res, LockMode::Pr, bits)
             .ok()
             .flatten()
             .unwrap_or(0)
+    }
+
+    /// A PR UPDATE|PERM lock on an object's attributes for a client (see `grant_pr`).
+    fn grant_attrs(&self, exp: &Export, fid: lode_base::Fid) -> u64 {
+        self.grant_pr(
+            exp,
+            ResId::object(fid),
+            ldlm::bits::UPDATE | ldlm::bits::PERM,
+        )
     }
 
     /// Takes back a lock granted for a reply that fails.
@@ -389,17 +394,11 @@ impl Mdt {
                         0,
                     ));
                 }
-                let grant = |res, bits| {
-                    self.ldlm
-                        .grant(exp.slot, res, LockMode::Pr, bits)
-                        .ok()
-                        .flatten()
-                        .unwrap_or(0)
-                };
                 // The directory's permissions (the search check) and the name, locked
                 // before they are read.
-                let dir_lock = grant(ResId::object(r.parent), ldlm::bits::PERM);
-                let name_lock = grant(ResId::name(r.parent, &r.name), ldlm::bits::LOOKUP);
+                let dir_lock = self.grant_pr(exp, ResId::object(r.parent), ldlm::bits::PERM);
+                let name_lock =
+                    self.grant_pr(exp, ResId::name(r.parent, &r.name), ldlm::bits::LOOKUP);
                 // The name's lock before resolving it, the object's before reading it.
                 let child = self
                     .ns
@@ -502,17 +501,11 @@ impl Mdt {
                 if r.bits & !ldlm::bits::ALL != 0 || r.bits == 0 {
                     return Err(Errno::EINVAL.into());
                 }
-                // A client that cannot be called back gets no lock (it must not cache).
-                let reachable = self
-                    .channels
-                    .lock()
-                    .get(&exp.slot)
-                    .is_some_and(|c| !c.broken());
                 let res = ResId {
                     fid: r.fid,
                     hash: r.hash,
                 };
-                let handle = if reachable {
+                let handle = if self.reachable(exp.slot) {
                     self.ldlm.grant(exp.slot, res, mode, r.bits)?
                 } else {
                     None
@@ -760,13 +753,38 @@ impl Mdt {
             let Some(locks) = self.ldlm.try_acquire(&want) else {
                 return self.park_modify(inc, exp, req, want, d);
             };
-            if !looks_up(&req) || self.lock_wants(&req) == want {
+            if self.wants_hold(&req, &want) {
                 return Ran::Now(self.execute_modify(inc, exp, req, Some(locks)), d);
             }
         }
         // No locks needed, or the names keep changing under us: the PDO locks still
         // make the change atomic.
         Ran::Now(self.execute_modify(inc, exp, req, None), d)
+    }
+
+    /// Whether the locks chosen for `req` are still the ones it needs (only a change
+    /// that looks names up can find them moved).
+    fn wants_hold(&self, req: &MdtRequest, want: &[Want]) -> bool {
+        !looks_up(req) || self.lock_wants(req) == want
+    }
+
+    /// Runs a parked modification now that its locks are held, or chooses them again if
+    /// the names they were chosen from moved meanwhile.
+    fn run_held(
+        &self,
+        inc: &Incoming,
+        exp: &Arc<Export>,
+        req: MdtRequest,
+        want: &[Want],
+        locks: MdtLocks,
+        d: Deferred,
+    ) -> Ran {
+        if self.wants_hold(&req, want) {
+            Ran::Now(self.execute_modify(inc, exp, req, Some(locks)), Some(d))
+        } else {
+            drop(locks);
+            self.lock_and_run(inc, exp, req, Some(d))
+        }
     }
 
     /// Queues an admitted modification for its locks, calls back the clients in its way,
@@ -794,13 +812,7 @@ impl Mdt {
                 return;
             };
             let inc = Incoming::local(header, body, peer, conn_id);
-            let ran = if !looks_up(&req) || mdt.lock_wants(&req) == want2 {
-                Ran::Now(mdt.execute_modify(&inc, &exp2, req, Some(locks)), Some(d))
-            } else {
-                drop(locks);
-                mdt.lock_and_run(&inc, &exp2, req, Some(d))
-            };
-            if let Ran::Now(out, Some(d)) = ran {
+            if let Ran::Now(out, Some(d)) = mdt.run_held(&inc, &exp2, req, &want2, locks, d) {
                 if Service::flush(&*mdt) {
                     d.send(out);
                 }
@@ -812,12 +824,7 @@ impl Mdt {
                 let Some((req, d)) = parked.lock().take() else {
                     return Ran::Parked;
                 };
-                if !looks_up(&req) || self.lock_wants(&req) == want {
-                    Ran::Now(self.execute_modify(inc, exp, req, Some(locks)), Some(d))
-                } else {
-                    drop(locks);
-                    self.lock_and_run(inc, exp, req, Some(d))
-                }
+                self.run_held(inc, exp, req, &want, locks, d)
             }
             Acquired::Waiting(cbs) => {
                 debug!(client = %exp.uuid, callbacks = cbs.len(), "modification waits for lock cancels");
