@@ -25,13 +25,15 @@ fn chmod(s: &Session, fid: lode_base::Fid, mode: u32) -> lode_client::MdtBody {
 }
 
 fn create(s: &Session, name: &str) -> lode_base::Fid {
-    s.run(
-        s.client
-            .create(&root(), lode_base::Fid::ROOT, name.as_bytes(), 0o644, None),
-    )
-    .expect("create")
-    .attr
-    .fid
+    create_in(s, lode_base::Fid::ROOT, name)
+}
+
+/// A file `name` (mode 0644) made by root in `dir`.
+fn create_in(s: &Session, dir: lode_base::Fid, name: &str) -> lode_base::Fid {
+    s.run(s.client.create(&root(), dir, name.as_bytes(), 0o644, None))
+        .expect("create")
+        .attr
+        .fid
 }
 
 fn pr_lock(fid: lode_base::Fid) -> LdlmEnqueueReq {
@@ -215,22 +217,11 @@ fn every_kind_of_change_calls_back_exactly_the_locks_that_cover_it() {
     let (a, b) = (c.client(), c.client());
     channel_up(&a);
     let r = root();
-    let mk = |s: &Session, name: &str| {
-        s.run(
-            s.client
-                .mkdir(&r, lode_base::Fid::ROOT, name.as_bytes(), 0o755, None),
-        )
-        .expect("mkdir")
-        .attr
-        .fid
-    };
-    let (d, other) = (mk(&b, "d"), mk(&b, "other"));
-    let file = |name: &str| {
-        b.run(b.client.create(&r, d, name.as_bytes(), 0o644, None))
-            .expect("create")
-            .attr
-            .fid
-    };
+    let (d, other) = (
+        b.run(mkdir_p(&b.client, "/d")),
+        b.run(mkdir_p(&b.client, "/other")),
+    );
+    let file = |name: &str| create_in(&b, d, name);
     file("y");
     let (z, x) = (file("z"), file("x"));
     // A lock A takes, then B's change; whether A must be called back.
@@ -415,16 +406,8 @@ fn a_client_answers_from_its_cache_under_locks_and_sees_every_change_of_another(
     channel_up(&a);
     channel_up(&b);
     let r = root();
-    let d = b
-        .run(b.client.mkdir(&r, lode_base::Fid::ROOT, b"d", 0o755, None))
-        .expect("mkdir")
-        .attr
-        .fid;
-    let f = b
-        .run(b.client.create(&r, d, b"f", 0o644, None))
-        .expect("create")
-        .attr
-        .fid;
+    let d = b.run(mkdir_p(&b.client, "/d"));
+    let f = create_in(&b, d, "f");
     let look = |name: &[u8]| a.run(a.client.lookup(&r, d, name));
     let stat = |fid| a.run(a.client.getattr(&r, fid));
 
@@ -466,11 +449,7 @@ fn a_client_answers_from_its_cache_under_locks_and_sees_every_change_of_another(
     assert_eq!(stat(f).unwrap_err(), Errno::ENOENT);
     // Search permission taken away: a cached lookup is not served to a user who may no
     // longer search the directory.
-    let h = b
-        .run(b.client.create(&r, d, b"h", 0o644, None))
-        .expect("create")
-        .attr
-        .fid;
+    let h = create_in(&b, d, "h");
     assert_eq!(
         a.run(a.client.lookup(&user(), d, b"h"))
             .expect("user lookup")
@@ -529,22 +508,12 @@ fn a_cached_lookup_survives_creates_in_its_directory_but_not_a_chmod_of_it() {
     let c = cluster(1);
     let (a, b) = (c.client(), c.client());
     channel_up(&a);
-    let r = root();
-    let d = b
-        .run(b.client.mkdir(&r, lode_base::Fid::ROOT, b"pd", 0o755, None))
-        .expect("mkdir")
-        .attr
-        .fid;
-    let n = b
-        .run(b.client.create(&r, d, b"n", 0o644, None))
-        .expect("create")
-        .attr
-        .fid;
+    let d = b.run(mkdir_p(&b.client, "/pd"));
+    let n = create_in(&b, d, "n");
     let look = || a.run(a.client.lookup(&user(), d, b"n"));
     assert_eq!(look().expect("lookup").attr.fid, n);
     // Another name created in the directory: the cached lookup still holds.
-    b.run(b.client.create(&r, d, b"other", 0o644, None))
-        .expect("create");
+    create_in(&b, d, "other");
     let before = md_reads(&a);
     assert_eq!(look().expect("cached lookup").attr.fid, n);
     assert_eq!(

@@ -175,12 +175,7 @@ impl Client {
 
     /// Gives locks back.
     pub async fn lock_cancel(&self, handles: Vec<u64>) -> Result<(), Errno> {
-        {
-            let mut held = self.locks.held.lock();
-            for h in &handles {
-                held.remove(h);
-            }
-        }
+        self.unhold(&handles);
         for chunk in handles.chunks(lode_base::limits::LOCKS_PER_RPC_MAX) {
             self.mdc
                 .call(Request::LdlmCancel(LdlmCancelReq {
@@ -323,11 +318,11 @@ impl Client {
                 let acc = r.flags & libc::O_ACCMODE as u32;
                 let write = acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32;
                 if !write && r.flags & libc::O_TRUNC as u32 == 0 {
-                    return self.unused_cancels();
+                    return self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX);
                 }
                 vec![Key::Attr(r.fid)]
             }
-            _ => return self.unused_cancels(),
+            _ => return self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX),
         };
         let mut c = self.locks.cache.lock();
         // A change of an object's permissions (chmod, chown, an ACL) ends what its
@@ -354,13 +349,20 @@ impl Client {
         keys.extend(children);
         let mut handles: Vec<u64> = keys.iter().filter_map(|k| c.forget(k)).collect();
         drop(c);
-        handles.append(&mut self.locks.unused.lock());
-        handles.truncate(lode_base::limits::LOCKS_PER_RPC_MAX);
+        self.unhold(&handles);
+        // Locks let go of earlier ride along, as many as fit; the rest wait their turn.
+        handles.extend(
+            self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX.saturating_sub(handles.len())),
+        );
+        handles
+    }
+
+    /// Forgets that this client holds `handles`.
+    fn unhold(&self, handles: &[u64]) {
         let mut held = self.locks.held.lock();
-        for h in &handles {
+        for h in handles {
             held.remove(h);
         }
-        handles
     }
 
     /// The most locks the cache keeps (`lru_size`).
@@ -385,21 +387,17 @@ impl Client {
             *c = Cache::default();
             hs
         };
-        let mut held = self.locks.held.lock();
-        for h in &handles {
-            held.remove(h);
-        }
-        drop(held);
+        self.unhold(&handles);
         self.locks.unused.lock().extend(handles);
     }
 
-    /// Locks the cache let go of, to cancel with the next request.
-    fn unused_cancels(&self) -> Vec<u64> {
+    /// Up to `room` of the locks the cache let go of, to cancel with the next request.
+    fn unused_cancels(&self, room: usize) -> Vec<u64> {
         let mut unused = self.locks.unused.lock();
         if unused.is_empty() {
             return Vec::new();
         }
-        let n = unused.len().min(lode_base::limits::LOCKS_PER_RPC_MAX);
+        let n = unused.len().min(room);
         unused.drain(..n).collect()
     }
 
