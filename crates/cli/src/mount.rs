@@ -162,14 +162,23 @@ pub fn run(a: MountArgs) -> Result<()> {
         fuser::MountOption::FSName(format!("{mgs}:/{fsname}")),
         fuser::MountOption::Subtype("lode".into()),
         fuser::MountOption::CUSTOM("max_read=1048576".into()),
+        // The kernel checks mode bits itself, from attributes kept coherent by locks
+        // (the MDT still decides on its side): without it, a path the kernel has
+        // cached would be walked without search permission, and a FIFO opened
+        // without asking anyone.
+        fuser::MountOption::DefaultPermissions,
     ];
     if opts.allow_other {
         config.acl = fuser::SessionACL::All;
     }
     config.n_threads = Some(opts.threads);
     config.clone_fd = true;
+    let invalidation = fs.invalidation();
     let session = fuser::Session::new(fs, &mnt, &config)
         .map_err(|e| anyhow!("mount: {}: {e}", mnt.display()))?;
+    invalidation
+        .start(session.notifier())
+        .context("mount: cannot start the invalidation thread")?;
     let unmounter = mnt.clone();
     rt.spawn(async move {
         // SIGTERM/SIGINT unmount cleanly; the session loop then ends.

@@ -240,3 +240,55 @@ pub fn restart_mds(c: &mut Cluster, args: &[&str]) {
         },
     );
 }
+
+/// A C string of a path.
+pub fn cs(p: impl AsRef<Path>) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_ref().as_os_str().as_bytes()).expect("no NUL in a test path")
+}
+
+/// The unprivileged user tests act as.
+pub const UID: u32 = 4242;
+
+/// Runs `f` in a forked child with working directory `dir`, as uid/gid 4242 without
+/// supplementary groups if `drop`; returns 0 if `f` returned >= 0, else its errno.
+/// `f` must not allocate (the parent has other threads).
+pub fn in_child(dir: &Path, drop: bool, f: impl FnOnce() -> i64) -> i32 {
+    static USER: std::sync::Once = std::sync::Once::new();
+    USER.call_once(|| {
+        // "Already exists" after the first run; the uid works either way.
+        let args = "-u 4242 -U -M -s /usr/sbin/nologin lodetest";
+        let _ = std::process::Command::new("useradd")
+            .args(args.split(' '))
+            .output();
+    });
+    let d = cs(dir);
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let ok = libc::chdir(d.as_ptr()) == 0
+                && (!drop
+                    || (libc::setgroups(0, std::ptr::null()) == 0
+                        && libc::setgid(UID) == 0
+                        && libc::setuid(UID) == 0));
+            if !ok {
+                libc::_exit(200);
+            }
+            let r = f();
+            libc::_exit(if r < 0 { *libc::__errno_location() } else { 0 });
+        }
+        let mut st = 0;
+        assert_eq!(libc::waitpid(pid, &mut st, 0), pid);
+        assert!(libc::WIFEXITED(st), "child died: status {st}");
+        let code = libc::WEXITSTATUS(st);
+        assert_ne!(code, 200, "child could not chdir or setuid");
+        code
+    }
+}
+
+/// `f` on `name` (relative to `dir`) as uid 4242: 0 or the errno.
+pub fn as_user(dir: &Path, name: &str, f: impl FnOnce(*const libc::c_char) -> i32) -> i32 {
+    let n = cs(name);
+    in_child(dir, true, || f(n.as_ptr()) as i64)
+}

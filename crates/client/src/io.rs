@@ -9,6 +9,8 @@ use lode_proto::{
     CloseReq, MdtBody, ObjId, ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply, Request,
     SetattrReq,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Largest piece of one stripe chunk sent in one RPC.
 const PIECE: usize = 1 << 20;
@@ -26,6 +28,9 @@ pub struct FileHandle {
     pub layout: Option<Layout>,
     /// Attributes at open time.
     pub attr: Attr,
+    /// Something was (or may have been) written through this handle (shared by its
+    /// clones); told to the MDT at close.
+    pub wrote: Arc<AtomicBool>,
 }
 
 impl FileHandle {
@@ -87,6 +92,7 @@ impl Client {
             flags,
             layout: rep.body.layout.clone(),
             attr: rep.body.attr.clone(),
+            wrote: Arc::default(),
         };
         if flags & libc::O_TRUNC != 0 && fh.attr.ftype() == lode_base::FileType::Regular {
             if let Err(e) = self.truncate_open(cred, &fh, 0).await {
@@ -127,12 +133,20 @@ impl Client {
             _ => return Err(Errno::EPROTO),
         };
         self.remember(&rep.body, Some((parent, name, cred)));
+        // Created or found, the name is in the directory now.
+        self.remember_parent(
+            rep.parent.as_ref(),
+            parent,
+            cred,
+            crate::locks::DirChange::Add(name),
+        );
         let fh = FileHandle {
             fid: rep.body.attr.fid,
             handle: rep.handle.ok_or(Errno::EPROTO)?,
             flags,
             layout: rep.body.layout.clone(),
             attr: rep.body.attr.clone(),
+            wrote: Arc::default(),
         };
         if rep.body.attr.fid != fid && flags & libc::O_TRUNC != 0 {
             // An existing file was opened: O_TRUNC applies to it.
@@ -146,9 +160,19 @@ impl Client {
 
     /// Closes an open file.
     pub async fn close(&self, fh: &FileHandle) -> Result<(), Errno> {
-        self.md(Request::Close(CloseReq { handle: fh.handle }))
-            .await
-            .map(|_| ())
+        let cached = self.attr_lock(fh.fid);
+        let rep = self
+            .md(Request::Close(CloseReq {
+                handle: fh.handle,
+                wrote: fh.wrote.load(Ordering::Acquire),
+            }))
+            .await?;
+        if let Reply::Close(r) = rep {
+            if r.exact_size {
+                self.size_exact(fh.fid, cached);
+            }
+        }
+        Ok(())
     }
 
     /// Writes `data` at `off`. Bytes past the end of the layout fail with ENODATA
@@ -157,6 +181,7 @@ impl Client {
         if !fh.writable() {
             return Err(Errno::EBADF);
         }
+        fh.wrote.store(true, Ordering::Release);
         let off = if fh.flags & libc::O_APPEND != 0 {
             self.size_of(fh.fid, fh.layout.as_ref()).await?
         } else {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 pub use io::FileHandle;
-pub use locks::HeldLock;
+pub use locks::{HeldLock, Inval, Invalidator};
 pub use lode_proto::{DirEntry, MdtBody};
 pub use lode_rpc::blocking_caller;
 
@@ -257,7 +257,7 @@ impl Client {
         let cancels = self.release_for_change(&req);
         let flags = if matches!(
             req,
-            Request::Getattr(_) | Request::Lookup(_) | Request::Create(_)
+            Request::Getattr(_) | Request::Lookup(_) | Request::Create(_) | Request::Unlink(_)
         ) && self.callback_channel_up()
         {
             lode_proto::frame::FLAG_INTENT

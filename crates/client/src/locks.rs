@@ -28,6 +28,30 @@ const CHANNEL_RETRY: Duration = Duration::from_secs(1);
 /// Most handles remembered as called back before their grant arrived.
 const REVOKED_MAX: usize = 4096;
 
+/// How long a callback waits for the layer above to forget what a lock covered
+/// before the cancel goes anyway. The kernel may need a directory's lock to forget a
+/// name, and the holder of that lock may be waiting for this very cancel; past this,
+/// coherence yields to progress (the forgetting still happens, a moment later).
+const INVAL_WAIT: Duration = Duration::from_millis(50);
+
+/// Something a cache above the client (the kernel's, through FUSE) must forget
+/// because the lock that kept it true is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inval {
+    /// An object's attributes (and a directory's listing).
+    Attr {
+        /// The object.
+        fid: Fid,
+        /// It is a directory.
+        dir: bool,
+    },
+    /// A name's binding in a directory.
+    Name(Fid, Vec<u8>),
+}
+
+/// Called with what to forget and a `done` to call once it is forgotten.
+pub type Invalidator = Arc<dyn Fn(Vec<Inval>, Box<dyn FnOnce() + Send>) + Send + Sync>;
+
 /// What one held lock covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldLock {
@@ -64,40 +88,90 @@ struct Cache {
     names: HashMap<(Fid, Vec<u8>), (Fid, u64)>,
     search: HashMap<(Fid, Cred), u64>,
     by_lock: HashMap<u64, Key>,
+    /// Every name of a directory whose attributes are cached, for directories this
+    /// client made or has followed every change of since: "no such name" is answered
+    /// here. Goes with the directory's attributes (their lock covers its contents).
+    listings: HashMap<Fid, HashSet<Vec<u8>>>,
+    /// Listings whose directory's lock went early for this client's own change in it:
+    /// with the ctime they were current at, until the change's reply says whether
+    /// anything else happened in between (see [`Client::remember_parent`]).
+    stash: HashMap<Fid, (i64, HashSet<Vec<u8>>)>,
+}
+
+/// Names a listing keeps at most; a larger directory is not listed (its lookups of
+/// missing names go to the MDT).
+const LISTING_MAX: usize = 1 << 16;
+
+/// A change this client made in a directory, as its listing follows it.
+pub(crate) enum DirChange<'a> {
+    /// A name was created.
+    Add(&'a [u8]),
+    /// A name was removed.
+    Remove(&'a [u8]),
 }
 
 impl Cache {
-    /// Forgets what `handle` covered; false if it covered nothing.
-    fn forget_lock(&mut self, handle: u64) -> bool {
-        match self.by_lock.remove(&handle) {
-            Some(Key::Attr(f)) => {
-                if self.attrs.get(&f).is_some_and(|(_, h)| *h == handle) {
-                    self.attrs.remove(&f);
-                }
-                true
+    /// Forgets what `handle` covered, saying what the layers above must forget too;
+    /// `None` if it covered nothing.
+    fn forget_lock(&mut self, handle: u64) -> Option<Inval> {
+        match self.by_lock.remove(&handle)? {
+            Key::Attr(fid) => {
+                let dir = match self.attrs.get(&fid) {
+                    Some((b, h)) if *h == handle => {
+                        let dir = b.attr.is_dir();
+                        self.attrs.remove(&fid);
+                        self.listings.remove(&fid);
+                        dir
+                    }
+                    _ => false,
+                };
+                Some(Inval::Attr { fid, dir })
             }
-            Some(Key::Name(d, n)) => {
+            Key::Name(d, n) => {
                 let k = (d, n);
                 if self.names.get(&k).is_some_and(|(_, h)| *h == handle) {
                     self.names.remove(&k);
                 }
-                true
+                Some(Inval::Name(k.0, k.1))
             }
-            Some(Key::Search(d, c)) => {
+            // A directory's permission bits: the kernel checks them from its copy of
+            // the attributes.
+            Key::Search(d, c) => {
                 let k = (d, c);
                 if self.search.get(&k) == Some(&handle) {
                     self.search.remove(&k);
                 }
-                true
+                Some(Inval::Attr { fid: d, dir: true })
             }
-            None => false,
         }
+    }
+
+    /// What the layers above must forget when the whole cache goes.
+    fn invals(&self) -> Vec<Inval> {
+        let mut v: Vec<Inval> = self
+            .attrs
+            .iter()
+            .map(|(f, (b, _))| Inval::Attr {
+                fid: *f,
+                dir: b.attr.is_dir(),
+            })
+            .collect();
+        v.extend(self.names.keys().map(|(d, n)| Inval::Name(*d, n.clone())));
+        v.extend(
+            self.search
+                .keys()
+                .map(|(d, _)| Inval::Attr { fid: *d, dir: true }),
+        );
+        v
     }
 
     /// Forgets an entry; returns its lock.
     fn forget(&mut self, key: &Key) -> Option<u64> {
         let h = match key {
-            Key::Attr(f) => self.attrs.remove(f)?.1,
+            Key::Attr(f) => {
+                self.listings.remove(f);
+                self.attrs.remove(f)?.1
+            }
             Key::Name(d, n) => self.names.remove(&(*d, n.clone()))?.1,
             Key::Search(d, c) => self.search.remove(&(*d, c.clone()))?,
         };
@@ -123,12 +197,33 @@ pub(crate) struct Locks {
     up: AtomicBool,
     /// The channel's task, aborted when the client goes.
     pub(crate) channel_task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The layer above that caches what the locks cover, told what to forget.
+    invalidator: Mutex<Option<Invalidator>>,
+    /// Bumped whenever cached entries are forgotten for a reason other than this
+    /// client's own change (see [`Client::inval_seq`]).
+    inval_seq: AtomicU64,
 }
 
 impl Locks {
     fn drop_all(&self) {
         self.held.lock().clear();
-        *self.cache.lock() = Cache::default();
+        let gone = std::mem::take(&mut *self.cache.lock());
+        self.inval_seq.fetch_add(1, Ordering::AcqRel);
+        self.invalidate(gone.invals(), None);
+    }
+
+    /// Tells the layer above what to forget; `done` runs once it has (at once if there
+    /// is no such layer).
+    fn invalidate(&self, what: Vec<Inval>, done: Option<Box<dyn FnOnce() + Send>>) {
+        let f = self.invalidator.lock().clone();
+        match f {
+            Some(f) if !what.is_empty() => f(what, done.unwrap_or_else(|| Box::new(|| {}))),
+            _ => {
+                if let Some(d) = done {
+                    d()
+                }
+            }
+        }
     }
 }
 
@@ -201,6 +296,60 @@ impl Client {
         self.locks.up.load(Ordering::Acquire)
     }
 
+    /// Installs the layer above that caches what locks cover (the FUSE mount): it is
+    /// told what to forget whenever a lock is called back, given back or lost.
+    pub fn set_invalidator(&self, f: Invalidator) {
+        *self.locks.invalidator.lock() = Some(f);
+    }
+
+    /// A counter that moves whenever cached entries are forgotten for a reason other
+    /// than this client's own change. A layer above that hands out what the cache
+    /// holds reads it before asking and after answering: if it moved, what it handed
+    /// out may already be stale and must be forgotten again.
+    pub fn inval_seq(&self) -> u64 {
+        self.locks.inval_seq.load(Ordering::Acquire)
+    }
+
+    /// Whether a name (`Some`) and an object's attributes are known under locks now:
+    /// only then may a layer above keep them beyond its short timeouts. Attributes
+    /// whose size comes from the OSTs (a glimpse) are never covered.
+    pub fn covered(&self, name: Option<(Fid, &[u8])>, fid: Fid) -> (bool, bool) {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return (false, false);
+        }
+        let c = self.locks.cache.lock();
+        let name_ok = name.is_some_and(|(d, n)| {
+            c.names
+                .get(&(d, n.to_vec()))
+                .is_some_and(|(f, _)| *f == fid)
+        });
+        let attr_ok = c.attrs.get(&fid).is_some_and(|(b, _)| !b.glimpse);
+        (name_ok, attr_ok)
+    }
+
+    /// The MDT's size of `fid` is exact again (a close took back its "data on OSTs"
+    /// mark): cached attributes need no glimpse. Safe without a lock change: a copy
+    /// that still glimpses only asks the OSTs for what the MDT has.
+    /// Applies only to the copy kept under lock `handle` (taken before the close was
+    /// sent): a copy fetched meanwhile may already know of a newer writer.
+    pub(crate) fn size_exact(&self, fid: Fid, handle: u64) {
+        if let Some((b, h)) = self.locks.cache.lock().attrs.get_mut(&fid) {
+            if *h == handle {
+                b.glimpse = false;
+            }
+        }
+    }
+
+    /// The lock the cached attributes of `fid` are kept under (0: none).
+    pub(crate) fn attr_lock(&self, fid: Fid) -> u64 {
+        self.locks
+            .cache
+            .lock()
+            .attrs
+            .get(&fid)
+            .map_or(0, |(_, h)| *h)
+    }
+
     /// Attributes known under a lock, if any (no RPC).
     pub(crate) fn cached_attrs(&self, fid: Fid) -> Option<MdtBody> {
         if !self.locks.up.load(Ordering::Acquire) {
@@ -217,7 +366,12 @@ impl Client {
     /// A lookup answered from the cache: the name's binding, the child's attributes and
     /// the directory's permission bits all under locks, and the caller may search the
     /// directory. `None`: ask the MDT.
-    pub(crate) fn cached_lookup(&self, cred: &Cred, parent: Fid, name: &[u8]) -> Option<MdtBody> {
+    pub(crate) fn cached_lookup(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+    ) -> Option<Result<MdtBody, Errno>> {
         if !self.locks.up.load(Ordering::Acquire) {
             return None;
         }
@@ -229,14 +383,102 @@ impl Client {
         if !may_search {
             return None;
         }
-        let (child, _) = c.names.get(&(parent, name.to_vec()))?;
-        c.attrs.get(child).map(|(b, _)| b.clone())
+        let key = (parent, name.to_vec());
+        match c.names.get(&key) {
+            Some((child, _)) => c.attrs.get(child).map(|(b, _)| Ok(b.clone())),
+            // Known absent: the directory is listed here, under its lock.
+            None if c.listings.get(&parent).is_some_and(|l| !l.contains(name)) => {
+                Some(Err(Errno::ENOENT))
+            }
+            None => None,
+        }
+    }
+
+    /// After this client's mkdir: the new directory is empty, and if its attributes are
+    /// cached (under its lock), lookups in it need not leave the client until someone
+    /// else changes it.
+    pub(crate) fn remember_new_dir(&self, dir: Fid) {
+        let mut c = self.locks.cache.lock();
+        if c.attrs.contains_key(&dir) {
+            c.listings.insert(dir, HashSet::new());
+        }
+    }
+
+    /// A directory's attributes handed back after this client's `change` in it, with
+    /// the lock that keeps them. Its listing, if the client had one, follows the change
+    /// when nothing else happened to the directory in between (its ctime before the
+    /// change is the one the listing was current at); otherwise it is dropped.
+    pub(crate) fn remember_parent(
+        &self,
+        p: Option<&lode_proto::ParentAttrs>,
+        dir: Fid,
+        cred: &Cred,
+        change: DirChange<'_>,
+    ) {
+        let prior = self.locks.cache.lock().stash.remove(&dir);
+        let Some(p) = p else { return };
+        if p.body.lock == 0 {
+            if p.body.dir_lock != 0 {
+                // Only the directory's permissions (others are busy in it).
+                self.remember_search(dir, cred, p.body.dir_lock);
+            }
+            return;
+        }
+        self.remember(&p.body, None);
+        let Some((ctime, mut names)) = prior else {
+            return;
+        };
+        if ctime != p.pre_ctime {
+            return;
+        }
+        match change {
+            DirChange::Add(n) => {
+                names.insert(n.to_vec());
+            }
+            DirChange::Remove(n) => {
+                names.remove(n);
+            }
+        }
+        let mut c = self.locks.cache.lock();
+        // Only if the lock just handed back is still the one kept (not already called
+        // back) and the listing stays small enough.
+        if c.attrs.get(&dir).is_some_and(|(_, h)| *h == p.body.lock) && names.len() <= LISTING_MAX {
+            c.listings.insert(dir, names);
+        }
+    }
+
+    /// Keeps a lock on a directory's permissions: `cred` may search it while held.
+    fn remember_search(&self, dir: Fid, cred: &Cred, h: u64) {
+        let mut revoked = self.locks.revoked.lock();
+        let mut held = self.locks.held.lock();
+        let mut c = self.locks.cache.lock();
+        if revoked.remove(&h) {
+            return;
+        }
+        held.insert(
+            h,
+            HeldLock {
+                fid: dir,
+                hash: 0,
+                mode: 4,
+                bits: 0x10,
+            },
+        );
+        let old = c.search.insert((dir, cred.clone()), h);
+        c.by_lock.insert(h, Key::Search(dir, cred.clone()));
+        if let Some(old) = old.filter(|o| *o != h) {
+            c.by_lock.remove(&old);
+            held.remove(&old);
+            drop((c, held, revoked));
+            self.locks.unused.lock().push(old);
+        }
     }
 
     /// Keeps what a reply granted locks for: the attributes (`body.lock`) and, for a
     /// lookup, the name (`body.name_lock`).
     pub(crate) fn remember(&self, body: &MdtBody, name: Option<(Fid, &[u8], &Cred)>) {
         let mut stale = Vec::new();
+        let mut invals = Vec::new();
         {
             let mut revoked = self.locks.revoked.lock();
             let mut held = self.locks.held.lock();
@@ -286,11 +528,17 @@ impl Client {
                     .copied()
                     .collect();
                 for h in extra {
-                    c.forget_lock(h);
+                    invals.extend(c.forget_lock(h));
                     held.remove(&h);
                     stale.push(h);
                 }
             }
+        }
+        if !invals.is_empty() {
+            // Given back unasked: nobody will call them back, so the layers above must
+            // forget them now.
+            self.locks.inval_seq.fetch_add(1, Ordering::AcqRel);
+            self.locks.invalidate(invals, None);
         }
         // Given back with the next request (no extra round trip).
         self.locks.unused.lock().extend(stale);
@@ -325,6 +573,16 @@ impl Client {
             _ => return self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX),
         };
         let mut c = self.locks.cache.lock();
+        // A create or unlink of ours hands the directory back: its listing waits for
+        // the reply (see remember_parent).
+        if let Request::Create(lode_proto::CreateReq { parent, .. })
+        | Request::Unlink(lode_proto::UnlinkReq { parent, .. }) = req
+        {
+            let ctime = c.attrs.get(parent).map(|(b, _)| b.attr.ctime);
+            if let (Some(ctime), Some(l)) = (ctime, c.listings.remove(parent)) {
+                c.stash.insert(*parent, (ctime, l));
+            }
+        }
         // A change of an object's permissions (chmod, chown, an ACL) ends what its
         // PERM locks allowed.
         if let Request::Setattr(lode_proto::SetattrReq { fid, .. })
@@ -381,14 +639,12 @@ impl Client {
     /// Forgets everything cached and gives its locks back with the next request
     /// (`lru_size=clear`: a cold cache).
     pub fn lock_cache_clear(&self) {
-        let handles: Vec<u64> = {
-            let mut c = self.locks.cache.lock();
-            let hs = c.by_lock.keys().copied().collect();
-            *c = Cache::default();
-            hs
-        };
+        let gone = std::mem::take(&mut *self.locks.cache.lock());
+        let handles: Vec<u64> = gone.by_lock.keys().copied().collect();
         self.unhold(&handles);
         self.locks.unused.lock().extend(handles);
+        self.locks.inval_seq.fetch_add(1, Ordering::AcqRel);
+        self.locks.invalidate(gone.invals(), None);
     }
 
     /// Up to `room` of the locks the cache let go of, to cancel with the next request.
@@ -410,12 +666,13 @@ impl Client {
             self.locks.drop_all();
             return;
         }
+        let mut invals = Vec::new();
         {
             let mut held = self.locks.held.lock();
             let mut revoked = self.locks.revoked.lock();
             let mut cache = self.locks.cache.lock();
             for h in &handles {
-                cache.forget_lock(*h);
+                invals.extend(cache.forget_lock(*h));
                 if held.remove(h).is_none() {
                     if revoked.len() >= REVOKED_MAX {
                         revoked.clear();
@@ -424,8 +681,19 @@ impl Client {
                 }
             }
         }
+        self.locks.inval_seq.fetch_add(1, Ordering::AcqRel);
+        // The layers above forget first, so that the change the MDT is holding back
+        // cannot be seen to happen while a stale copy still answers here.
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        self.locks.invalidate(
+            invals,
+            Some(Box::new(move || {
+                let _ = tx.send(());
+            })),
+        );
         let me = self.clone();
         self.rt.spawn(async move {
+            let _ = tokio::time::timeout(INVAL_WAIT, rx).await;
             if let Err(e) = me.lock_cancel(handles).await {
                 debug!("lock cancel after a callback failed: {e}");
             }

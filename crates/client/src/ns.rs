@@ -1,5 +1,6 @@
 //! Namespace operations and path resolution.
 
+use crate::locks::DirChange;
 use crate::Client;
 use lode_base::limits::{NAME_MAX, PATH_MAX};
 use lode_base::{Attr, Cred, Errno, Fid, FileType, Layout};
@@ -57,8 +58,8 @@ impl Client {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        if let Some(b) = self.cached_lookup(cred, parent, name) {
-            return Ok(b);
+        if let Some(r) = self.cached_lookup(cred, parent, name) {
+            return r;
         }
         match self
             .md(Request::Lookup(LookupReq {
@@ -202,6 +203,10 @@ impl Client {
         match self.md(Request::Create(req)).await? {
             Reply::Create(r) => {
                 self.remember(&r.body, Some((parent, name, cred)));
+                self.remember_parent(r.parent.as_ref(), parent, cred, DirChange::Add(name));
+                if r.body.attr.is_dir() {
+                    self.remember_new_dir(r.body.attr.fid);
+                }
                 Ok(r.body)
             }
             _ => Err(Errno::EPROTO),
@@ -310,14 +315,18 @@ impl Client {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        self.md(Request::Unlink(UnlinkReq {
-            cred: cred.clone(),
-            parent,
-            name: name.to_vec(),
-            rmdir,
-        }))
-        .await
-        .map(|_| ())
+        let rep = self
+            .md(Request::Unlink(UnlinkReq {
+                cred: cred.clone(),
+                parent,
+                name: name.to_vec(),
+                rmdir,
+            }))
+            .await?;
+        if let Reply::Unlink(r) = rep {
+            self.remember_parent(r.parent.as_ref(), parent, cred, DirChange::Remove(name));
+        }
+        Ok(())
     }
 
     /// rename with `renameat2` flags.

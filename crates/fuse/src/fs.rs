@@ -10,7 +10,7 @@ use fuser::{
 };
 use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
-use lode_client::{Client, DirEntry, FileHandle, MdtBody};
+use lode_client::{Client, DirEntry, FileHandle, Inval, MdtBody};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -26,6 +26,10 @@ use tokio::runtime::Handle;
 /// come, so FLUSH has nothing to do, and skipping it spares one kernel request per
 /// close (the kernel still flushes when the writeback cache is on, which it requires).
 const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+
+/// How long the kernel may keep a name or attributes the client holds a lock on: until
+/// the lock goes (then the client tells it to forget), so as long as the kernel allows.
+const LOCKED_TTL: Duration = Duration::from_secs(86_400);
 
 /// Virtual xattr answered by the client with the inode's FID (`lode path2fid`).
 pub const FID_XATTR: &[u8] = b"lustre.fid";
@@ -62,6 +66,38 @@ struct Inner {
     groups: Groups,
     /// FUSE threads running a request inline now.
     inline: AtomicUsize,
+    /// Where the kernel is told what to forget, once the session is up.
+    invals: Mutex<Option<std::sync::mpsc::Sender<InvalJob>>>,
+}
+
+/// Entries for the kernel to forget, and what to call once it has.
+type InvalJob = (Vec<Inval>, Box<dyn FnOnce() + Send>);
+
+/// Starts telling the kernel what to forget; see [`LodeFs::invalidation`].
+pub struct Invalidation(Arc<Inner>);
+
+impl Invalidation {
+    /// Runs the thread that passes the client's invalidations to the kernel through
+    /// `notifier` (the session's). Until then, the kernel is given no long timeouts.
+    pub fn start(self, notifier: fuser::Notifier) -> std::io::Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel::<InvalJob>();
+        let inner = self.0.clone();
+        std::thread::Builder::new()
+            .name("lode-inval".into())
+            .spawn(move || {
+                // The kernel may block a notification until a directory operation in
+                // progress ends; the client does not wait for it forever (its cancel
+                // goes after a short wait), so this thread may block, alone.
+                for (what, done) in rx {
+                    for w in what {
+                        inner.notify(&notifier, &w);
+                    }
+                    done();
+                }
+            })?;
+        *self.0.invals.lock() = Some(tx);
+        Ok(())
+    }
 }
 
 /// A lode file system as FUSE sees it.
@@ -93,9 +129,23 @@ impl LodeFs {
                 next_fh: AtomicU64::new(1),
                 groups: Groups::default(),
                 inline: AtomicUsize::new(0),
+                invals: Mutex::new(None),
             }),
             rt,
         }
+    }
+
+    /// The handle that starts passing lock invalidations to the kernel, given the
+    /// session's notifier (which exists only once this file system is in a session).
+    pub fn invalidation(&self) -> Invalidation {
+        let weak = Arc::downgrade(&self.inner);
+        self.inner
+            .client
+            .set_invalidator(Arc::new(move |what, done| match weak.upgrade() {
+                Some(i) => i.invalidate(what, done),
+                None => done(),
+            }));
+        Invalidation(self.inner.clone())
     }
 
     fn cred(&self, req: &Request) -> Cred {
@@ -123,14 +173,21 @@ impl LodeFs {
         }
     }
 
-    /// Runs `f` (see [`LodeFs::spawn`]) and answers an entry request with its result.
-    fn reply_entry<F>(&self, reply: ReplyEntry, f: impl FnOnce(Arc<Inner>) -> F + Send + 'static)
-    where
+    /// Runs `f` (see [`LodeFs::spawn`]) and answers an entry request for `name` in
+    /// `parent` with its result.
+    fn reply_entry<F>(
+        &self,
+        reply: ReplyEntry,
+        parent: INodeNo,
+        name: Vec<u8>,
+        f: impl FnOnce(Arc<Inner>) -> F + Send + 'static,
+    ) where
         F: Future<Output = Result<MdtBody, Errno>> + Send + 'static,
     {
         self.spawn(move |i| async move {
+            let seq = i.client.inval_seq();
             match f(i.clone()).await {
-                Ok(b) => i.entry(&b, reply),
+                Ok(b) => i.entry(&b, reply, i.fid(parent).ok().map(|p| (p, &name[..])), seq),
                 Err(e) => reply.error(ferr(e)),
             }
         });
@@ -155,8 +212,13 @@ impl LodeFs {
         F: Future<Output = Result<lode_base::Attr, Errno>> + Send + 'static,
     {
         self.spawn(move |i| async move {
+            let seq = i.client.inval_seq();
             match f(i.clone()).await {
-                Ok(a) => reply.attr(&i.opts.attr_timeout, &file_attr(&a)),
+                Ok(a) => {
+                    let (_, ttl) = i.ttls(None, a.fid);
+                    reply.attr(&ttl, &file_attr(&a));
+                    i.recheck(seq, ttl, None, a.fid, a.is_dir());
+                }
                 Err(e) => reply.error(ferr(e)),
             }
         });
@@ -200,9 +262,101 @@ impl Inner {
         self.files.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
     }
 
-    fn entry(&self, b: &MdtBody, reply: ReplyEntry) {
-        self.remember(b.attr.fid);
-        reply.entry(&self.opts.entry_timeout, &file_attr(&b.attr), Generation(0));
+    /// With the writeback cache, the kernel writes a file's pages through whichever
+    /// handle it likes, even after the one they were written with is closed: no
+    /// handle can then say it wrote nothing.
+    fn track_writes(&self, h: &FileHandle) {
+        if self.opts.writeback {
+            h.wrote.store(true, Ordering::Release);
+        }
+    }
+
+    /// Answers an entry request: `b`, found as `at` (directory, name).
+    fn entry(&self, b: &MdtBody, reply: ReplyEntry, at: Option<(Fid, &[u8])>, seq: u64) {
+        let fid = b.attr.fid;
+        self.remember(fid);
+        let (entry_ttl, attr_ttl) = self.ttls(at, fid);
+        reply.entry_with_ttls(&attr_ttl, &entry_ttl, &file_attr(&b.attr), Generation(0));
+        self.recheck(seq, entry_ttl.max(attr_ttl), at, fid, b.attr.is_dir());
+    }
+
+    /// The kernel's timeouts for a name (at `at`) and an object's attributes: as long
+    /// as it likes for what the client holds locks on (it is told to forget when they
+    /// go), none for the rest. `attr_timeout=0` / `entry_timeout=0` keep the kernel
+    /// asking every time.
+    fn ttls(&self, at: Option<(Fid, &[u8])>, fid: Fid) -> (Duration, Duration) {
+        let started = self.invals.lock().is_some();
+        let (name_ok, attr_ok) = if started {
+            self.client.covered(at, fid)
+        } else {
+            (false, false)
+        };
+        // With the callback channel up, other clients' changes are seen at once, so
+        // what no lock covers is not kept at all; without it (no locks to be had),
+        // the mount's short timeouts apply.
+        let coherent = started && self.client.callback_channel_up();
+        let pick = |locked: bool, short: Duration| {
+            if short.is_zero() || (coherent && !locked) {
+                Duration::ZERO
+            } else if locked {
+                LOCKED_TTL
+            } else {
+                short
+            }
+        };
+        (
+            pick(name_ok, self.opts.entry_timeout),
+            pick(attr_ok, self.opts.attr_timeout),
+        )
+    }
+
+    /// After an answer with a long timeout: if a lock went while it was being made, the
+    /// kernel may have just taken something stale, so it forgets it again.
+    fn recheck(&self, seq: u64, ttl: Duration, at: Option<(Fid, &[u8])>, fid: Fid, dir: bool) {
+        if ttl != LOCKED_TTL || self.client.inval_seq() == seq {
+            return;
+        }
+        let mut what = vec![Inval::Attr { fid, dir }];
+        if let Some((d, n)) = at {
+            what.push(Inval::Name(d, n.to_vec()));
+        }
+        self.invalidate(what, Box::new(|| {}));
+    }
+
+    /// Queues `what` for the kernel to forget; `done` runs once it has (at once if
+    /// there is no session yet).
+    fn invalidate(&self, what: Vec<Inval>, done: Box<dyn FnOnce() + Send>) {
+        let tx = self.invals.lock().clone();
+        match tx {
+            Some(tx) => {
+                if let Err(e) = tx.send((what, done)) {
+                    (e.0 .1)();
+                }
+            }
+            None => done(),
+        }
+    }
+
+    /// Tells the kernel to forget one thing, if it knows it.
+    fn notify(&self, n: &fuser::Notifier, w: &Inval) {
+        let known = |f: &Fid| self.inodes.read().contains_key(&f.ino());
+        let r = match w {
+            // A directory's listing goes with its attributes; a file's pages are not
+            // covered by metadata locks.
+            Inval::Attr { fid, dir } if known(fid) => {
+                n.inval_inode(INodeNo(fid.ino()), if *dir { 0 } else { -1 }, 0)
+            }
+            Inval::Name(d, name) if known(d) => {
+                n.inval_entry(INodeNo(d.ino()), OsStr::from_bytes(name))
+            }
+            _ => return,
+        };
+        if let Err(e) = r {
+            // ENOENT: the kernel had already let it go.
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                tracing::debug!("kernel invalidation of {w:?}: {e}");
+            }
+        }
     }
 
     async fn complete(&self, b: MdtBody) -> Result<MdtBody, Errno> {
@@ -253,20 +407,27 @@ impl Filesystem for LodeFs {
         let cred = self.cred(req);
         let name = name_bytes(name);
         self.spawn(|i| async move {
+            let seq = i.client.inval_seq();
             let r = async {
                 let p = i.fid(parent)?;
                 let b = i.client.lookup(&cred, p, &name).await?;
-                i.complete(b).await
+                Ok::<_, Errno>((p, i.complete(b).await?))
             };
             match r.await {
-                Ok(b) => i.entry(&b, reply),
+                Ok((p, b)) => i.entry(&b, reply, Some((p, &name)), seq),
                 // A negative entry (inode 0): the kernel remembers "no such name" for
                 // entry_timeout, as it remembers names that exist; 0 keeps it strict.
-                Err(Errno::ENOENT) if !i.opts.entry_timeout.is_zero() => reply.entry(
-                    &i.opts.entry_timeout,
-                    &crate::attr::negative(),
-                    Generation(0),
-                ),
+                // No lock covers a name that does not exist, so with the callback
+                // channel up (other clients' creates are seen at once) it is not kept.
+                Err(Errno::ENOENT)
+                    if !i.opts.entry_timeout.is_zero() && !i.client.callback_channel_up() =>
+                {
+                    reply.entry(
+                        &i.opts.entry_timeout,
+                        &crate::attr::negative(),
+                        Generation(0),
+                    )
+                }
                 Err(e) => reply.error(ferr(e)),
             }
         });
@@ -355,7 +516,8 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        self.reply_entry(reply, move |i| async move {
+        let n = name.clone();
+        self.reply_entry(reply, parent, n, move |i| async move {
             let p = i.fid(parent)?;
             let mode = mode & !(umask & 0o777);
             if mode & libc::S_IFMT == libc::S_IFREG || mode & libc::S_IFMT == 0 {
@@ -377,7 +539,8 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        self.reply_entry(reply, move |i| async move {
+        let n = name.clone();
+        self.reply_entry(reply, parent, n, move |i| async move {
             let p = i.fid(parent)?;
             i.client
                 .mkdir(&cred, p, &name, mode & !(umask & 0o777), None)
@@ -412,7 +575,8 @@ impl Filesystem for LodeFs {
         let cred = self.cred(req);
         let name = name_bytes(link_name);
         let target = target.as_os_str().as_bytes().to_vec();
-        self.reply_entry(reply, move |i| async move {
+        let n = name.clone();
+        self.reply_entry(reply, parent, n, move |i| async move {
             i.client
                 .symlink(&cred, i.fid(parent)?, &name, &target)
                 .await
@@ -452,7 +616,8 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let name = name_bytes(newname);
-        self.reply_entry(reply, move |i| async move {
+        let n = name.clone();
+        self.reply_entry(reply, newparent, n, move |i| async move {
             let b = i
                 .client
                 .link(&cred, i.fid(ino)?, i.fid(newparent)?, &name)
@@ -477,6 +642,7 @@ impl Filesystem for LodeFs {
             };
             match r.await {
                 Ok(h) => {
+                    i.track_writes(&h);
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
                     i.files.lock().insert(fh, Arc::new(h));
                     reply.opened(Fh(fh), FILE_OPEN_FLAGS);
@@ -499,6 +665,7 @@ impl Filesystem for LodeFs {
         let cred = self.cred(req);
         let name = name_bytes(name);
         self.spawn(|i| async move {
+            let seq = i.client.inval_seq();
             let r = async {
                 let p = i.fid(parent)?;
                 let flags = flags & !libc::O_APPEND;
@@ -511,20 +678,19 @@ impl Filesystem for LodeFs {
                 } else {
                     h.attr.clone()
                 };
-                Ok::<_, Errno>((h, a))
+                Ok::<_, Errno>((p, h, a))
             };
             match r.await {
-                Ok((h, a)) => {
-                    i.remember(h.fid);
+                Ok((p, h, a)) => {
+                    i.track_writes(&h);
+                    let fid = h.fid;
+                    i.remember(fid);
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
                     i.files.lock().insert(fh, Arc::new(h));
-                    reply.created(
-                        &i.opts.entry_timeout,
-                        &file_attr(&a),
-                        Generation(0),
-                        Fh(fh),
-                        FILE_OPEN_FLAGS,
-                    );
+                    let (et, at) = i.ttls(Some((p, &name)), fid);
+                    let ttl = et.min(at);
+                    reply.created(&ttl, &file_attr(&a), Generation(0), Fh(fh), FILE_OPEN_FLAGS);
+                    i.recheck(seq, ttl, Some((p, &name)), fid, false);
                 }
                 Err(e) => reply.error(ferr(e)),
             }
@@ -698,14 +864,17 @@ impl Filesystem for LodeFs {
     fn readdirplus(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: Fh,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let cred = self.cred(req);
         self.spawn(|i| async move {
+            let seq = i.client.inval_seq();
             let r = i.dir_entries(&cred, fh, offset, true).await;
+            let dir = i.fid(ino).ok();
+            let mut long = Vec::new();
             match r {
                 Ok(entries) => {
                     for e in entries {
@@ -725,7 +894,12 @@ impl Filesystem for LodeFs {
                         let ttl = if dots {
                             Duration::ZERO
                         } else {
-                            i.opts.entry_timeout
+                            let (et, at) = i.ttls(dir.map(|d| (d, &e.name[..])), e.fid);
+                            let ttl = et.min(at);
+                            if ttl == LOCKED_TTL {
+                                long.push((e.name.clone(), e.fid, body.attr.is_dir()));
+                            }
+                            ttl
                         };
                         if reply.add(
                             INodeNo(ino),
@@ -739,6 +913,9 @@ impl Filesystem for LodeFs {
                         }
                     }
                     reply.ok();
+                    for (name, fid, is_dir) in long {
+                        i.recheck(seq, LOCKED_TTL, dir.map(|d| (d, &name[..])), fid, is_dir);
+                    }
                 }
                 Err(e) => reply.error(ferr(e)),
             }

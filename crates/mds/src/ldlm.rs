@@ -159,6 +159,11 @@ struct Resource {
 
 type Wake = Box<dyn FnOnce(MdtLocks) + Send>;
 
+/// How long a resource counts as contended after a callback on it.
+pub const CONTENTION_WINDOW: Duration = Duration::from_secs(2);
+/// Contended resources remembered before old ones are dropped.
+const CONTENDED_MAX: usize = 4096;
+
 struct Waiter {
     want: Vec<Want>,
     wake: Wake,
@@ -176,6 +181,8 @@ struct State {
     /// Client locks whose holders were called back: holder and when. Kept apart so the
     /// eviction timer looks at these only, not at every lock.
     called: HashMap<Handle, (u32, Instant)>,
+    /// Resources whose client locks were called back lately, and when.
+    contended: HashMap<ResId, Instant>,
     next: u64,
 }
 
@@ -428,6 +435,15 @@ impl Ldlm {
                 }
             }
         }
+        if !callbacks.is_empty() {
+            if st.contended.len() >= CONTENDED_MAX {
+                st.contended
+                    .retain(|_, t| now.duration_since(*t) < CONTENTION_WINDOW);
+            }
+            for c in &callbacks {
+                st.contended.insert(c.res, now);
+            }
+        }
         st.waiters.insert(
             id,
             Waiter {
@@ -436,6 +452,17 @@ impl Ldlm {
             },
         );
         Acquired::Waiting(callbacks)
+    }
+
+    /// Whether client locks on `r` were called back within the last
+    /// [`CONTENTION_WINDOW`]: then several clients are busy on it, and handing out
+    /// locks another client's next change must call back only costs callbacks.
+    pub fn contended(&self, r: ResId) -> bool {
+        self.st
+            .lock()
+            .contended
+            .get(&r)
+            .is_some_and(|t| t.elapsed() < CONTENTION_WINDOW)
     }
 
     /// Hands an MDT operation's locks over to its client: in one step, so nothing can

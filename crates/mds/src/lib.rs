@@ -68,6 +68,10 @@ pub(crate) struct OpenHandle {
 pub(crate) struct Opens {
     handles: HashMap<u64, OpenHandle>,
     counts: HashMap<Fid, u32>,
+    /// Files marked as holding OST data by one open, with no other writer or size
+    /// change since: that handle, closing without having written, takes the mark
+    /// back. Memory only: after a restart the mark stays (the safe way).
+    clean: HashMap<Fid, u64>,
     next: u64,
 }
 

@@ -9,10 +9,23 @@ use lode_base::limits::{
 };
 use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, FileType};
-use lode_proto::{BatchGetattrRep, CreateRep, CreateReq, DirEntry, MdtBody, ReaddirRep, Reply};
+use lode_proto::{
+    BatchGetattrRep, CloseRep, CreateRep, CreateReq, DirEntry, MdtBody, ReaddirRep, Reply,
+};
 use lode_store::records::{self, destroy_key, parse_dirent_key, DestroyRec, InodeRec, INODE_DATA};
 use lode_store::{Batch, Cf};
 use tracing::info;
+
+/// What an open does to the "data on OSTs" mark (see `Opens::clean`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DataMark {
+    /// This open set the mark.
+    Marked,
+    /// Another writer: nobody may take the mark back.
+    Writer,
+    /// Read only.
+    Reader,
+}
 
 /// Size reported for directories (ldiskfs reports block multiples too).
 const DIR_SIZE: u64 = 4096;
@@ -373,6 +386,7 @@ impl Namespace {
         let rep = CreateRep {
             body: self.body(r.fid, &rec),
             handle,
+            parent: None,
         };
         self.pdo.lock_inodes(&mut held, &[r.parent]);
         let mut parent = self.dir_inode(r.parent)?;
@@ -387,7 +401,12 @@ impl Namespace {
         put_inode(&mut b, r.parent, &parent);
         let transno = self.commit(ctx, b, &Reply::Create(rep.clone()))?;
         if let Some(h) = handle {
-            self.register_open(h, r.fid, slot);
+            let mark = if write {
+                DataMark::Marked
+            } else {
+                DataMark::Reader
+            };
+            self.register_open(h, r.fid, slot, mark);
         }
         Ok((rep, transno))
     }
@@ -405,10 +424,25 @@ impl Namespace {
         o.next
     }
 
-    fn register_open(&self, handle: u64, fid: Fid, slot: u32) {
+    fn register_open(&self, handle: u64, fid: Fid, slot: u32, data: DataMark) {
         let mut o = self.opens.lock();
         o.handles.insert(handle, OpenHandle { fid, slot });
         *o.counts.entry(fid).or_insert(0) += 1;
+        match data {
+            DataMark::Marked => {
+                o.clean.insert(fid, handle);
+            }
+            DataMark::Writer => {
+                o.clean.remove(&fid);
+            }
+            DataMark::Reader => {}
+        }
+    }
+
+    /// The file's data changed other than through writes (a truncate): a handle that
+    /// marked it can no longer take the mark back.
+    pub(crate) fn data_changed(&self, fid: Fid) {
+        self.opens.lock().clean.remove(&fid);
     }
 
     /// True if some client holds `fid` open.
@@ -457,30 +491,42 @@ impl Namespace {
             return Err(Errno::EACCES.into());
         }
         let mut b = Batch::new();
-        if write && ft == FileType::Regular && rec.flags & INODE_DATA == 0 {
+        let mark = if write && ft == FileType::Regular && rec.flags & INODE_DATA == 0 {
             rec.flags |= INODE_DATA;
             put_inode(&mut b, fid, &rec);
-        }
+            DataMark::Marked
+        } else if write {
+            DataMark::Writer
+        } else {
+            DataMark::Reader
+        };
         let handle = self.next_handle();
         let rep = CreateRep {
             body: self.body(fid, &rec),
             handle: Some(handle),
+            parent: None,
         };
         let transno = if b.is_empty() && ctx.slot.is_none() {
             0
         } else {
             self.commit(ctx, b, &Reply::Open(rep.clone()))?
         };
-        self.register_open(handle, fid, slot);
+        self.register_open(handle, fid, slot, mark);
         Ok((rep, transno))
     }
 
-    pub(crate) fn close(&self, ctx: &Ctx, slot: u32, handle: u64) -> OpResult<u64> {
+    pub(crate) fn close(
+        &self,
+        ctx: &Ctx,
+        slot: u32,
+        handle: u64,
+        wrote: bool,
+    ) -> OpResult<(CloseRep, u64)> {
         match self.opens.lock().handles.get(&handle) {
             Some(h) if h.slot == slot => {}
             _ => return Err(Errno::EBADF.into()),
         }
-        self.close_inner(ctx, handle)
+        self.close_inner(ctx, handle, wrote)
     }
 
     /// The file an open handle is on.
@@ -490,7 +536,8 @@ impl Namespace {
 
     /// Closes a handle outside any request (client disconnect).
     pub(crate) fn close_handle(&self, handle: u64) -> OpResult<u64> {
-        self.close_inner(&Ctx { slot: None }, handle)
+        // What the client wrote is unknown: the mark stays.
+        Ok(self.close_inner(&Ctx { slot: None }, handle, true)?.1)
     }
 
     /// Closes every handle of a client that disconnected on purpose.
@@ -510,7 +557,7 @@ impl Namespace {
         }
     }
 
-    fn close_inner(&self, ctx: &Ctx, handle: u64) -> OpResult<u64> {
+    fn close_inner(&self, ctx: &Ctx, handle: u64, wrote: bool) -> OpResult<(CloseRep, u64)> {
         let Some(fid) = self.opens.lock().handles.get(&handle).map(|h| h.fid) else {
             return Err(Errno::EBADF.into());
         };
@@ -527,21 +574,32 @@ impl Namespace {
             if last {
                 o.counts.remove(&fid);
             }
-            last
+            let marked = o.clean.get(&fid) == Some(&handle);
+            if marked {
+                o.clean.remove(&fid);
+            }
+            (last, marked && !wrote)
         };
+        let (last, unmark) = last;
         let mut b = Batch::new();
-        if last {
-            if let Ok(rec) = self.inode(fid) {
-                if rec.nlink == 0 {
+        let mut rep = CloseRep::default();
+        if last || unmark {
+            if let Ok(mut rec) = self.inode(fid) {
+                if last && rec.nlink == 0 {
                     b.delete(Cf::Orphan, fid.to_bytes().to_vec());
                     self.drop_inode(&mut b, fid, &rec)?;
+                } else if unmark && rec.flags & INODE_DATA != 0 {
+                    rec.flags &= !INODE_DATA;
+                    put_inode(&mut b, fid, &rec);
+                    rep.exact_size = true;
                 }
             }
         }
         if b.is_empty() && ctx.slot.is_none() {
-            return Ok(0);
+            return Ok((rep, 0));
         }
-        self.commit(ctx, b, &Reply::Close(lode_proto::Empty {}))
+        let t = self.commit(ctx, b, &Reply::Close(rep.clone()))?;
+        Ok((rep, t))
     }
 
     /// Removes one link of `child` inside batch `b` (unlink, rmdir, rename over it).

@@ -77,7 +77,7 @@ impl Namespace {
         p.mtime = now;
         p.ctime = now;
         put_inode(&mut b, parent, &p);
-        self.commit(ctx, b, &Reply::Unlink(Empty {}))
+        self.commit(ctx, b, &Reply::Unlink(lode_proto::UnlinkRep::default()))
     }
 
     pub(crate) fn link(
@@ -390,6 +390,7 @@ impl Namespace {
             }
             rec.size = size;
             rec.flags |= INODE_DATA;
+            self.data_changed(fid);
             if !root {
                 rec.mode &= !libc::S_ISUID;
                 if rec.mode & libc::S_IXGRP != 0 {

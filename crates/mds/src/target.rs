@@ -6,8 +6,8 @@ use crate::ldlm::{self, Acquired, Ldlm, LockMode, MdtLocks, ResId, Want};
 use crate::{Ctx, MdtConfig, Namespace, OpError, OpResult, OstState, Tunables};
 use lode_base::{Cred, Errno, Fid};
 use lode_proto::{
-    ConnectRep, ConnectReq, Empty, LdlmCancelReq, LdlmEnqueueRep, MdtRequest, Opcode, Reply,
-    Request, SyncRep, CONNECT_SUPPORTED,
+    ConnectRep, ConnectReq, Empty, LdlmCancelReq, LdlmEnqueueRep, MdtRequest, Opcode, ParentAttrs,
+    Reply, Request, SyncRep, UnlinkRep, CONNECT_SUPPORTED,
 };
 use lode_rpc::server::Deferred;
 use lode_rpc::{CallbackChannel, Incoming, OpStats, Outgoing, Service};
@@ -437,14 +437,14 @@ impl Mdt {
                 let (rep, t) = self.ns.open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags)?;
                 (Reply::Open(rep), t)
             }
-            MdtRequest::Close(r) => (
-                Reply::Close(Empty {}),
-                self.ns.close(&ctx, exp.slot, r.handle)?,
-            ),
+            MdtRequest::Close(r) => {
+                let (rep, t) = self.ns.close(&ctx, exp.slot, r.handle, r.wrote)?;
+                (Reply::Close(rep), t)
+            }
             MdtRequest::Unlink(r) => {
                 check_cred(&r.cred)?;
                 (
-                    Reply::Unlink(Empty {}),
+                    Reply::Unlink(UnlinkRep::default()),
                     self.ns.unlink(&ctx, &r.cred, r.parent, &r.name, r.rmdir)?,
                 )
             }
@@ -945,10 +945,19 @@ impl Mdt {
                 lode_rpc::fail::val(),
             )));
         }
+        let intent = self.intent(inc, exp);
         let create_intent = match &req {
-            MdtRequest::Create(r) if self.intent(inc, exp) => Some((r.parent, r.name.clone())),
+            MdtRequest::Create(r) if intent => Some((r.parent, r.name.clone())),
             _ => None,
         };
+        // The directory a create or unlink changes, and its ctime before: handed back
+        // after, so the client knows whether its copy was current.
+        let parent_intent = match &req {
+            MdtRequest::Create(r) if intent => Some(r.parent),
+            MdtRequest::Unlink(r) if intent => Some(r.parent),
+            _ => None,
+        }
+        .and_then(|p| Some((p, self.ns.inode(p).ok()?.ctime)));
         let mut out = self.run(inc, exp, req);
         if out.status < 0 && !self.ns.store.is_stopped() {
             // Recorded too: a resent failing request fails the same way even if it
@@ -962,11 +971,61 @@ impl Mdt {
                 out = self.error_out(OpError::Store(e));
             }
         }
-        if let (Some(c), 0, Some(l)) = (create_intent, out.status, locks) {
-            self.grant_created(exp, c, l, &mut out);
+        let parent = match (parent_intent, out.status) {
+            (Some((p, pre)), 0) => self.parent_attrs(p, pre),
+            _ => None,
+        };
+        match (create_intent, out.status, locks) {
+            (Some(c), 0, Some(l)) => self.grant_created(exp, c, l, parent, &mut out),
+            (None, 0, Some(l)) if parent.is_some() => self.grant_parent(exp, l, parent, &mut out),
+            _ => {}
         }
         self.untag(exp.slot, tag, xid);
         out
+    }
+
+    /// A directory's attributes after a change, if it is still there.
+    fn parent_attrs(&self, fid: Fid, pre_ctime: i64) -> Option<ParentAttrs> {
+        let rec = self.ns.inode(fid).ok()?;
+        Some(ParentAttrs {
+            body: self.ns.body(fid, &rec),
+            pre_ctime,
+        })
+    }
+
+    /// The lock the client of a change in `parent` gets back on it: its attributes
+    /// (PR UPDATE|PERM) while no other client is busy in it, else its permissions only
+    /// (PR PERM: a create or unlink by another client does not revoke it, so two
+    /// clients working in one directory do not call each other back at every step).
+    fn parent_want(&self, parent: Fid) -> ldlm::Want {
+        use ldlm::bits::{PERM, UPDATE};
+        let r = ResId::object(parent);
+        let bits = if self.ldlm.contended(r) {
+            PERM
+        } else {
+            UPDATE | PERM
+        };
+        (r, LockMode::Pr, bits)
+    }
+
+    /// An unlink with an intent: the change's locks go, and its client gets the
+    /// directory's (see [`Mdt::parent_want`]) with the directory's new attributes.
+    fn grant_parent(
+        &self,
+        exp: &Export,
+        locks: MdtLocks,
+        parent: Option<ParentAttrs>,
+        out: &mut Outgoing,
+    ) {
+        let Some(mut p) = parent else { return };
+        let want = self.parent_want(p.body.attr.fid);
+        let got = self.ldlm.release_and_grant(locks, exp.slot, &[want]);
+        if want.2 & ldlm::bits::UPDATE != 0 {
+            p.body.lock = got[0];
+        } else {
+            p.body.dir_lock = got[0];
+        }
+        out.body = Reply::Unlink(UnlinkRep { parent: Some(p) }).encode();
     }
 
     /// A create with an intent: the change's own locks are handed over to the creator as
@@ -977,14 +1036,19 @@ impl Mdt {
         exp: &Export,
         (parent, name): (Fid, Vec<u8>),
         locks: MdtLocks,
+        parent_attrs: Option<ParentAttrs>,
         out: &mut Outgoing,
     ) {
         let Ok(Reply::Create(mut rep)) = Reply::decode(Opcode::Create as u16, &out.body) else {
             return;
         };
         use ldlm::bits::{LOOKUP, PERM, UPDATE};
+        let dir_want = match parent_attrs {
+            Some(_) => self.parent_want(parent),
+            None => (ResId::object(parent), LockMode::Pr, PERM),
+        };
         let want = [
-            (ResId::object(parent), LockMode::Pr, PERM),
+            dir_want,
             (ResId::name(parent, &name), LockMode::Pr, LOOKUP),
             (
                 ResId::object(rep.body.attr.fid),
@@ -993,7 +1057,15 @@ impl Mdt {
             ),
         ];
         let got = self.ldlm.release_and_grant(locks, exp.slot, &want);
-        (rep.body.dir_lock, rep.body.name_lock, rep.body.lock) = (got[0], got[1], got[2]);
+        (rep.body.name_lock, rep.body.lock) = (got[1], got[2]);
+        // The directory's lock: on its attributes, sent along, or on its permissions.
+        match parent_attrs {
+            Some(mut p) if dir_want.2 & UPDATE != 0 => {
+                p.body.lock = got[0];
+                rep.parent = Some(p);
+            }
+            _ => rep.body.dir_lock = got[0],
+        }
         out.body = Reply::Create(rep).encode();
     }
 

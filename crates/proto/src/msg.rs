@@ -255,6 +255,27 @@ pub struct CreateRep {
     pub body: MdtBody,
     /// Open handle, if opened.
     pub handle: Option<u64>,
+    /// With `FLAG_INTENT` on a create: the directory after it.
+    pub parent: Option<ParentAttrs>,
+}
+
+/// A directory's attributes after a change in it, handed to the client that made the
+/// change, so it need not ask again (the kernel does, for its permission checks).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentAttrs {
+    /// The directory after the change; `lock` is its PR UPDATE|PERM lock, 0 if the
+    /// MDT gave none (other clients are busy in it).
+    pub body: MdtBody,
+    /// Its ctime just before the change: a client copy with this ctime was current
+    /// (nothing else changed the directory in between).
+    pub pre_ctime: i64,
+}
+
+/// Reply to an unlink or rmdir.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnlinkRep {
+    /// With `FLAG_INTENT`: the directory after the removal.
+    pub parent: Option<ParentAttrs>,
 }
 
 /// open of an existing inode.
@@ -273,6 +294,19 @@ pub struct OpenReq {
 pub struct CloseReq {
     /// Handle from open/create.
     pub handle: u64,
+    /// Whether anything was written (or may have been) through this handle. A handle
+    /// whose open marked the file as holding OST data, and that wrote nothing with no
+    /// other writer meanwhile, closes with the mark taken back: the MDT's size is
+    /// exact again and stat needs no glimpse (Lustre's lazy size on MDT, for the
+    /// commonest case: files created and closed empty).
+    pub wrote: bool,
+}
+
+/// Reply to a close.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloseRep {
+    /// The close took back the "data on OSTs" mark: the MDT's size is exact again.
+    pub exact_size: bool,
 }
 
 /// unlink or rmdir.
@@ -677,9 +711,9 @@ messages! {
     /// Open by FID.
     Open = 16, Mdt, true: OpenReq => CreateRep,
     /// Close a handle.
-    Close = 17, Mdt, true: CloseReq => Empty,
+    Close = 17, Mdt, true: CloseReq => CloseRep,
     /// Unlink or rmdir.
-    Unlink = 18, Mdt, true: UnlinkReq => Empty,
+    Unlink = 18, Mdt, true: UnlinkReq => UnlinkRep,
     /// Rename.
     Rename = 19, Mdt, true: RenameReq => Empty,
     /// Hard link.

@@ -1,0 +1,241 @@
+//! Coherence through the kernel's cache: mounts give the kernel long timeouts for what
+//! their locks cover and make it forget when a lock goes, so a change by one client is
+//! seen by every other on its next call; a create in a directory the mount made is one
+//! MDT request; permissions are checked on every path the kernel has cached.
+
+mod common;
+
+use common::*;
+use libc::{EACCES, ENOENT};
+use lode_testkit::Mount;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+fn mode(p: &Path) -> u32 {
+    fs::metadata(p).expect("stat").mode() & 0o7777
+}
+
+fn gone(p: &Path) -> bool {
+    fs::symlink_metadata(p).err().and_then(|e| e.raw_os_error()) == Some(ENOENT)
+}
+
+fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let (c, n) = (cs(p), cs(name));
+    let mut buf = [0u8; 256];
+    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (r >= 0).then(|| buf[..r as usize].to_vec())
+}
+
+/// Looks at everything under `dir` on mount `m`, so its kernel holds it all.
+fn warm(m: &Mount, dir: &str) {
+    for e in fs::read_dir(m.path().join(dir)).expect("readdir") {
+        let e = e.expect("entry");
+        let _ = fs::metadata(e.path());
+    }
+}
+
+#[test]
+fn every_change_by_one_mount_is_seen_by_the_other_on_its_next_call() {
+    let c = cluster(2);
+    let (a, b) = (c.mount(), c.mount());
+    let (pa, pb) = (|r: &str| a.path().join(r), |r: &str| b.path().join(r));
+
+    fs::create_dir(pa("d")).expect("mkdir");
+    fs::write(pa("d/data"), b"abc").expect("write");
+    fs::File::create(pa("d/e")).expect("create");
+    warm(&b, "d");
+    assert_eq!(fs::metadata(pb("d/data")).expect("stat").len(), 3);
+    // A name looked up and missing on B, then made on A.
+    assert!(gone(&pb("d/new")));
+    fs::File::create(pa("d/new")).expect("create");
+    assert!(!gone(&pb("d/new")), "create seen");
+
+    for m in [0o600, 0o640, 0o604] {
+        fs::set_permissions(pa("d/e"), fs::Permissions::from_mode(m)).expect("chmod");
+        assert_eq!(mode(&pb("d/e")), m, "chmod seen");
+    }
+    std::os::unix::fs::chown(pa("d/e"), Some(UID), Some(UID)).expect("chown");
+    let md = fs::metadata(pb("d/e")).expect("stat");
+    assert_eq!((md.uid(), md.gid()), (UID, UID), "chown seen");
+
+    fs::OpenOptions::new()
+        .write(true)
+        .open(pa("d/e"))
+        .and_then(|f| f.set_len(10))
+        .expect("truncate");
+    assert_eq!(
+        fs::metadata(pb("d/e")).expect("stat").len(),
+        10,
+        "truncate seen"
+    );
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(pa("d/data"))
+        .expect("open");
+    f.write_all(b"defg").expect("write");
+    drop(f);
+    assert_eq!(
+        fs::read(pb("d/data")).expect("read"),
+        b"abcdefg",
+        "write seen"
+    );
+
+    fs::rename(pa("d/e"), pa("d/e2")).expect("rename");
+    assert!(gone(&pb("d/e")), "rename: old name gone");
+    assert_eq!(fs::metadata(pb("d/e2")).expect("stat").len(), 10);
+
+    fs::hard_link(pa("d/e2"), pa("d/e3")).expect("link");
+    assert_eq!(
+        fs::metadata(pb("d/e2")).expect("stat").nlink(),
+        2,
+        "link seen"
+    );
+    fs::remove_file(pa("d/e3")).expect("unlink");
+    assert!(gone(&pb("d/e3")), "unlink seen");
+    assert_eq!(fs::metadata(pb("d/e2")).expect("stat").nlink(), 1);
+
+    let (e2, name) = (cs(pa("d/e2")), cs("user.k"));
+    let r = unsafe { libc::setxattr(e2.as_ptr(), name.as_ptr(), b"v1".as_ptr().cast(), 2, 0) };
+    assert_eq!(r, 0);
+    assert_eq!(xattr(&pb("d/e2"), "user.k").as_deref(), Some(&b"v1"[..]));
+    assert_eq!(unsafe { libc::removexattr(e2.as_ptr(), name.as_ptr()) }, 0);
+    assert_eq!(xattr(&pb("d/e2"), "user.k"), None, "removexattr seen");
+
+    fs::create_dir(pa("d/sub")).expect("mkdir");
+    assert!(
+        fs::metadata(pb("d/sub")).expect("stat").is_dir(),
+        "mkdir seen"
+    );
+    let nlink = fs::metadata(pb("d")).expect("stat").nlink();
+    fs::remove_dir(pa("d/sub")).expect("rmdir");
+    assert!(gone(&pb("d/sub")), "rmdir seen");
+    assert_eq!(fs::metadata(pb("d")).expect("stat").nlink(), nlink - 1);
+
+    // And the other way round, into a directory A made and knows completely.
+    fs::create_dir(pa("mine")).expect("mkdir");
+    assert!(gone(&pa("mine/x")));
+    fs::write(pb("mine/x"), b"1").expect("create on B");
+    assert_eq!(fs::read(pa("mine/x")).expect("A sees B's create"), b"1");
+    let names: Vec<_> = fs::read_dir(pa("mine"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names, ["x"]);
+}
+
+fn md_stat(c: &lode_testkit::Cluster, name: &str) -> u64 {
+    let out = c.get_param("mdc.*.md_stats");
+    out.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+#[test]
+fn a_create_in_a_directory_the_mount_made_is_one_create_and_stats_need_no_rpc() {
+    let c = cluster(2);
+    let m = c.mount();
+    fs::create_dir(m.path().join("d")).expect("mkdir");
+    c.set_param("mdc.*.md_stats=0");
+    for i in 0..20 {
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(m.path().join(format!("d/f{i}")))
+            .expect("create");
+    }
+    let counts = |c: &lode_testkit::Cluster| {
+        ["create", "close", "getattr", "getattr_name", "unlink"].map(|n| md_stat(c, n))
+    };
+    // One CREATE (and the CLOSE) per file: no LOOKUP of the new name, no GETATTR of
+    // the directory for the kernel's permission check.
+    assert_eq!(
+        counts(&c),
+        [20, 20, 0, 0, 0],
+        "create, close, getattr, getattr_name, unlink"
+    );
+    c.set_param("mdc.*.md_stats=0");
+    for i in 0..20 {
+        let md = fs::metadata(m.path().join(format!("d/f{i}"))).expect("stat");
+        assert_eq!((md.len(), md.mode() & 0o777), (0, 0o644));
+    }
+    assert_eq!(counts(&c), [0, 0, 0, 0, 0], "stats answered by the kernel");
+    for i in 0..20 {
+        fs::remove_file(m.path().join(format!("d/f{i}"))).expect("unlink");
+    }
+    assert_eq!(counts(&c), [0, 0, 0, 0, 20], "one UNLINK per removal");
+}
+
+#[test]
+fn removing_search_permission_stops_other_users_on_paths_the_kernel_had_cached() {
+    let c = cluster(2);
+    let (a, b) = (c.mount(), c.mount());
+    fs::create_dir_all(a.path().join("top/mid")).expect("mkdir");
+    fs::write(a.path().join("top/mid/f"), b"x").expect("write");
+    fs::set_permissions(
+        a.path().join("top/mid/f"),
+        fs::Permissions::from_mode(0o666),
+    )
+    .expect("chmod");
+    let stat = |p: *const libc::c_char| unsafe {
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        libc::stat(p, st.as_mut_ptr())
+    };
+    let open_w = |p: *const libc::c_char| unsafe {
+        let fd = libc::open(p, libc::O_WRONLY);
+        if fd >= 0 {
+            libc::close(fd);
+        }
+        fd
+    };
+    let chmod = |p: *const libc::c_char| unsafe { libc::chmod(p, 0o600) };
+    // The user walks the path on both mounts (their kernels cache it)...
+    for m in [&a, &b] {
+        assert_eq!(as_user(m.path(), "top/mid/f", stat), 0);
+        assert_eq!(as_user(m.path(), "top/mid/f", open_w), 0);
+    }
+    // ...then root takes search permission away on mount A.
+    fs::set_permissions(a.path().join("top"), fs::Permissions::from_mode(0o700)).expect("chmod");
+    for m in [&a, &b] {
+        assert_eq!(as_user(m.path(), "top/mid/f", stat), EACCES, "stat");
+        assert_eq!(as_user(m.path(), "top/mid/f", open_w), EACCES, "open");
+        assert_eq!(as_user(m.path(), "top/mid/f", chmod), EACCES, "chmod");
+    }
+    fs::set_permissions(b.path().join("top"), fs::Permissions::from_mode(0o755)).expect("chmod");
+    for m in [&a, &b] {
+        assert_eq!(
+            as_user(m.path(), "top/mid/f", stat),
+            0,
+            "search allowed again"
+        );
+    }
+}
+
+#[test]
+fn fifo_opens_follow_the_mode_bits() {
+    let c = cluster(1);
+    let m = c.mount();
+    let p = cs(m.path().join("fifo"));
+    assert_eq!(unsafe { libc::mkfifo(p.as_ptr(), 0o600) }, 0);
+    let open_nb = |flags: i32| {
+        move |p: *const libc::c_char| unsafe {
+            let fd = libc::open(p, flags | libc::O_NONBLOCK);
+            if fd >= 0 {
+                libc::close(fd);
+            }
+            fd
+        }
+    };
+    assert_eq!(as_user(m.path(), "fifo", open_nb(libc::O_RDONLY)), EACCES);
+    assert_eq!(as_user(m.path(), "fifo", open_nb(libc::O_WRONLY)), EACCES);
+    fs::set_permissions(m.path().join("fifo"), fs::Permissions::from_mode(0o644)).expect("chmod");
+    assert_eq!(
+        as_user(m.path(), "fifo", open_nb(libc::O_RDONLY)),
+        0,
+        "readable now"
+    );
+    // Writable still not: no writer bit for others (and no reader: ENXIO otherwise).
+    assert_eq!(as_user(m.path(), "fifo", open_nb(libc::O_WRONLY)), EACCES);
+}
