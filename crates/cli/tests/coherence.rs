@@ -239,3 +239,105 @@ fn fifo_opens_follow_the_mode_bits() {
     // Writable still not: no writer bit for others (and no reader: ENXIO otherwise).
     assert_eq!(as_user(m.path(), "fifo", open_nb(libc::O_WRONLY)), EACCES);
 }
+
+#[test]
+fn a_close_that_wrote_nothing_makes_the_size_exact_but_never_hides_another_writers_data() {
+    let c = cluster(2);
+    let (s1, s2) = (c.client(), c.client());
+    let cr = root();
+    let root_fid = lode_base::Fid::ROOT;
+    let body = |s: &lode_client::Session, f| s.run(s.client.getattr_md(&cr, f)).expect("getattr");
+
+    // Created for writing and closed untouched: the MDT's size is exact again.
+    let h = s1
+        .run(
+            s1.client
+                .create_open(&cr, root_fid, b"empty", 0o644, libc::O_WRONLY, None),
+        )
+        .expect("create");
+    assert!(body(&s2, h.fid).glimpse, "open for write: size on the OSTs");
+    s1.run(s1.client.close(&h)).expect("close");
+    let fresh = c.client();
+    let b = body(&fresh, h.fid);
+    assert!(!b.glimpse, "closed unwritten: no glimpse needed");
+    assert_eq!(b.attr.size, 0);
+
+    // Another writer meanwhile: the first handle's empty close leaves the mark.
+    let h1 = s1
+        .run(
+            s1.client
+                .create_open(&cr, root_fid, b"shared", 0o644, libc::O_WRONLY, None),
+        )
+        .expect("create");
+    let h2 = s2
+        .run(s2.client.open(&cr, h1.fid, libc::O_WRONLY))
+        .expect("open");
+    s2.run(s2.client.write(&h2, 0, b"hello")).expect("write");
+    s2.run(s2.client.close(&h2)).expect("close");
+    s1.run(s1.client.close(&h1)).expect("close");
+    assert_eq!(size_seen_by_a_new_client(&c, h1.fid), 5);
+
+    // And a truncate meanwhile, through the marking handle's own client.
+    let h = s1
+        .run(
+            s1.client
+                .create_open(&cr, root_fid, b"cut", 0o644, libc::O_WRONLY, None),
+        )
+        .expect("create");
+    let sa = lode_base::SetAttr {
+        size: Some(7),
+        ..Default::default()
+    };
+    s2.run(s2.client.setattr(&cr, h.fid, sa)).expect("truncate");
+    s1.run(s1.client.close(&h)).expect("close");
+    assert_eq!(size_seen_by_a_new_client(&c, h.fid), 7);
+}
+
+fn size_seen_by_a_new_client(c: &lode_testkit::Cluster, fid: lode_base::Fid) -> u64 {
+    let s = c.client();
+    s.run(s.client.getattr(&root(), fid)).expect("stat").size
+}
+
+#[test]
+fn ls_l_of_a_directory_is_its_readdir_pages_and_nothing_else() {
+    let c = cluster(1);
+    let s = c.client();
+    let d = s
+        .run(
+            s.client
+                .mkdir(&root(), lode_base::Fid::ROOT, b"big", 0o755, None),
+        )
+        .expect("mkdir")
+        .attr
+        .fid;
+    for i in 0..300 {
+        let name = format!("f{i}");
+        s.run(s.client.create(&root(), d, name.as_bytes(), 0o644, None))
+            .expect("create");
+    }
+    let m = c.mount();
+    c.set_param("mdc.*.md_stats=0");
+    for round in 0..2 {
+        let out = std::process::Command::new("ls")
+            .arg("-l")
+            .arg(m.path().join("big"))
+            .output()
+            .expect("ls");
+        assert!(out.status.success(), "ls -l: {out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).lines().count(),
+            301,
+            "round {round}"
+        );
+    }
+    // Readdir+ pages carry each entry's locks: the stats are the kernel's, and the
+    // `security.selinux` lookups ls makes are answered by the client.
+    for op in ["getattr", "getattr_name", "getxattr"] {
+        assert!(
+            md_stat(&c, op) <= 2,
+            "{op}: {}",
+            c.get_param("mdc.*.md_stats")
+        );
+    }
+    assert!(md_stat(&c, "read_page") >= 1);
+}

@@ -257,7 +257,11 @@ impl Client {
         let cancels = self.release_for_change(&req);
         let flags = if matches!(
             req,
-            Request::Getattr(_) | Request::Lookup(_) | Request::Create(_) | Request::Unlink(_)
+            Request::Getattr(_)
+                | Request::Lookup(_)
+                | Request::Create(_)
+                | Request::Unlink(_)
+                | Request::Readdir(lode_proto::ReaddirReq { plus: true, .. })
         ) && self.callback_channel_up()
         {
             lode_proto::frame::FLAG_INTENT

@@ -66,8 +66,9 @@ pub struct HeldLock {
 }
 
 /// Most locks the cache keeps by default; past it, some are given back (Lustre's
-/// `lru_size`).
-const CACHE_LOCKS_DEFAULT: usize = 1 << 16;
+/// `lru_size`). A readdir+ entry holds two (its name and its attributes), so this
+/// keeps a 100,000-entry directory whole, at about 800 bytes of client memory a lock.
+const CACHE_LOCKS_DEFAULT: usize = 1 << 18;
 
 /// What one cache lock covers.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -405,6 +405,12 @@ impl Client {
                 if r.next <= cookie && r.next != lode_base::hash::END_COOKIE {
                     return Err(Errno::EPROTO);
                 }
+                // A readdir+ with an intent: each entry's name and attributes under locks.
+                for e in &r.entries {
+                    if let Some(b) = e.body.as_ref().filter(|b| b.lock != 0 || b.name_lock != 0) {
+                        self.remember(b, Some((fid, &e.name, cred)));
+                    }
+                }
                 Ok(r)
             }
             _ => Err(Errno::EPROTO),
@@ -438,6 +444,9 @@ impl Client {
         name: &[u8],
         size: u32,
     ) -> Result<(Vec<u8>, u32), Errno> {
+        if let Some(e) = self.cached_xattr_miss(cred, fid, name) {
+            return Err(e);
+        }
         match self
             .md(Request::Getxattr(GetxattrReq {
                 cred: cred.clone(),
@@ -450,6 +459,30 @@ impl Client {
             Reply::Getxattr(x) => Ok((x.value, x.size)),
             _ => Err(Errno::EPROTO),
         }
+    }
+
+    /// The answer to looking up an xattr the inode cannot have: its attributes, under a
+    /// lock, say it has no stored xattr (`ls -l` asks for `security.selinux` of every
+    /// file). `None`: ask the MDT (virtual names, bad names, no lock).
+    fn cached_xattr_miss(&self, cred: &Cred, fid: Fid, name: &[u8]) -> Option<Errno> {
+        if name.len() > lode_base::limits::XATTR_NAME_MAX {
+            return None;
+        }
+        let in_ns = |p: &[u8]| name.len() > p.len() && name.starts_with(p);
+        let user = in_ns(b"user.");
+        if !(user || in_ns(b"trusted.") || in_ns(b"security.")) {
+            return None;
+        }
+        let b = self.cached_attrs(fid).filter(|b| b.no_xattrs)?;
+        let ft = b.attr.mode & libc::S_IFMT;
+        // As the MDT decides: user.* needs read permission on files and directories.
+        if user
+            && (ft == libc::S_IFREG || ft == libc::S_IFDIR)
+            && !lode_base::perm::may_access(&b.attr, cred, lode_base::perm::MAY_READ)
+        {
+            return Some(Errno::EACCES);
+        }
+        Some(Errno::ENODATA)
     }
 
     /// listxattr: NUL-separated names.

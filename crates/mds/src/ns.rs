@@ -12,7 +12,9 @@ use lode_base::{Cred, Errno, Fid, FileType};
 use lode_proto::{
     BatchGetattrRep, CloseRep, CreateRep, CreateReq, DirEntry, MdtBody, ReaddirRep, Reply,
 };
-use lode_store::records::{self, destroy_key, parse_dirent_key, DestroyRec, InodeRec, INODE_DATA};
+use lode_store::records::{
+    self, destroy_key, parse_dirent_key, DestroyRec, InodeRec, INODE_DATA, INODE_NO_XATTRS,
+};
 use lode_store::{Batch, Cf};
 use tracing::info;
 
@@ -43,6 +45,7 @@ impl Namespace {
             lock: 0,
             name_lock: 0,
             dir_lock: 0,
+            no_xattrs: rec.flags & INODE_NO_XATTRS != 0,
         }
     }
 
@@ -68,7 +71,7 @@ impl Namespace {
             mtime: now,
             ctime: now,
             rdev: 0,
-            flags: 0,
+            flags: INODE_NO_XATTRS,
             version: 0,
             parent: Fid::ROOT,
             layout: None,
@@ -365,7 +368,11 @@ impl Namespace {
             } else {
                 0
             },
-            flags: if write { INODE_DATA } else { 0 },
+            flags: if write {
+                INODE_DATA | INODE_NO_XATTRS
+            } else {
+                INODE_NO_XATTRS
+            },
             version: 0,
             parent: if dir { r.parent } else { Fid::ZERO },
             layout,

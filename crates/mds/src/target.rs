@@ -7,7 +7,7 @@ use crate::{Ctx, MdtConfig, Namespace, OpError, OpResult, OstState, Tunables};
 use lode_base::{Cred, Errno, Fid};
 use lode_proto::{
     ConnectRep, ConnectReq, Empty, LdlmCancelReq, LdlmEnqueueRep, MdtRequest, Opcode, ParentAttrs,
-    Reply, Request, SyncRep, UnlinkRep, CONNECT_SUPPORTED,
+    ReaddirRep, Reply, Request, SyncRep, UnlinkRep, CONNECT_SUPPORTED,
 };
 use lode_rpc::server::Deferred;
 use lode_rpc::{CallbackChannel, Incoming, OpStats, Outgoing, Service};
@@ -177,6 +177,45 @@ impl Mdt {
             ResId::object(fid),
             ldlm::bits::UPDATE | ldlm::bits::PERM,
         )
+    }
+
+    /// A readdir+ page with locks: each entry's name (PR LOOKUP) and attributes (PR
+    /// UPDATE|PERM), so the client may keep what `ls -l` reads. The names are read
+    /// while the MDT holds the directory in PR (no change of its entries can be under
+    /// way), and each entry's attributes after its lock is granted (a change after
+    /// that calls the client back). With a change of the directory under way, the page
+    /// comes without locks.
+    fn readdir_locked(&self, exp: &Export, r: &lode_proto::ReaddirReq) -> OpResult<ReaddirRep> {
+        use ldlm::bits::{LOOKUP, UPDATE};
+        let frozen = [(ResId::object(r.fid), LockMode::Pr, UPDATE)];
+        let Some(held) = self.ldlm.try_acquire(&frozen) else {
+            return self.ns.readdir(&r.cred, r.fid, r.cookie, true);
+        };
+        let mut page = self.ns.readdir(&r.cred, r.fid, r.cookie, false)?;
+        for e in &mut page.entries {
+            let dots = e.name == b"." || e.name == b"..";
+            let (name_lock, lock) = if dots {
+                (0, 0)
+            } else {
+                (
+                    self.grant_pr(exp, ResId::name(r.fid, &e.name), LOOKUP),
+                    self.grant_attrs(exp, e.fid),
+                )
+            };
+            e.body = match self.ns.getattr(e.fid) {
+                Ok(mut b) => {
+                    (b.name_lock, b.lock) = (name_lock, lock);
+                    Some(b)
+                }
+                Err(_) => {
+                    self.ungrant(exp, name_lock);
+                    self.ungrant(exp, lock);
+                    None
+                }
+            };
+        }
+        drop(held);
+        Ok(page)
     }
 
     /// Takes back a lock granted for a reply that fails.
@@ -418,10 +457,12 @@ impl Mdt {
             }
             MdtRequest::Readdir(r) => {
                 check_cred(&r.cred)?;
-                (
-                    Reply::Readdir(self.ns.readdir(&r.cred, r.fid, r.cookie, r.plus)?),
-                    0,
-                )
+                let rep = if r.plus && self.intent(inc, exp) {
+                    self.readdir_locked(exp, &r)?
+                } else {
+                    self.ns.readdir(&r.cred, r.fid, r.cookie, r.plus)?
+                };
+                (Reply::Readdir(rep), 0)
             }
             MdtRequest::BatchGetattr(r) => {
                 check_cred(&r.cred)?;

@@ -211,7 +211,10 @@ impl Namespace {
                 return Err(Errno::ENODATA.into());
             }
             match value {
-                Some(v) => b.put(Cf::Xattr, key, v),
+                Some(v) => {
+                    rec.flags &= !lode_store::records::INODE_NO_XATTRS;
+                    b.put(Cf::Xattr, key, v)
+                }
                 None => b.delete(Cf::Xattr, key),
             }
         }

@@ -39,6 +39,9 @@ pub struct MdtBody {
     /// The lock granted on the permissions of the directory a lookup searched (PR
     /// PERM): the caller may search it for as long as this is held; 0 if none.
     pub dir_lock: u64,
+    /// The inode has no stored xattr (`user.*`, `trusted.*`, `security.*`): while
+    /// `lock` is held, looking one up needs no RPC.
+    pub no_xattrs: bool,
 }
 
 /// Who connects to what.

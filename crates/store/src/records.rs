@@ -12,6 +12,11 @@ pub const RECORD_V1: u8 = 1;
 /// data and its size needs a glimpse.
 pub const INODE_DATA: u32 = 0x1;
 
+/// Inode flag: known to have no stored xattr (set at create, cleared by the first one
+/// stored), so a client holding its attributes answers their lookups itself. Inodes
+/// written before the flag existed lack it and are always asked.
+pub const INODE_NO_XATTRS: u32 = 0x2;
+
 /// An inode as the `inode` keyspace holds it: attributes plus layout inline, so one
 /// read serves getattr and layout.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
