@@ -17,7 +17,8 @@ const NOTIFY_ENV: &str = "LODE_MOUNT_NOTIFY";
 #[derive(Args, Clone)]
 pub struct MountArgs {
     /// Mount options, mount(8) style: attr_timeout=SECS, entry_timeout=SECS, allow_other,
-    /// writeback, threads=N, timeout=SECS, key_file=PATH, ro is not supported.
+    /// writeback, threads=N, timeout=SECS, key_file=PATH, nolocks (no metadata locks:
+    /// nothing cached beyond the timeouts); ro is not supported.
     #[arg(short = 'o')]
     pub options: Option<String>,
     /// Stay in the foreground instead of daemonizing once mounted.
@@ -37,6 +38,7 @@ struct Opts {
     threads: usize,
     timeout: Duration,
     key: Vec<u8>,
+    locks: bool,
 }
 
 fn secs(v: &str, what: &str) -> Result<Duration> {
@@ -58,6 +60,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         threads: 8,
         timeout: Duration::from_secs(100),
         key: Vec::new(),
+        locks: true,
     };
     for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {
         let (k, v) = opt.split_once('=').unwrap_or((opt, ""));
@@ -66,6 +69,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
             "entry_timeout" => o.entry_timeout = secs(v, k)?,
             "timeout" => o.timeout = secs(v, k)?.max(Duration::from_secs(1)),
             "allow_other" => o.allow_other = true,
+            "nolocks" => o.locks = false,
             "writeback" => o.writeback = true,
             "threads" => {
                 o.threads = v
@@ -136,6 +140,7 @@ pub fn run(a: MountArgs) -> Result<()> {
     cfg.timeout = opts.timeout;
     cfg.key = opts.key.clone();
     cfg.entry_timeout = opts.entry_timeout;
+    cfg.locks = opts.locks;
     let client = rt
         .block_on(Client::connect(cfg))
         .map_err(|e| anyhow!("mount: {e}"))?;

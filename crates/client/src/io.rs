@@ -181,7 +181,10 @@ impl Client {
         if !fh.writable() {
             return Err(Errno::EBADF);
         }
-        fh.wrote.store(true, Ordering::Release);
+        if !fh.wrote.swap(true, Ordering::AcqRel) {
+            // Its size is the OSTs' from now on, also for this client's cached copy.
+            self.data_written(fh.fid);
+        }
         let off = if fh.flags & libc::O_APPEND != 0 {
             self.size_of(fh.fid, fh.layout.as_ref()).await?
         } else {

@@ -49,6 +49,10 @@ pub struct ClientConfig {
     pub resend_interval: Duration,
     /// Emulated one-way network latency before each request (`*.net_delay_us`).
     pub net_delay: Duration,
+    /// Take metadata locks (open the callback channel). Off (`-o nolocks`), nothing
+    /// is cached beyond the short timeouts, as before locks existed: for comparison
+    /// and diagnosis.
+    pub locks: bool,
 }
 
 impl ClientConfig {
@@ -65,6 +69,7 @@ impl ClientConfig {
             entry_timeout: Duration::from_secs(1),
             resend_interval: Duration::from_secs(10),
             net_delay: Duration::ZERO,
+            locks: true,
         }
     }
 }
@@ -159,10 +164,12 @@ impl Client {
             rt,
         });
         client.apply_targets(&conf.targets);
-        let channel = client
-            .rt
-            .spawn(locks::callback_channel(Arc::downgrade(&client)));
-        *client.locks.channel_task.lock() = Some(channel.abort_handle());
+        if client.cfg.locks {
+            let channel = client
+                .rt
+                .spawn(locks::callback_channel(Arc::downgrade(&client)));
+            *client.locks.channel_task.lock() = Some(channel.abort_handle());
+        }
         // Parameters stored with `set-param -P` that name this client's devices.
         let params = params::all(client.clone());
         for r in lode_rpc::admin::apply_persistent(&params, &conf.params) {

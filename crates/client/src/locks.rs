@@ -341,6 +341,14 @@ impl Client {
         }
     }
 
+    /// This client wrote `fid`'s data: a cached copy that took its size as exact (the
+    /// creator's) glimpses from now on.
+    pub(crate) fn data_written(&self, fid: Fid) {
+        if let Some((b, _)) = self.locks.cache.lock().attrs.get_mut(&fid) {
+            b.glimpse = b.layout.is_some();
+        }
+    }
+
     /// The lock the cached attributes of `fid` are kept under (0: none).
     pub(crate) fn attr_lock(&self, fid: Fid) -> u64 {
         self.locks

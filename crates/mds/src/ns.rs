@@ -390,8 +390,13 @@ impl Namespace {
         put_dirent(&mut b, r.parent, &r.name, r.fid, dtype_of(mode));
         put_inode(&mut b, r.fid, &rec);
         let handle = r.open_flags.map(|_| self.next_handle());
+        let mut body = self.body(r.fid, &rec);
+        // Its creator, holding the only handle, knows it empty until it writes; any
+        // other writer's open calls its locks back first (see `marked_clean`). Others
+        // glimpse.
+        body.glimpse = false;
         let rep = CreateRep {
-            body: self.body(r.fid, &rec),
+            body,
             handle,
             parent: None,
         };
@@ -444,6 +449,13 @@ impl Namespace {
             }
             DataMark::Reader => {}
         }
+    }
+
+    /// Whether the file's "data on OSTs" mark may still be taken back: its marking
+    /// handle's client may then hold its size as exact (0), and another writer's open
+    /// must call that client's locks back.
+    pub(crate) fn marked_clean(&self, fid: Fid) -> bool {
+        self.opens.lock().clean.contains_key(&fid)
     }
 
     /// The file's data changed other than through writes (a truncate): a handle that

@@ -924,14 +924,15 @@ impl Mdt {
             // An ACL is a permission; every xattr change moves ctime.
             MdtRequest::Setxattr(r) => vec![obj(r.fid, UPDATE | PERM | XATTR)],
             // A truncating open changes the size; the first open for write marks the
-            // file as holding data (its size then comes from the OSTs).
+            // file as holding data (its size then comes from the OSTs); another writer
+            // of a file just created for writing ends its creator's knowing it empty.
             MdtRequest::Open(r)
                 if r.flags & (libc::O_TRUNC as u32) != 0
                     || (crate::ns::wants_write(r.flags as i32)
-                        && self
-                            .ns
-                            .inode(r.fid)
-                            .is_ok_and(|i| i.flags & lode_store::records::INODE_DATA == 0)) =>
+                        && (self.ns.marked_clean(r.fid)
+                            || self.ns.inode(r.fid).is_ok_and(|i| {
+                                i.flags & lode_store::records::INODE_DATA == 0
+                            }))) =>
             {
                 vec![obj(r.fid, UPDATE)]
             }
