@@ -341,3 +341,24 @@ fn ls_l_of_a_directory_is_its_readdir_pages_and_nothing_else() {
     }
     assert!(md_stat(&c, "read_page") >= 1);
 }
+
+#[test]
+fn a_creator_still_holding_its_new_file_open_sees_another_mounts_write() {
+    let c = cluster(2);
+    let (a, b) = (c.mount(), c.mount());
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(a.path().join("new"))
+        .expect("create");
+    assert_eq!(fs::metadata(a.path().join("new")).expect("stat").len(), 0);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(b.path().join("new"))
+        .and_then(|mut g| g.write_all(b"hello"))
+        .expect("write on B");
+    assert_eq!(fs::metadata(a.path().join("new")).expect("stat").len(), 5, "open");
+    drop(f);
+    assert_eq!(fs::metadata(a.path().join("new")).expect("stat").len(), 5, "closed");
+    assert_eq!(fs::read(a.path().join("new")).expect("read"), b"hello");
+}
