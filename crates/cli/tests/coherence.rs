@@ -357,8 +357,58 @@ fn a_creator_still_holding_its_new_file_open_sees_another_mounts_write() {
         .open(b.path().join("new"))
         .and_then(|mut g| g.write_all(b"hello"))
         .expect("write on B");
-    assert_eq!(fs::metadata(a.path().join("new")).expect("stat").len(), 5, "open");
+    assert_eq!(
+        fs::metadata(a.path().join("new")).expect("stat").len(),
+        5,
+        "open"
+    );
     drop(f);
-    assert_eq!(fs::metadata(a.path().join("new")).expect("stat").len(), 5, "closed");
+    assert_eq!(
+        fs::metadata(a.path().join("new")).expect("stat").len(),
+        5,
+        "closed"
+    );
     assert_eq!(fs::read(a.path().join("new")).expect("read"), b"hello");
+}
+
+#[test]
+fn a_stopped_mount_is_evicted_the_others_go_on_and_it_recovers_with_eio_on_stale_handles() {
+    let c = cluster(1);
+    c.set_param("mdt.*.ldlm_timeout=2");
+    let (a, b) = (c.mount(), c.mount());
+    fs::write(a.path().join("f"), b"x").expect("write");
+    let mut stale = fs::OpenOptions::new()
+        .write(true)
+        .open(b.path().join("f"))
+        .expect("open on B");
+    assert_eq!(mode(&b.path().join("f")), 0o644);
+    let pid = b.pid().expect("B's pid") as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // B holds locks on f and cannot answer their callback: it is evicted after
+    // ldlm_timeout and A's change goes ahead.
+    fs::set_permissions(a.path().join("f"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    fs::write(a.path().join("g"), b"y").expect("A carries on");
+    assert!(
+        c.log("mdt0").contains("evicting client"),
+        "the eviction is logged"
+    );
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    // Resumed, B reads the eviction notice and forgets what it cached...
+    lode_testkit::wait_for(
+        "B to see A's chmod",
+        std::time::Duration::from_secs(30),
+        || mode(&b.path().join("f")) == 0o600,
+    );
+    // ...its handle opened before the eviction is gone...
+    let r = stale.write_all(b"zz").and_then(|_| stale.sync_all());
+    assert_eq!(
+        r.err().and_then(|e| e.raw_os_error()),
+        Some(libc::EIO),
+        "stale handle"
+    );
+    drop(stale);
+    // ...and B works again.
+    assert_eq!(fs::read(b.path().join("g")).expect("read on B"), b"y");
+    fs::write(b.path().join("h"), b"z").expect("B writes again");
+    assert_eq!(fs::read(a.path().join("h")).expect("A sees it"), b"z");
 }

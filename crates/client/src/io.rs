@@ -31,6 +31,9 @@ pub struct FileHandle {
     /// Something was (or may have been) written through this handle (shared by its
     /// clones); told to the MDT at close.
     pub wrote: Arc<AtomicBool>,
+    /// See `Client::open_epoch`: a handle from before an eviction (or an MDT restart)
+    /// is gone on the MDT, and its I/O fails with EIO.
+    pub(crate) epoch: (u64, u64),
 }
 
 impl FileHandle {
@@ -93,6 +96,7 @@ impl Client {
             layout: rep.body.layout.clone(),
             attr: rep.body.attr.clone(),
             wrote: Arc::default(),
+            epoch: self.open_epoch(),
         };
         if flags & libc::O_TRUNC != 0 && fh.attr.ftype() == lode_base::FileType::Regular {
             if let Err(e) = self.truncate_open(cred, &fh, 0).await {
@@ -147,6 +151,7 @@ impl Client {
             layout: rep.body.layout.clone(),
             attr: rep.body.attr.clone(),
             wrote: Arc::default(),
+            epoch: self.open_epoch(),
         };
         if rep.body.attr.fid != fid && flags & libc::O_TRUNC != 0 {
             // An existing file was opened: O_TRUNC applies to it.
@@ -158,8 +163,25 @@ impl Client {
         Ok(fh)
     }
 
+    /// How often the MDT had forgotten this client, and evicted it, when a handle opened
+    /// now was opened.
+    fn open_epoch(&self) -> (u64, u64) {
+        (self.mdc.forgotten(), self.evictions())
+    }
+
+    /// EIO for a handle the MDT no longer has: opened before this client was evicted
+    /// or the MDT restarted (until open handles are replayed).
+    fn check_live(&self, fh: &FileHandle) -> Result<(), Errno> {
+        if fh.epoch == self.open_epoch() {
+            Ok(())
+        } else {
+            Err(Errno::EIO)
+        }
+    }
+
     /// Closes an open file.
     pub async fn close(&self, fh: &FileHandle) -> Result<(), Errno> {
+        self.check_live(fh)?;
         let cached = self.attr_lock(fh.fid);
         let rep = self
             .md(Request::Close(CloseReq {
@@ -181,6 +203,7 @@ impl Client {
         if !fh.writable() {
             return Err(Errno::EBADF);
         }
+        self.check_live(fh)?;
         if !fh.wrote.swap(true, Ordering::AcqRel) {
             // Its size is the OSTs' from now on, also for this client's cached copy.
             self.data_written(fh.fid);
@@ -249,6 +272,7 @@ impl Client {
 
     /// Reads up to `len` bytes at `off`; short at end of file.
     pub async fn read(&self, fh: &FileHandle, off: u64, len: usize) -> Result<Vec<u8>, Errno> {
+        self.check_live(fh)?;
         let Some(layout) = fh.layout.as_ref() else {
             return Ok(Vec::new());
         };
@@ -449,6 +473,7 @@ impl Client {
 
     /// Makes the file's data durable (its OST objects) and the MDT's metadata.
     pub async fn fsync(&self, fh: &FileHandle) -> Result<(), Errno> {
+        self.check_live(fh)?;
         if let Some(layout) = &fh.layout {
             let mut per_ost: std::collections::HashMap<u32, Vec<ObjId>> = Default::default();
             for (_, _, ost, obj) in objects(fh.fid, layout) {

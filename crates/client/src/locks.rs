@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 /// How often the channel shows the MDT it is alive (its idle timeout is far longer).
 const CHANNEL_PING: Duration = Duration::from_secs(60);
@@ -203,6 +203,8 @@ pub(crate) struct Locks {
     /// Bumped whenever cached entries are forgotten for a reason other than this
     /// client's own change (see [`Client::inval_seq`]).
     inval_seq: AtomicU64,
+    /// Eviction notices received from the MDT.
+    evictions: AtomicU64,
 }
 
 impl Locks {
@@ -285,6 +287,12 @@ impl Client {
     /// The locks this client holds now.
     pub fn locks_held(&self) -> HashMap<u64, HeldLock> {
         self.locks.held.lock().clone()
+    }
+
+    /// Eviction notices received from the MDT so far (open handles from before one
+    /// are stale).
+    pub fn evictions(&self) -> u64 {
+        self.locks.evictions.load(Ordering::Acquire)
     }
 
     /// Blocking callbacks received so far.
@@ -671,7 +679,8 @@ impl Client {
         self.locks.callbacks.fetch_add(1, Ordering::Relaxed);
         self.mdc.stats().record(Opcode::LdlmBlCallback, 0);
         if handles.is_empty() {
-            info!("the MDT dropped every lock of this client (evicted)");
+            warn!("evicted by the MDT: every lock and open file of this client is gone");
+            self.locks.evictions.fetch_add(1, Ordering::AcqRel);
             self.locks.drop_all();
             return;
         }

@@ -383,6 +383,9 @@ pub struct Import {
     stats: crate::stats::OpStats,
     /// Metadata operations asked, by md method (`md_stats`).
     md_stats: crate::stats::MdStats,
+    /// Replies saying the target does not know this client (it evicted it or
+    /// restarted): what the target held for it, such as open files, is gone.
+    forgotten: AtomicU64,
 }
 
 struct TagGuard {
@@ -514,6 +517,7 @@ impl Import {
             net_delay_us: AtomicU64::new(0),
             stats: crate::stats::OpStats::default(),
             md_stats: crate::stats::MdStats::default(),
+            forgotten: AtomicU64::new(0),
             cfg,
         });
         let weak = Arc::downgrade(&imp);
@@ -717,6 +721,12 @@ impl Import {
 
     fn is_mdc(&self) -> bool {
         self.cfg.target.contains("-MDT")
+    }
+
+    /// How many times the target answered that it does not know this client (it
+    /// evicted it or restarted): state it held for the client from before is gone.
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten.load(Ordering::Acquire)
     }
 
     /// What the target granted at the last CONNECT.
@@ -1052,7 +1062,9 @@ impl Import {
                 continue;
             }
             if frame.header.status == Errno::ENOTCONN.status() {
-                // The target does not know our handle (it restarted): reconnect, resend.
+                // The target does not know our handle (it evicted us or restarted):
+                // reconnect, resend.
+                self.forgotten.fetch_add(1, Ordering::AcqRel);
                 return Err("the target does not know this client".into());
             }
             let p = self.pending.lock().remove(frame.header.xid);

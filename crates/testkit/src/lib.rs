@@ -400,6 +400,11 @@ impl Mount {
         &self.path
     }
 
+    /// The mount process's pid (to stop and resume it).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Unmounts (flushing everything) and waits for the client to exit.
     pub fn unmount(mut self) {
         self.stop();
