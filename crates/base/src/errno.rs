@@ -21,6 +21,7 @@ macro_rules! errnos {
 errnos!(
     EPERM,
     ENOENT,
+    EINTR,
     EIO,
     EBADF,
     EAGAIN,

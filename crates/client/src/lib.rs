@@ -6,6 +6,7 @@
 //! is no client-wide lock on the request path. Sync callers use [`Session`].
 
 mod fids;
+mod flock;
 mod io;
 mod locks;
 mod ns;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
+pub use flock::FlockArgs;
 pub use io::FileHandle;
 pub use locks::{HeldLock, Inval, Invalidator};
 pub use lode_proto::{DirEntry, MdtBody};

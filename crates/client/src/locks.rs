@@ -205,11 +205,17 @@ pub(crate) struct Locks {
     inval_seq: AtomicU64,
     /// Eviction notices received from the MDT.
     evictions: AtomicU64,
+    /// File lock waits, by (file, owner): told when the MDT grants or ends them.
+    pub(crate) flock_waits: Mutex<HashMap<(Fid, u64), tokio::sync::oneshot::Sender<bool>>>,
+    /// (file, owner) pairs that took file locks and have not dropped them all.
+    pub(crate) flock_owners: Mutex<HashSet<(Fid, u64)>>,
 }
 
 impl Locks {
     fn drop_all(&self) {
         self.held.lock().clear();
+        // No grant can reach a wait now: its caller gets EIO.
+        self.flock_waits.lock().clear();
         let gone = std::mem::take(&mut *self.cache.lock());
         self.inval_seq.fetch_add(1, Ordering::AcqRel);
         self.invalidate(gone.invals(), None);
@@ -830,6 +836,7 @@ async fn serve_channel(
             {
                 c.on_callback(r.handles);
             }
+            Ok(Request::FlockGranted(r)) => c.on_flock_granted(r),
             _ => return Err(format!("unexpected callback opcode {}", f.header.opcode)),
         }
     }

@@ -10,7 +10,7 @@ use fuser::{
 };
 use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
-use lode_client::{Client, DirEntry, FileHandle, Inval, MdtBody};
+use lode_client::{Client, DirEntry, FileHandle, FlockArgs, Inval, MdtBody};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -22,10 +22,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::runtime::Handle;
 
-/// Open flags of regular files: no FLUSH on close(2). Writes go to the OSTs as they
-/// come, so FLUSH has nothing to do, and skipping it spares one kernel request per
-/// close (the kernel still flushes when the writeback cache is on, which it requires).
-const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+/// Open flags of regular files. FLUSH stays on (`FOPEN_NOFLUSH` would skip it): with
+/// fcntl locks kept by the MDT, the FLUSH of each close(2) is how the kernel says a
+/// process's record locks on the file end (POSIX: closing any descriptor of a file
+/// drops the process's locks on it).
+const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::empty();
 
 /// How long the kernel may keep a name or attributes the client holds a lock on: until
 /// the lock goes (then the client tells it to forget), so as long as the kernel allows.
@@ -379,7 +380,11 @@ impl Filesystem for LodeFs {
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES
             | InitFlags::FUSE_MAX_PAGES
-            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            // fcntl locks go to the MDT, so they hold across clients. flock(2) locks
+            // stay the kernel's, per mount: fuser does not say which a lock request
+            // is (FUSE_LK_FLOCK), and Linux keeps the two kinds apart.
+            | InitFlags::FUSE_POSIX_LOCKS;
         if self.inner.opts.writeback {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -755,13 +760,25 @@ impl Filesystem for LodeFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: Fh,
-        _lock_owner: fuser::LockOwner,
+        lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Writes are sent to the OSTs as they come; nothing is buffered here.
-        reply.ok();
+        // Writes are sent to the OSTs as they come; nothing is buffered here. What a
+        // close ends is the closing process's record locks on the file, if it has any.
+        let Ok(fid) = self.inner.fid(ino) else {
+            reply.ok();
+            return;
+        };
+        if !self.inner.client.flock_may_hold(fid, lock_owner.0) {
+            reply.ok();
+            return;
+        }
+        self.reply_empty(reply, move |i| async move {
+            let a = flock_args(fid, lock_owner, (0, u64::MAX), libc::F_UNLCK, 0, false)?;
+            i.client.flock(&a).await
+        });
     }
 
     fn release(
@@ -770,7 +787,7 @@ impl Filesystem for LodeFs {
         _ino: INodeNo,
         fh: Fh,
         _flags: OpenFlags,
-        _lock_owner: Option<fuser::LockOwner>,
+        lock_owner: Option<fuser::LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
@@ -778,11 +795,19 @@ impl Filesystem for LodeFs {
             reply.error(FErrno::EBADF);
             return;
         };
+        // The last close of an open file description ends its flock locks.
+        let flock_owner = lock_owner
+            .and_then(|o| flock_args(h.fid, o, (0, u64::MAX), libc::F_UNLCK, 0, false).ok());
         // close(2) does not wait for RELEASE: answer now, then close on the MDT from
         // this thread (like any call, on the runtime when the threads are busy); its
         // errors could not reach the application anyway.
         reply.ok();
         self.spawn(|i| async move {
+            if let Some(a) = flock_owner {
+                if let Err(e) = i.client.flock(&a).await {
+                    tracing::warn!(fid = %h.fid, "dropping flock locks at close failed: {e}");
+                }
+            }
             if let Err(e) = i.client.close(&h).await {
                 tracing::warn!(fid = %h.fid, "close on the MDT failed: {e}");
             }
@@ -1045,6 +1070,62 @@ impl Filesystem for LodeFs {
         });
     }
 
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Fh,
+        lock_owner: fuser::LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: fuser::ReplyLock,
+    ) {
+        self.spawn(move |i| async move {
+            let r = async {
+                let a = flock_args(i.fid(ino)?, lock_owner, (start, end), typ, pid, false)?;
+                i.client.flock_test(&a).await
+            };
+            match r.await {
+                Ok(Some(c)) => reply.locked(c.start, c.end, c.typ as i32, c.pid),
+                Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Fh,
+        lock_owner: fuser::LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let f = move |i: Arc<Inner>| async move {
+            let r = async {
+                let a = flock_args(i.fid(ino)?, lock_owner, (start, end), typ, pid, sleep)?;
+                i.client.flock(&a).await
+            };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
+        };
+        if sleep {
+            // A wait may be long: it holds no FUSE thread.
+            self.rt.spawn(f(self.inner.clone()));
+        } else {
+            self.spawn(f);
+        }
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
@@ -1058,6 +1139,30 @@ impl Filesystem for LodeFs {
         // Objects are sparse files created on first write; preallocation is not offered.
         reply.error(FErrno::EOPNOTSUPP);
     }
+}
+
+/// A kernel lock request (bytes `start..=end`) as the client's.
+fn flock_args(
+    fid: Fid,
+    owner: fuser::LockOwner,
+    (start, end): (u64, u64),
+    typ: i32,
+    pid: u32,
+    wait: bool,
+) -> Result<FlockArgs, Errno> {
+    if !matches!(typ, libc::F_RDLCK | libc::F_WRLCK | libc::F_UNLCK) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(FlockArgs {
+        fid,
+        owner: owner.0,
+        pid,
+        typ: typ as u32,
+        start,
+        end,
+        wait,
+        test: false,
+    })
 }
 
 /// The `S_IFMT` bits for a `d_type`.

@@ -3,6 +3,7 @@
 //! and its reply record in one store batch, and answers resends from reply records.
 
 mod background;
+pub mod flock;
 mod inode;
 mod layout;
 pub mod ldlm;

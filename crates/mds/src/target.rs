@@ -58,6 +58,8 @@ pub struct Mdt {
     stats: OpStats,
     /// The lock manager.
     ldlm: Arc<Ldlm>,
+    /// File locks (fcntl, flock).
+    flocks: crate::flock::Flocks,
     /// Each client's callback channel, by slot: only a client with one gets locks.
     channels: Mutex<HashMap<u32, CallbackChannel>>,
     /// Seconds a called-back client may keep a lock before it is evicted.
@@ -99,6 +101,7 @@ impl Mdt {
             tags: Mutex::new(HashMap::new()),
             stats: OpStats::default(),
             ldlm: Ldlm::new(lode_base::limits::LOCKS_PER_CLIENT_MAX),
+            flocks: crate::flock::Flocks::default(),
             channels: Mutex::new(HashMap::new()),
             ldlm_timeout_s: AtomicU64::new(lode_base::limits::LDLM_TIMEOUT_DEFAULT_S),
             me: me.clone(),
@@ -146,6 +149,28 @@ impl Mdt {
         self.exports.write().retain(|_, e| e.slot != slot);
         self.ns.close_all_of(slot);
         self.ldlm.evict(slot);
+        self.send_grants(self.flocks.drop_client(slot));
+    }
+
+    /// Tells waiting clients their file locks are granted (or their waits over); a
+    /// client that cannot be told is evicted (its grant would be held by nobody).
+    fn send_grants(&self, grants: Vec<crate::flock::Grant>) {
+        for g in grants {
+            let ch = self.channels.lock().get(&g.slot).cloned();
+            let req = Request::FlockGranted(lode_proto::FlockGrantedReq {
+                fid: g.fid,
+                owner: g.owner,
+                granted: g.granted,
+            });
+            if ch.is_some_and(|ch| ch.send(&req)) {
+                self.stats.record(Opcode::FlockGranted, 0);
+            } else if g.granted {
+                self.evict(
+                    g.slot,
+                    "a file lock it waited for could not be handed to it",
+                );
+            }
+        }
     }
 
     /// Whether a request asks for locks with its reply and its client can be called
@@ -404,6 +429,7 @@ impl Mdt {
                 self.ns.close_all_of(exp.slot);
                 self.channels.lock().remove(&exp.slot);
                 self.ldlm.evict(exp.slot);
+                self.send_grants(self.flocks.drop_client(exp.slot));
                 (Reply::Disconnect(Empty {}), 0)
             }
             MdtRequest::Statfs(_) => (Reply::Statfs(self.ns.statfs()?), 0),
@@ -552,6 +578,13 @@ impl Mdt {
                     None
                 };
                 (Reply::LdlmEnqueue(LdlmEnqueueRep { handle }), 0)
+            }
+            MdtRequest::Flock(r) => {
+                let (rep, grants) = self
+                    .flocks
+                    .request(exp.slot, &r, self.reachable(exp.slot))?;
+                self.send_grants(grants);
+                (Reply::Flock(rep), 0)
             }
             MdtRequest::LdlmCancel(r) => {
                 if r.handles.len() > lode_base::limits::LOCKS_PER_RPC_MAX {
@@ -703,6 +736,7 @@ impl Service for Mdt {
         };
         for slot in gone {
             self.ldlm.evict(slot);
+            self.flocks.drop_waits(slot);
         }
     }
 

@@ -151,6 +151,66 @@ pub struct LdlmCancelReq {
     pub handles: Vec<u64>,
 }
 
+/// A file lock request (Lustre's LDLM_FLOCK): POSIX `fcntl` and BSD `flock` locks,
+/// whole-file or byte-range, kept by the MDT for every client of the file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlockReq {
+    /// The file.
+    pub fid: Fid,
+    /// Who holds it on the client (a process's files, or an open file description for
+    /// `flock`); with the client, the lock's owner.
+    pub owner: u64,
+    /// The process, for `F_GETLK` answers.
+    pub pid: u32,
+    /// `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
+    pub typ: u32,
+    /// First byte.
+    pub start: u64,
+    /// Last byte (inclusive; `u64::MAX`/`i64::MAX`: to the end of the file).
+    pub end: u64,
+    /// Wait for a conflicting lock to go (`F_SETLKW`): the reply then says "queued"
+    /// and the grant comes later as a `FlockGranted` callback.
+    pub wait: bool,
+    /// Only test (`F_GETLK`): the reply names a conflicting lock, if any.
+    pub test: bool,
+}
+
+/// A file lock as `F_GETLK` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlockDesc {
+    /// `F_RDLCK` or `F_WRLCK`.
+    pub typ: u32,
+    /// First byte.
+    pub start: u64,
+    /// Last byte (inclusive).
+    pub end: u64,
+    /// Holding process (on its client).
+    pub pid: u32,
+}
+
+/// Reply to a file lock request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlockRep {
+    /// Granted now (or unlocked).
+    pub granted: bool,
+    /// Queued: a `FlockGranted` callback follows.
+    pub queued: bool,
+    /// For a test: the conflicting lock, if any.
+    pub conflict: Option<FlockDesc>,
+}
+
+/// From the MDT to a client that waits for a file lock: granted, or (`granted` false)
+/// the wait ended without it (its owner unlocked meanwhile).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlockGrantedReq {
+    /// The file.
+    pub fid: Fid,
+    /// The waiting owner.
+    pub owner: u64,
+    /// Granted; false: the wait was cancelled.
+    pub granted: bool,
+}
+
 /// getattr by FID.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetattrReq {
@@ -759,6 +819,11 @@ messages! {
     /// Makes this connection the callback channel of the export named in the header
     /// (lode's; Lustre calls back over LNet to the client's NID).
     LdlmCallbackChannel = 107, Mdt, false: Empty => Empty,
+    /// Take, test or drop a file lock (`fcntl`/`flock`; Lustre's LDLM_FLOCK enqueue).
+    Flock = 108, Mdt, false: FlockReq => FlockRep,
+    /// From the MDT on the callback channel: a waited-for file lock is granted (Lustre's
+    /// completion AST), or the wait is over.
+    FlockGranted = 109, Client, false: FlockGrantedReq => Empty,
     /// Register a target with the MGS.
     MgsRegister = 60, Mgs, false: MgsRegisterReq => Empty,
     /// Fetch the file system config.
@@ -806,7 +871,7 @@ service_requests! {
     /// What a metadata target answers.
     MdtRequest, Mdt: Connect, Disconnect, Ping, Statfs, SeqAlloc, Getattr, Lookup, Readdir,
     BatchGetattr, Create, Open, Close, Unlink, Rename, Link, Setattr, Getxattr, Setxattr,
-    Listxattr, DomRead, DomWrite, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel,
+    Listxattr, DomRead, DomWrite, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel, Flock,
 }
 
 service_requests! {
