@@ -412,3 +412,34 @@ fn a_stopped_mount_is_evicted_the_others_go_on_and_it_recovers_with_eio_on_stale
     fs::write(b.path().join("h"), b"z").expect("B writes again");
     assert_eq!(fs::read(a.path().join("h")).expect("A sees it"), b"z");
 }
+
+#[test]
+fn a_mount_working_alone_in_its_directory_is_never_called_back() {
+    let c = cluster(1);
+    let (a, b) = (c.mount(), c.mount());
+    // B has looked at the root (it holds locks there) and then stays idle.
+    fs::read_dir(b.path()).expect("readdir").for_each(drop);
+    fs::create_dir(a.path().join("mine")).expect("mkdir");
+    for i in 0..50 {
+        let p = a.path().join(format!("mine/f{i}"));
+        fs::write(&p, b"").expect("create");
+        fs::metadata(&p).expect("stat");
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    for i in 0..50 {
+        fs::remove_file(a.path().join(format!("mine/f{i}"))).expect("unlink");
+    }
+    let callbacks = || {
+        c.get_param("mdt.*.stats")
+            .lines()
+            .find(|l| l.starts_with("ldlm_bl_callback"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .map_or(0, |n| n.parse::<u64>().expect("a count"))
+    };
+    // Only the mkdir in the root, which B holds a lock on, may call B back.
+    let alone = callbacks();
+    assert!(alone <= 1, "{alone} callbacks");
+    // B working in A's directory is another matter: A's lock on it goes.
+    fs::write(b.path().join("mine/from-b"), b"").expect("create on B");
+    assert!(callbacks() > alone, "the counter counts");
+}
