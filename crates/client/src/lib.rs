@@ -263,7 +263,7 @@ impl Client {
 
     /// Sends one request to the MDT.
     pub(crate) async fn md(&self, req: Request) -> Result<Reply, Errno> {
-        let cancels = self.release_for_change(&req);
+        let (cancels, forgot) = self.release_for_change(&req);
         let flags = if matches!(
             req,
             Request::Getattr(_)
@@ -277,7 +277,12 @@ impl Client {
         } else {
             0
         };
-        Ok(self.mdc.call_with(req, flags, &cancels).await?.reply)
+        if forgot.is_empty() && !matches!(req, Request::Rename(_)) {
+            return Ok(self.mdc.call_with(req, flags, &cancels).await?.reply);
+        }
+        let r = self.mdc.call_with(req.clone(), flags, &cancels).await;
+        self.after_change(&req, r.is_ok(), forgot);
+        Ok(r?.reply)
     }
 
     /// statfs of the file system: space summed over OSTs, inodes from the MDT.

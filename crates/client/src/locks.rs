@@ -358,8 +358,20 @@ impl Client {
     /// This client wrote `fid`'s data: a cached copy that took its size as exact (the
     /// creator's) glimpses from now on.
     pub(crate) fn data_written(&self, fid: Fid) {
-        if let Some((b, _)) = self.locks.cache.lock().attrs.get_mut(&fid) {
-            b.glimpse = b.layout.is_some();
+        let was_exact = match self.locks.cache.lock().attrs.get_mut(&fid) {
+            Some((b, _)) if !b.glimpse && b.layout.is_some() => {
+                b.glimpse = true;
+                true
+            }
+            _ => false,
+        };
+        if was_exact {
+            // The layer above may keep the size as exact too (the kernel, for as long
+            // as the lock is held): from now on it must ask, or another client's
+            // writes would go unseen (an O_APPEND here would write at a stale end).
+            self.locks.inval_seq.fetch_add(1, Ordering::AcqRel);
+            self.locks
+                .invalidate(vec![Inval::Attr { fid, dir: false }], None);
         }
     }
 
@@ -570,7 +582,7 @@ impl Client {
     /// Early lock cancel: the locks of cached entries a change of ours will make false,
     /// forgotten now and returned to be cancelled just before the change (so the MDT
     /// does not call us back for our own change).
-    pub(crate) fn release_for_change(&self, req: &Request) -> Vec<u64> {
+    pub(crate) fn release_for_change(&self, req: &Request) -> (Vec<u64>, Vec<Inval>) {
         let dir = |d: Fid| Key::Attr(d);
         let name = |d: Fid, n: &[u8]| Key::Name(d, n.to_vec());
         let mut keys = match req {
@@ -589,11 +601,19 @@ impl Client {
                 let acc = r.flags & libc::O_ACCMODE as u32;
                 let write = acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32;
                 if !write && r.flags & libc::O_TRUNC as u32 == 0 {
-                    return self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX);
+                    return (
+                        self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX),
+                        Vec::new(),
+                    );
                 }
                 vec![Key::Attr(r.fid)]
             }
-            _ => return self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX),
+            _ => {
+                return (
+                    self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX),
+                    Vec::new(),
+                )
+            }
         };
         let mut c = self.locks.cache.lock();
         // A create or unlink of ours hands the directory back: its listing waits for
@@ -628,14 +648,44 @@ impl Client {
             })
             .collect();
         keys.extend(children);
-        let mut handles: Vec<u64> = keys.iter().filter_map(|k| c.forget(k)).collect();
+        let mut invals = Vec::new();
+        let mut handles = Vec::new();
+        for k in &keys {
+            let dir =
+                matches!(k, Key::Attr(f) if c.attrs.get(f).is_some_and(|(b, _)| b.attr.is_dir()));
+            if let Some(h) = c.forget(k) {
+                handles.push(h);
+                invals.push(match k {
+                    Key::Attr(f) => Inval::Attr { fid: *f, dir },
+                    Key::Name(d, n) => Inval::Name(*d, n.clone()),
+                    Key::Search(d, _) => Inval::Attr { fid: *d, dir: true },
+                });
+            }
+        }
         drop(c);
         self.unhold(&handles);
         // Locks let go of earlier ride along, as many as fit; the rest wait their turn.
         handles.extend(
             self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX.saturating_sub(handles.len())),
         );
-        handles
+        (handles, invals)
+    }
+
+    /// After a change of this client's: the layer above updates itself for a change
+    /// that succeeded, but not for one that failed, so what the change's early cancel
+    /// forgot (`invals`) is forgotten there too; and a rename leaves the moved entry
+    /// under its new name, which no lock of this client covers.
+    pub(crate) fn after_change(&self, req: &Request, ok: bool, mut invals: Vec<Inval>) {
+        if ok {
+            invals.clear();
+            if let Request::Rename(r) = req {
+                invals.push(Inval::Name(r.dst_parent, r.dst_name.clone()));
+            }
+        }
+        if !invals.is_empty() {
+            self.locks.inval_seq.fetch_add(1, Ordering::AcqRel);
+            self.locks.invalidate(invals, None);
+        }
     }
 
     /// Forgets that this client holds `handles`.

@@ -118,7 +118,9 @@ impl Client {
                 continue;
             }
             let last = todo.is_empty();
-            let cached = if last {
+            // Under locks the lookup cache is coherent; the timed name cache is only
+            // for a client without them.
+            let cached = if last || self.callback_channel_up() {
                 None
             } else {
                 let hit = self.dcache.lock().get(&(here, name.clone())).copied();
