@@ -254,6 +254,17 @@ impl Registry for MdtParams {
             "# TYPE lode_mdt_open_files gauge\nlode_mdt_open_files{{target=\"{t}\"}} {}",
             m.open_count()
         );
+        // The lock namespace (callbacks are in the per-opcode counters above).
+        for (name, v) in [
+            ("ldlm_locks", m.ldlm().lock_count()),
+            ("ldlm_resources", m.ldlm().resource_count()),
+            ("file_locks", m.flock_count()),
+        ] {
+            let _ = writeln!(
+                s,
+                "# TYPE lode_mdt_{name} gauge\nlode_mdt_{name}{{target=\"{t}\"}} {v}"
+            );
+        }
         s
     }
 }

@@ -276,6 +276,11 @@ impl Mdt {
         }
     }
 
+    /// File locks (fcntl) held now.
+    pub fn flock_count(&self) -> usize {
+        self.flocks.held()
+    }
+
     /// The namespace layer.
     pub fn ns(&self) -> &Arc<Namespace> {
         &self.ns
