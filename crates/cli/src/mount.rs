@@ -210,11 +210,23 @@ pub fn run(a: MountArgs) -> Result<()> {
     Ok(())
 }
 
+/// Once the mount is live its starter stops reading our stdout, and our stderr if
+/// that is the pipe it read errors from: both go to /dev/null, or the next log line
+/// would write into a pipe nobody reads (and the mount would die of it).
 fn redirect_stdout_to_null() {
     if let Ok(f) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         use std::os::fd::AsRawFd;
         // SAFETY: dup2 onto stdout of a valid descriptor.
         unsafe { libc::dup2(f.as_raw_fd(), 1) };
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: fstat of fd 2 into a buffer of the right type.
+        let piped = unsafe { libc::fstat(2, st.as_mut_ptr()) } == 0
+            // SAFETY: fstat succeeded and filled it.
+            && unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFIFO;
+        if piped {
+            // SAFETY: dup2 onto stderr of a valid descriptor.
+            unsafe { libc::dup2(f.as_raw_fd(), 2) };
+        }
     }
 }
 

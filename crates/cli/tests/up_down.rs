@@ -142,6 +142,24 @@ fn mount_refuses_bad_mount_points_and_sources() {
     let abs = std::fs::canonicalize(&empty).unwrap();
     assert!(lode_testkit::is_mounted(&abs));
     std::fs::write(abs.join("f"), b"data").unwrap();
+    // An unsupported ioctl (Python's isatty check on every open) makes the mount log a
+    // line; with no log file that once went into a pipe nobody read, killing the mount.
+    let f = std::fs::File::open(abs.join("f")).unwrap();
+    let mut tio = std::mem::MaybeUninit::<libc::termios>::uninit();
+    let r = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            libc::TCGETS,
+            tio.as_mut_ptr(),
+        )
+    };
+    assert_eq!(r, -1, "not a terminal");
+    drop(f);
+    assert_eq!(
+        std::fs::read(abs.join("f")).unwrap(),
+        b"data",
+        "the mount lives on"
+    );
     let out = lode().args(["umount"]).arg(&abs).output().unwrap();
     assert!(
         out.status.success(),

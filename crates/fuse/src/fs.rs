@@ -263,6 +263,28 @@ impl Inner {
         self.files.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
     }
 
+    /// The open flags the client keeps for a handle. O_APPEND stays (the client then
+    /// writes at the end of file the OSTs know, as a native client does) unless the
+    /// writeback cache is on (the kernel then owns the file's end): the kernel's own
+    /// idea of the end of file may be stale when another client appended meanwhile.
+    fn append_flags(&self, flags: i32) -> i32 {
+        if self.opts.writeback {
+            flags & !libc::O_APPEND
+        } else {
+            flags
+        }
+    }
+
+    /// FUSE open flags for a handle: an appending handle bypasses the page cache, whose
+    /// offsets would not be where the client put the data.
+    fn open_flags(&self, h: &FileHandle) -> FopenFlags {
+        if h.flags & libc::O_APPEND != 0 {
+            FILE_OPEN_FLAGS | FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FILE_OPEN_FLAGS
+        }
+    }
+
     /// With the writeback cache, the kernel writes a file's pages through whichever
     /// handle it likes, even after the one they were written with is closed: no
     /// handle can then say it wrote nothing.
@@ -636,21 +658,21 @@ impl Filesystem for LodeFs {
         self.spawn(|i| async move {
             let r = async {
                 let f = i.fid(ino)?;
-                // O_APPEND is the kernel's business with FUSE: offsets arrive resolved.
                 i.client
                     .open(
                         &cred,
                         f,
-                        flags.0 & !(libc::O_CREAT | libc::O_EXCL | libc::O_APPEND),
+                        i.append_flags(flags.0) & !(libc::O_CREAT | libc::O_EXCL),
                     )
                     .await
             };
             match r.await {
                 Ok(h) => {
                     i.track_writes(&h);
+                    let open_flags = i.open_flags(&h);
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
                     i.files.lock().insert(fh, Arc::new(h));
-                    reply.opened(Fh(fh), FILE_OPEN_FLAGS);
+                    reply.opened(Fh(fh), open_flags);
                 }
                 Err(e) => reply.error(ferr(e)),
             }
@@ -673,7 +695,7 @@ impl Filesystem for LodeFs {
             let seq = i.client.inval_seq();
             let r = async {
                 let p = i.fid(parent)?;
-                let flags = flags & !libc::O_APPEND;
+                let flags = i.append_flags(flags);
                 let h = i
                     .client
                     .create_open(&cred, p, &name, mode & !(umask & 0o777), flags, None)
@@ -690,11 +712,12 @@ impl Filesystem for LodeFs {
                     i.track_writes(&h);
                     let fid = h.fid;
                     i.remember(fid);
+                    let open_flags = i.open_flags(&h);
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
                     i.files.lock().insert(fh, Arc::new(h));
                     let (et, at) = i.ttls(Some((p, &name)), fid);
                     let ttl = et.min(at);
-                    reply.created(&ttl, &file_attr(&a), Generation(0), Fh(fh), FILE_OPEN_FLAGS);
+                    reply.created(&ttl, &file_attr(&a), Generation(0), Fh(fh), open_flags);
                     i.recheck(seq, ttl, Some((p, &name)), fid, false);
                 }
                 Err(e) => reply.error(ferr(e)),
@@ -741,9 +764,9 @@ impl Filesystem for LodeFs {
         self.spawn(|i| async move {
             let r = async {
                 let h = i.file(fh)?;
-                // The kernel resolves O_APPEND offsets; write exactly where it says.
+                // An O_APPEND handle (see `append_flags`) appends at the end the OSTs
+                // know; otherwise write exactly where the kernel says.
                 let mut h2 = (*h).clone();
-                h2.flags &= !libc::O_APPEND;
                 if h2.flags & libc::O_ACCMODE == libc::O_RDONLY {
                     // Writeback cache flushes through any handle of the file.
                     h2.flags = (h2.flags & !libc::O_ACCMODE) | libc::O_RDWR;
@@ -824,6 +847,7 @@ impl Filesystem for LodeFs {
     fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let cred = self.cred(req);
         self.spawn(|i| async move {
+            let seq = i.client.inval_seq();
             let r = async {
                 let f = i.fid(ino)?;
                 let b = i.client.getattr_md(&cred, f).await?;
@@ -850,7 +874,18 @@ impl Filesystem for LodeFs {
                     i.dirs
                         .lock()
                         .insert(fh, Arc::new(tokio::sync::Mutex::new(d)));
-                    reply.opened(Fh(fh), FopenFlags::empty());
+                    // Under the directory's lock the kernel may keep its pages (and
+                    // read them again without asking): the lock's callback drops them.
+                    let (_, locked) = i.ttls(None, f);
+                    if locked == LOCKED_TTL {
+                        reply.opened(
+                            Fh(fh),
+                            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+                        );
+                        i.recheck(seq, locked, None, f, true);
+                    } else {
+                        reply.opened(Fh(fh), FopenFlags::empty());
+                    }
                 }
                 Err(e) => reply.error(ferr(e)),
             }
