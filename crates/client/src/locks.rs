@@ -81,6 +81,20 @@ enum Key {
     Search(Fid, Cred),
 }
 
+impl Key {
+    /// What the layers above must forget with this entry (`dir`: an attribute entry
+    /// is a directory's).
+    fn inval(&self, dir: bool) -> Inval {
+        match self {
+            Key::Attr(fid) => Inval::Attr { fid: *fid, dir },
+            Key::Name(d, n) => Inval::Name(*d, n.clone()),
+            // A directory's permission bits: the kernel checks them from its copy of
+            // the attributes.
+            Key::Search(d, _) => Inval::Attr { fid: *d, dir: true },
+        }
+    }
+}
+
 /// What the client knows under locks: attributes and names, each with the lock that
 /// keeps it true.
 #[derive(Default)]
@@ -115,36 +129,30 @@ impl Cache {
     /// Forgets what `handle` covered, saying what the layers above must forget too;
     /// `None` if it covered nothing.
     fn forget_lock(&mut self, handle: u64) -> Option<Inval> {
-        match self.by_lock.remove(&handle)? {
+        let key = self.by_lock.remove(&handle)?;
+        let mut dir = false;
+        match &key {
             Key::Attr(fid) => {
-                let dir = match self.attrs.get(&fid) {
-                    Some((b, h)) if *h == handle => {
-                        let dir = b.attr.is_dir();
-                        self.attrs.remove(&fid);
-                        self.listings.remove(&fid);
-                        dir
-                    }
-                    _ => false,
-                };
-                Some(Inval::Attr { fid, dir })
+                if let Some((b, _)) = self.attrs.get(fid).filter(|(_, h)| *h == handle) {
+                    dir = b.attr.is_dir();
+                    self.attrs.remove(fid);
+                    self.listings.remove(fid);
+                }
             }
             Key::Name(d, n) => {
-                let k = (d, n);
+                let k = (*d, n.clone());
                 if self.names.get(&k).is_some_and(|(_, h)| *h == handle) {
                     self.names.remove(&k);
                 }
-                Some(Inval::Name(k.0, k.1))
             }
-            // A directory's permission bits: the kernel checks them from its copy of
-            // the attributes.
             Key::Search(d, c) => {
-                let k = (d, c);
+                let k = (*d, c.clone());
                 if self.search.get(&k) == Some(&handle) {
                     self.search.remove(&k);
                 }
-                Some(Inval::Attr { fid: d, dir: true })
             }
         }
+        Some(key.inval(dir))
     }
 
     /// What the layers above must forget when the whole cache goes.
@@ -217,13 +225,13 @@ impl Locks {
         // No grant can reach a wait now: its caller gets EIO.
         self.flock_waits.lock().clear();
         let gone = std::mem::take(&mut *self.cache.lock());
-        self.inval_seq.fetch_add(1, Ordering::AcqRel);
         self.invalidate(gone.invals(), None);
     }
 
-    /// Tells the layer above what to forget; `done` runs once it has (at once if there
-    /// is no such layer).
+    /// Tells the layer above what to forget (moving `inval_seq`); `done` runs once it
+    /// has (at once if there is no such layer).
     fn invalidate(&self, what: Vec<Inval>, done: Option<Box<dyn FnOnce() + Send>>) {
+        self.inval_seq.fetch_add(1, Ordering::AcqRel);
         let f = self.invalidator.lock().clone();
         match f {
             Some(f) if !what.is_empty() => f(what, done.unwrap_or_else(|| Box::new(|| {}))),
@@ -369,7 +377,6 @@ impl Client {
             // The layer above may keep the size as exact too (the kernel, for as long
             // as the lock is held): from now on it must ask, or another client's
             // writes would go unseen (an O_APPEND here would write at a stale end).
-            self.locks.inval_seq.fetch_add(1, Ordering::AcqRel);
             self.locks
                 .invalidate(vec![Inval::Attr { fid, dir: false }], None);
         }
@@ -484,46 +491,29 @@ impl Client {
 
     /// Keeps a lock on a directory's permissions: `cred` may search it while held.
     fn remember_search(&self, dir: Fid, cred: &Cred, h: u64) {
-        let mut revoked = self.locks.revoked.lock();
-        let mut held = self.locks.held.lock();
-        let mut c = self.locks.cache.lock();
-        if revoked.remove(&h) {
-            return;
-        }
-        held.insert(
-            h,
-            HeldLock {
-                fid: dir,
-                hash: 0,
-                mode: 4,
-                bits: 0x10,
-            },
-        );
-        let old = c.search.insert((dir, cred.clone()), h);
-        c.by_lock.insert(h, Key::Search(dir, cred.clone()));
-        if let Some(old) = old.filter(|o| *o != h) {
-            c.by_lock.remove(&old);
-            held.remove(&old);
-            drop((c, held, revoked));
-            self.locks.unused.lock().push(old);
-        }
+        self.keep(vec![(h, Key::Search(dir, cred.clone()))], None);
     }
 
     /// Keeps what a reply granted locks for: the attributes (`body.lock`) and, for a
     /// lookup, the name (`body.name_lock`).
     pub(crate) fn remember(&self, body: &MdtBody, name: Option<(Fid, &[u8], &Cred)>) {
+        let mut entries = vec![(body.lock, Key::Attr(body.attr.fid))];
+        if let Some((d, n, cred)) = name {
+            entries.push((body.name_lock, Key::Name(d, n.to_vec())));
+            entries.push((body.dir_lock, Key::Search(d, cred.clone())));
+        }
+        self.keep(entries, Some(body));
+    }
+
+    /// Keeps cache entries, each under the lock granted for it (0: none): attributes
+    /// and a name take `body` (the attributes, or the named child's).
+    fn keep(&self, entries: Vec<(u64, Key)>, body: Option<&MdtBody>) {
         let mut stale = Vec::new();
         let mut invals = Vec::new();
         {
             let mut revoked = self.locks.revoked.lock();
             let mut held = self.locks.held.lock();
             let mut c = self.locks.cache.lock();
-            let fid = body.attr.fid;
-            let mut entries = vec![(body.lock, Key::Attr(fid))];
-            if let Some((d, n, cred)) = name {
-                entries.push((body.name_lock, Key::Name(d, n.to_vec())));
-                entries.push((body.dir_lock, Key::Search(d, cred.clone())));
-            }
             for (h, key) in entries {
                 if h == 0 || revoked.remove(&h) {
                     continue;
@@ -532,6 +522,15 @@ impl Client {
                     Key::Attr(f) => (*f, 0, 0x02 | 0x10),
                     Key::Name(d, n) => (*d, lode_base::hash::name_hash(n).max(1), 0x01),
                     Key::Search(d, _) => (*d, 0, 0x10),
+                };
+                let old = match (&key, body) {
+                    (Key::Attr(f), Some(b)) => c.attrs.insert(*f, (b.clone(), h)).map(|(_, o)| o),
+                    (Key::Name(d, n), Some(b)) => c
+                        .names
+                        .insert((*d, n.clone()), (b.attr.fid, h))
+                        .map(|(_, o)| o),
+                    (Key::Search(d, cr), _) => c.search.insert((*d, cr.clone()), h),
+                    (Key::Attr(_) | Key::Name(..), None) => continue,
                 };
                 held.insert(
                     h,
@@ -542,11 +541,6 @@ impl Client {
                         bits,
                     },
                 );
-                let old = match &key {
-                    Key::Attr(f) => c.attrs.insert(*f, (body.clone(), h)).map(|(_, o)| o),
-                    Key::Name(d, n) => c.names.insert((*d, n.clone()), (fid, h)).map(|(_, o)| o),
-                    Key::Search(d, cr) => c.search.insert((*d, cr.clone()), h),
-                };
                 c.by_lock.insert(h, key);
                 // One lock per entry: the one it replaces goes back.
                 if let Some(o) = old.filter(|o| *o != h) {
@@ -572,7 +566,6 @@ impl Client {
         if !invals.is_empty() {
             // Given back unasked: nobody will call them back, so the layers above must
             // forget them now.
-            self.locks.inval_seq.fetch_add(1, Ordering::AcqRel);
             self.locks.invalidate(invals, None);
         }
         // Given back with the next request (no extra round trip).
@@ -655,11 +648,7 @@ impl Client {
                 matches!(k, Key::Attr(f) if c.attrs.get(f).is_some_and(|(b, _)| b.attr.is_dir()));
             if let Some(h) = c.forget(k) {
                 handles.push(h);
-                invals.push(match k {
-                    Key::Attr(f) => Inval::Attr { fid: *f, dir },
-                    Key::Name(d, n) => Inval::Name(*d, n.clone()),
-                    Key::Search(d, _) => Inval::Attr { fid: *d, dir: true },
-                });
+                invals.push(k.inval(dir));
             }
         }
         drop(c);
@@ -683,7 +672,6 @@ impl Client {
             }
         }
         if !invals.is_empty() {
-            self.locks.inval_seq.fetch_add(1, Ordering::AcqRel);
             self.locks.invalidate(invals, None);
         }
     }
@@ -716,7 +704,6 @@ impl Client {
         let handles: Vec<u64> = gone.by_lock.keys().copied().collect();
         self.unhold(&handles);
         self.locks.unused.lock().extend(handles);
-        self.locks.inval_seq.fetch_add(1, Ordering::AcqRel);
         self.locks.invalidate(gone.invals(), None);
     }
 
@@ -755,7 +742,6 @@ impl Client {
                 }
             }
         }
-        self.locks.inval_seq.fetch_add(1, Ordering::AcqRel);
         // The layers above forget first, so that the change the MDT is holding back
         // cannot be seen to happen while a stale copy still answers here.
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

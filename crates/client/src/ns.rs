@@ -84,7 +84,8 @@ impl Client {
         name: &[u8],
     ) -> Result<MdtBody, Errno> {
         let b = self.lookup(cred, parent, name).await?;
-        if b.attr.is_dir() {
+        // The timed name cache serves only a client without locks (see `resolve`).
+        if b.attr.is_dir() && !self.callback_channel_up() {
             self.dcache
                 .lock()
                 .insert((parent, name.to_vec()), (b.attr.fid, Instant::now()));
