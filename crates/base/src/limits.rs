@@ -85,3 +85,12 @@ pub const LOCKS_PER_CLIENT_MAX: usize = 1 << 20;
 /// How long a client may take to give a lock back once called back, before it is
 /// evicted (`ldlm_timeout`, seconds; Lustre's default is 20).
 pub const LDLM_TIMEOUT_DEFAULT_S: u64 = 20;
+/// Changes a client keeps for replay (answered, not yet committed) before it asks the
+/// MDT to commit and waits, rather than keep more (Lustre bounds it in bytes).
+pub const REPLAY_LIST_MAX: usize = 65_536;
+/// `recovery_time_soft` default (seconds): how long a restarted MDT waits for the
+/// clients that were connected when it stopped before it evicts the missing ones.
+/// Lustre's is 300 s; a lode client comes back within a second or two of a restart.
+pub const RECOVERY_TIME_SOFT_DEFAULT_S: u64 = 30;
+/// `recovery_time_hard` default (seconds): recovery ends by then whatever is missing.
+pub const RECOVERY_TIME_HARD_DEFAULT_S: u64 = 90;

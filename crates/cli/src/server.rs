@@ -233,18 +233,6 @@ fn start_mdt(
         std::process::exit(70);
     }));
     store.start_commit_thread()?;
-    let on_term = store.clone();
-    rt.spawn(async move {
-        // A clean stop (lode down, systemd) commits what is written before exiting.
-        if let Ok(mut t) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            t.recv().await;
-            let s = on_term.clone();
-            let _ = tokio::task::spawn_blocking(move || s.sync()).await;
-            info!("stopped on SIGTERM after committing");
-            std::process::exit(0);
-        }
-    });
     let mdt = lode_mds::Mdt::open(
         lode_mds::MdtConfig {
             fsname: cfg.fsname.clone(),
@@ -256,6 +244,22 @@ fn start_mdt(
         store,
     )
     .map_err(|e| anyhow!("{}: {e}", cfg.name()))?;
+    let on_term = mdt.clone();
+    rt.spawn(async move {
+        // A clean stop (lode down, systemd) commits what is written before exiting,
+        // and the next start has nobody to wait for.
+        if let Ok(mut t) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            t.recv().await;
+            let m = on_term.clone();
+            match tokio::task::spawn_blocking(move || m.stop_cleanly()).await {
+                Ok(Ok(())) => info!("stopped on SIGTERM after committing"),
+                Ok(Err(e)) => error!("stopping on SIGTERM: {e}"),
+                Err(e) => error!("stopping on SIGTERM: {e}"),
+            }
+            std::process::exit(0);
+        }
+    });
     let mgs = mgs_import(cfg, Duration::from_secs(10), rt);
     mdt.start_background(rt.clone(), mgs);
     spawn_register(cfg, TargetKind::Mdt, listen, rt);

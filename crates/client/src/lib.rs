@@ -421,6 +421,20 @@ impl Session {
     }
 }
 
+impl Drop for Session {
+    /// Says goodbye to the MDT if connected (briefly: a target that is down is not
+    /// waited for), so that it closes this client's files and a restart of the MDT
+    /// does not wait for a client that is gone.
+    fn drop(&mut self) {
+        if self.client.mdc().connected() {
+            let c = self.client.clone();
+            let _ = self.run(async move {
+                tokio::time::timeout(Duration::from_secs(2), c.disconnect()).await
+            });
+        }
+    }
+}
+
 /// Parses a mount source `MGS_HOST:PORT:/FSNAME` into (MGS address, fsname).
 pub fn parse_source(spec: &str) -> Result<(String, String), String> {
     let bad = || format!("{spec:?}: expected MGS_HOST:PORT:/FSNAME");

@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 14] = {
+static MDT: [Param<Mdt>; 18] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -95,6 +95,51 @@ static MDT: [Param<Mdt>; 14] = {
                 max: 3600,
                 f: |m, v| {
                     m.set_ldlm_timeout_s(v);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "recovery_status",
+            help: "replay recovery after the last start: state, clients, requests replayed",
+            get: |m| m.recovery_status(),
+            set: Set::No,
+        },
+        Param {
+            name: "recovery_time_soft",
+            help: "seconds a restarted MDT waits for its clients before evicting the missing",
+            get: |m| m.recovery_windows().0.to_string(),
+            set: Set::Num {
+                min: 1,
+                max: 86_400,
+                f: |m, v| {
+                    m.set_recovery_window(false, v);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "recovery_time_hard",
+            help: "seconds after which recovery ends whatever is missing",
+            get: |m| m.recovery_windows().1.to_string(),
+            set: Set::Num {
+                min: 1,
+                max: 86_400,
+                f: |m, v| {
+                    m.set_recovery_window(true, v);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "wal_flush_per_round",
+            help: "1: write the WAL to the OS before each round of replies (an MDS crash alone loses nothing); 0: only at commit, clients replay the rest",
+            get: |m| u8::from(m.wal_flush_per_round()).to_string(),
+            set: Set::Num {
+                min: 0,
+                max: 1,
+                f: |m, v| {
+                    m.set_wal_flush_per_round(v == 1);
                     Ok(())
                 },
             },

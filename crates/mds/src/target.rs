@@ -3,8 +3,10 @@
 //! dispatch of `MdtRequest` to the namespace layer.
 
 use crate::ldlm::{self, Acquired, Ldlm, LockMode, MdtLocks, ResId, Want};
+use crate::recovery::{Next, RecState};
 use crate::{Ctx, MdtConfig, Namespace, OpError, OpResult, OstState, Tunables};
 use lode_base::{Cred, Errno, Fid};
+use lode_proto::frame::{FLAG_REPLAY, FLAG_REPLAY_DONE};
 use lode_proto::{
     ConnectRep, ConnectReq, Empty, LdlmCancelReq, LdlmEnqueueRep, MdtRequest, Opcode, ParentAttrs,
     ReaddirRep, Reply, Request, SyncRep, UnlinkRep, CONNECT_SUPPORTED,
@@ -16,9 +18,9 @@ use lode_store::records::{self, ClientRec};
 use lode_store::{Batch, Cf, MdtStore, StoreError};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 /// A connected client.
@@ -66,6 +68,51 @@ pub struct Mdt {
     ldlm_timeout_s: AtomicU64,
     /// Itself, for parked operations that finish on another thread.
     me: Weak<Mdt>,
+    /// Replay recovery after a restart, and the requests held until it ends.
+    recovery: Mutex<Recovery>,
+    /// Mirrors `recovery.st.active`, read on every request without the lock.
+    in_recovery: AtomicBool,
+    /// This start of the target (random): a client that sees it change knows the
+    /// target restarted.
+    instance: u64,
+    /// `recovery_time_soft`, seconds.
+    recovery_soft_s: AtomicU64,
+    /// `recovery_time_hard`, seconds.
+    recovery_hard_s: AtomicU64,
+    /// `wal_flush_per_round`: hand the WAL to the OS before each round's replies, so
+    /// that a crash of the MDS process alone loses nothing. Off by default: the WAL
+    /// stays in the process until the commit thread syncs it, so a `kill -9` loses
+    /// what a power cut loses, and clients replay it.
+    wal_flush_per_round: AtomicBool,
+    /// Set by a clean stop: no reply leaves any more (see [`Mdt::stop_cleanly`]).
+    stopping: AtomicBool,
+}
+
+/// A replay waiting for its turn in recovery.
+struct Replay {
+    inc: Incoming,
+    exp: Arc<Export>,
+    req: MdtRequest,
+    d: Deferred,
+}
+
+struct Recovery {
+    st: RecState<Replay>,
+    /// Requests other than replays that arrived during recovery: served after it.
+    held: Vec<(Incoming, Deferred)>,
+}
+
+/// `Cf::Server` keys `connected/<slot>` → UUID: clients connected now. Written (and
+/// synced) before a client's first change is accepted, deleted once it has gone; the
+/// ones found at start are the clients recovery waits for. A deletion reaches the disk
+/// after every change the client made before it (one WAL), so a client found absent
+/// has nothing uncommitted to replay.
+const CONNECTED: &[u8] = b"connected/";
+
+fn connected_key(slot: u32) -> Vec<u8> {
+    let mut k = CONNECTED.to_vec();
+    k.extend_from_slice(&slot.to_be_bytes());
+    k
 }
 
 struct ClientTable {
@@ -93,6 +140,31 @@ impl Mdt {
         if let Some(e) = bad {
             return Err(e);
         }
+        let mut expected = HashMap::new();
+        store
+            .engine()
+            .scan(Cf::Server, CONNECTED, CONNECTED, &mut |k, v| {
+                if let Some(slot) = k
+                    .get(CONNECTED.len()..)
+                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                {
+                    expected.insert(
+                        u32::from_be_bytes(slot),
+                        String::from_utf8_lossy(v).into_owned(),
+                    );
+                }
+                true
+            })?;
+        let durable = store.last_transno();
+        let st = RecState::new(expected, durable, Instant::now());
+        let recovering = st.active;
+        if recovering {
+            info!(
+                clients = st.expected.len(),
+                last_transno = durable,
+                "recovery: waiting for the clients connected when the target stopped"
+            );
+        }
         let ns = Namespace::open(cfg, store)?;
         let mdt = Arc::new_cyclic(|me| Mdt {
             ns,
@@ -105,7 +177,24 @@ impl Mdt {
             channels: Mutex::new(HashMap::new()),
             ldlm_timeout_s: AtomicU64::new(lode_base::limits::LDLM_TIMEOUT_DEFAULT_S),
             me: me.clone(),
+            recovery: Mutex::new(Recovery {
+                st,
+                held: Vec::new(),
+            }),
+            in_recovery: AtomicBool::new(recovering),
+            instance: rand::random::<u64>() | 1,
+            recovery_soft_s: AtomicU64::new(lode_base::limits::RECOVERY_TIME_SOFT_DEFAULT_S),
+            recovery_hard_s: AtomicU64::new(lode_base::limits::RECOVERY_TIME_HARD_DEFAULT_S),
+            wal_flush_per_round: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
         });
+        if recovering {
+            let weak = Arc::downgrade(&mdt);
+            std::thread::Builder::new()
+                .name("recovery".into())
+                .spawn(move || recovery_timer(weak))
+                .map_err(|e| StoreError::Engine(format!("cannot start recovery: {e}")))?;
+        }
         let weak = Arc::downgrade(&mdt);
         std::thread::Builder::new()
             .name("ldlm-timer".into())
@@ -342,10 +431,29 @@ impl Mdt {
         if req.client_uuid.is_empty() || req.client_uuid.len() > 64 {
             return Err(Errno::EINVAL.into());
         }
+        // Held to the end: a connect and the disconnect of the same client's old
+        // connection must not interleave their `connected/` writes.
+        let mut ct = self.clients.lock();
         let slot = {
-            let mut ct = self.clients.lock();
-            match ct.by_uuid.get(&req.client_uuid) {
-                Some(s) => *s,
+            let known = ct.by_uuid.get(&req.client_uuid).copied();
+            {
+                let mut rec = self.recovery.lock();
+                if rec.st.active {
+                    match known {
+                        Some(s) if rec.st.expects(s) => {
+                            rec.st.connected.insert(s);
+                            // It replays (again, after a reconnect) and says when done.
+                            rec.st.done.remove(&s);
+                        }
+                        _ => {
+                            debug!(peer = %inc.peer, client = %req.client_uuid, "connect refused during recovery: try again");
+                            return Err(Errno::EAGAIN.into());
+                        }
+                    }
+                }
+            }
+            match known {
+                Some(s) => s,
                 None => {
                     if ct.next_slot >= lode_base::limits::CLIENTS_MAX {
                         return Err(Errno::ENOSPC.into());
@@ -364,6 +472,7 @@ impl Mdt {
                 }
             }
         };
+        self.mark_connected(slot, &req.client_uuid)?;
         let handle = loop {
             let h: u64 = rand::random();
             if h != 0 && !self.exports.read().contains_key(&h) {
@@ -389,14 +498,49 @@ impl Mdt {
                 max_mod,
             }),
         );
-        info!(client = %req.client_uuid, slot, peer = %inc.peer, "client connected");
+        drop(exports);
+        drop(ct);
+        let recovering = self.in_recovery.load(Ordering::Acquire);
+        info!(client = %req.client_uuid, slot, peer = %inc.peer, recovering, "client connected");
         Ok(ConnectRep {
             handle,
             flags: req.flags & CONNECT_SUPPORTED,
             max_mod_rpcs: max_mod,
             target_uuid: self.ns.cfg.uuid.clone(),
             index: self.ns.cfg.index,
+            instance: self.instance,
+            recovering,
         })
+    }
+
+    /// Records (durably, before any of its changes) that `slot` is connected.
+    fn mark_connected(&self, slot: u32, uuid: &str) -> Result<(), StoreError> {
+        let key = connected_key(slot);
+        if self.ns.store.engine().get(Cf::Server, &key)?.is_some() {
+            return Ok(());
+        }
+        let mut b = Batch::new();
+        b.put(Cf::Server, key, uuid.as_bytes().to_vec());
+        self.ns.store.apply_untracked(&b)?;
+        self.ns.store.engine().sync()
+    }
+
+    /// `slot` has no connection left: a restart need not wait for it. Everything it
+    /// changed was written before this, so it reaches the disk first.
+    fn mark_gone(&self, slot: u32) {
+        let _ct = self.clients.lock();
+        if self.exports.read().values().any(|e| e.slot == slot) {
+            return;
+        }
+        let mut b = Batch::new();
+        b.delete(Cf::Server, connected_key(slot));
+        // With a transno, and committed now rather than at the next interval: a
+        // restart meanwhile would wait for this client in vain.
+        if let Err(e) = self.ns.store.apply(b, None) {
+            warn!(slot, "cannot record a client's departure: {e}");
+            return;
+        }
+        self.ns.store.when_committed(Box::new(|_| {}));
     }
 
     /// SYNC: answered once everything applied so far is committed. Parked, so the
@@ -425,12 +569,21 @@ impl Mdt {
             slot: exp.slot,
             tag: inc.header.tag,
             xid: inc.header.xid,
+            replay_transno: if inc.header.flags & FLAG_REPLAY != 0 {
+                inc.header.transno
+            } else {
+                0
+            },
         });
         let ctx = Ctx { slot };
         Ok(match req {
             MdtRequest::Ping(_) => (Reply::Ping(Empty {}), 0),
             MdtRequest::Disconnect(_) => {
                 self.exports.write().remove(&inc.header.handle);
+                self.mark_gone(exp.slot);
+                // On disk before the answer (as Lustre's client slot release): a
+                // client that said goodbye is never waited for after a crash.
+                self.ns.store.sync()?;
                 self.ns.close_all_of(exp.slot);
                 self.channels.lock().remove(&exp.slot);
                 self.ldlm.evict(exp.slot);
@@ -622,6 +775,228 @@ const LOCK_RETRIES: usize = 4;
 
 /// What became of a modification: answered now (with the parked request's promise, if
 /// it had one), or parked.
+impl Mdt {
+    /// A request while recovery runs: a replay is queued for its turn, anything else
+    /// waits for the end (a client's final PING, flagged `FLAG_REPLAY_DONE`, among
+    /// them). `Err` gives the request back if recovery ended meanwhile.
+    fn during_recovery(
+        &self,
+        inc: &Incoming,
+        exp: &Arc<Export>,
+        req: MdtRequest,
+    ) -> Result<Outgoing, Box<MdtRequest>> {
+        let replay = inc.header.flags & FLAG_REPLAY != 0
+            && Opcode::from_u16(inc.header.opcode).is_some_and(|o| o.is_modify());
+        let Some(d) = inc.defer() else {
+            return Ok(self.error_out(Errno::EAGAIN.into()));
+        };
+        {
+            let mut rec = self.recovery.lock();
+            if !rec.st.active {
+                return Err(Box::new(req));
+            }
+            let again = d.request(inc.body.clone(), inc.peer, inc.conn_id);
+            if replay {
+                let (xid, transno) = (inc.header.xid, inc.header.transno);
+                let r = Replay {
+                    inc: again,
+                    exp: exp.clone(),
+                    req,
+                    d,
+                };
+                // A replay sent twice (its client reconnected): the newer one waits.
+                drop(rec.st.queue(exp.slot, xid, transno, r));
+            } else {
+                if matches!(req, MdtRequest::Ping(_))
+                    && inc.header.flags & FLAG_REPLAY_DONE != 0
+                    && rec.st.expects(exp.slot)
+                {
+                    rec.st.done.insert(exp.slot);
+                }
+                rec.held.push((again, d));
+            }
+        }
+        self.recover();
+        Ok(Outgoing::parked())
+    }
+
+    /// Moves recovery on as far as it can now: runs the replays whose turn it is,
+    /// evicts clients past the windows, and at the end serves what was held.
+    pub(crate) fn recover(&self) {
+        loop {
+            let soft = Duration::from_secs(self.recovery_soft_s.load(Ordering::Relaxed));
+            let hard = Duration::from_secs(self.recovery_hard_s.load(Ordering::Relaxed));
+            let next = self.recovery.lock().st.next(Instant::now(), soft, hard);
+            match next {
+                Next::Wait => return,
+                Next::Done(r) => {
+                    let t = r.inc.header.transno;
+                    self.recovery.lock().st.ran(r.exp.slot, r.inc.header.xid, t);
+                    r.d.send(Outgoing {
+                        transno: t,
+                        last_committed: self.ns.store.last_committed(),
+                        ..Default::default()
+                    });
+                }
+                Next::Run(r) => {
+                    let Replay { inc, exp, req, d } = r;
+                    let out = self.execute_modify(&inc, &exp, req, None);
+                    {
+                        let mut rec = self.recovery.lock();
+                        rec.st.running = false;
+                        if out.status == 0 {
+                            rec.st.replayed += 1;
+                        }
+                        let t = out.transno.max(inc.header.transno);
+                        rec.st.ran(exp.slot, inc.header.xid, t);
+                    }
+                    if out.status < 0 {
+                        warn!(client = %exp.uuid, xid = inc.header.xid, transno = inc.header.transno, "replay failed: {}", Errno::from_status(out.status));
+                    }
+                    if Service::flush(self) {
+                        d.send(out);
+                    }
+                }
+                Next::Evict(gone) => self.evict_unrecovered(&gone),
+                Next::End(gone) => {
+                    self.evict_unrecovered(&gone);
+                    let (left, held, st) = {
+                        let mut rec = self.recovery.lock();
+                        self.in_recovery.store(false, Ordering::Release);
+                        let left = rec.st.drain();
+                        let held = std::mem::take(&mut rec.held);
+                        let st = (
+                            rec.st.duration.unwrap_or_default(),
+                            rec.st.replayed,
+                            rec.st.gaps,
+                            rec.st.evicted,
+                        );
+                        (left, held, st)
+                    };
+                    for r in left {
+                        r.d.send(self.error_out(Errno::ESTALE.into()));
+                    }
+                    info!(duration = ?st.0, replayed = st.1, gaps = st.2, evicted = st.3, "recovery over");
+                    for (inc, d) in held {
+                        let out = Service::handle(self, &inc);
+                        if Service::flush(self) {
+                            d.send(out);
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Clients recovery stopped waiting for: not expected again.
+    fn evict_unrecovered(&self, gone: &[(u32, String)]) {
+        for (slot, uuid) in gone {
+            warn!(client = %uuid, "recovery: client did not come back in time: evicted, its uncommitted changes are lost");
+            self.mark_gone(*slot);
+        }
+    }
+
+    /// `mdt.*.recovery_status`, in Lustre's format.
+    pub fn recovery_status(&self) -> String {
+        let rec = self.recovery.lock();
+        let st = &rec.st;
+        let start = std::time::SystemTime::now()
+            .checked_sub(st.start.elapsed())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let total = st.expected.len() as u64 + st.evicted;
+        if st.active {
+            let hard = self.recovery_hard_s.load(Ordering::Relaxed);
+            let soft = self.recovery_soft_s.load(Ordering::Relaxed);
+            let left = if st.connected.len() < st.expected.len() {
+                soft
+            } else {
+                hard
+            }
+            .saturating_sub(st.start.elapsed().as_secs());
+            format!(
+                "status: RECOVERING\nrecovery_start: {start}\ntime_remaining: {left}\nconnected_clients: {}/{total}\nreq_replay_clients: {}\ncompleted_clients: {}\nevicted_clients: {}\nreplayed_requests: {}\nqueued_requests: {}\nnext_transno: {}\n",
+                st.connected.len(),
+                st.connected.len().saturating_sub(st.done.len()),
+                st.done.len(),
+                st.evicted,
+                st.replayed,
+                st.queued_len(),
+                st.last + 1,
+            )
+        } else {
+            format!(
+                "status: COMPLETE\nrecovery_start: {start}\nrecovery_duration: {}\ncompleted_clients: {}/{total}\nreplayed_requests: {}\nlast_transno: {}\nVBR: DISABLED\nIR: DISABLED\n",
+                st.duration.unwrap_or_default().as_secs(),
+                st.done.len(),
+                st.replayed,
+                st.last,
+            )
+        }
+    }
+
+    /// A clean stop (SIGTERM): from now on no reply leaves (a request that runs on is
+    /// resent after the restart and answered from its reply record if it committed),
+    /// everything is committed, and no client is waited for at the next start, since
+    /// none has anything to replay.
+    pub fn stop_cleanly(&self) -> Result<(), StoreError> {
+        self.stopping.store(true, Ordering::Release);
+        self.ns.store.sync()?;
+        let mut b = Batch::new();
+        self.ns
+            .store
+            .engine()
+            .scan(Cf::Server, CONNECTED, CONNECTED, &mut |k, _| {
+                b.delete(Cf::Server, k.to_vec());
+                true
+            })?;
+        self.ns.store.apply(b, None)?;
+        self.ns.store.sync().map(|_| ())
+    }
+
+    /// `wal_flush_per_round`.
+    pub fn wal_flush_per_round(&self) -> bool {
+        self.wal_flush_per_round.load(Ordering::Relaxed)
+    }
+
+    /// Sets `wal_flush_per_round`.
+    pub fn set_wal_flush_per_round(&self, on: bool) {
+        self.wal_flush_per_round.store(on, Ordering::Relaxed);
+    }
+
+    /// `recovery_time_soft` / `recovery_time_hard` (seconds).
+    pub fn recovery_windows(&self) -> (u64, u64) {
+        (
+            self.recovery_soft_s.load(Ordering::Relaxed),
+            self.recovery_hard_s.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Sets `recovery_time_soft` (`hard` false) or `recovery_time_hard`; a running
+    /// recovery counts from its start with the new value.
+    pub fn set_recovery_window(&self, hard: bool, secs: u64) {
+        let a = if hard {
+            &self.recovery_hard_s
+        } else {
+            &self.recovery_soft_s
+        };
+        a.store(secs, Ordering::Relaxed);
+    }
+}
+
+/// Moves recovery on when nothing arrives: the windows pass, and clients are evicted.
+fn recovery_timer(mdt: Weak<Mdt>) {
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let Some(m) = mdt.upgrade() else { return };
+        if !m.in_recovery.load(Ordering::Acquire) {
+            return;
+        }
+        m.recover();
+    }
+}
+
 enum Ran {
     Now(Outgoing, Option<Deferred>),
     Parked,
@@ -694,6 +1069,20 @@ impl Service for Mdt {
                 ..Default::default()
             };
         };
+        let req = if self.in_recovery.load(Ordering::Acquire) {
+            match self.during_recovery(inc, &exp, req) {
+                Ok(out) => return out,
+                Err(req) => *req,
+            }
+        } else {
+            req
+        };
+        if inc.header.flags & FLAG_REPLAY != 0 {
+            // Its client came back after recovery ended (it was evicted): the change
+            // is lost, and the client is told.
+            warn!(peer = %inc.peer, client = %exp.uuid, xid = inc.header.xid, transno = inc.header.transno, "replay after recovery ended: refused");
+            return self.error_out(Errno::ESTALE.into());
+        }
         if let MdtRequest::Sync(_) = req {
             return self.sync(inc);
         }
@@ -718,13 +1107,29 @@ impl Service for Mdt {
     }
 
     fn flush(&self) -> bool {
-        self.ns.store.flush().is_ok()
+        if self.stopping.load(Ordering::Acquire) {
+            return false;
+        }
+        if self.wal_flush_per_round.load(Ordering::Relaxed) {
+            self.ns.store.flush().is_ok()
+        } else {
+            !self.ns.store.is_stopped()
+        }
     }
 
     fn disconnected(&self, conn_id: u64) {
         // The export goes; its open handles stay, keyed by the client's slot, so a client
         // that reconnects keeps them (eviction of vanished clients is a recovery matter).
-        self.exports.write().retain(|_, e| e.conn_id != conn_id);
+        let mut slots = Vec::new();
+        self.exports.write().retain(|_, e| {
+            if e.conn_id == conn_id {
+                slots.push(e.slot);
+            }
+            e.conn_id != conn_id
+        });
+        for s in slots {
+            self.mark_gone(s);
+        }
         // A client whose callback channel closed can no longer be called back: its
         // locks go (it drops its cache when it loses the channel).
         let gone: Vec<u32> = {
@@ -1047,6 +1452,7 @@ impl Mdt {
                 slot: exp.slot,
                 tag,
                 xid,
+                replay_transno: 0,
             };
             if let Err(e) = self.ns.store.record_reply(slot, out.status) {
                 out = self.error_out(OpError::Store(e));

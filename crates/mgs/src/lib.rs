@@ -140,6 +140,9 @@ impl Service for Mgs {
                     max_mod_rpcs: 1,
                     target_uuid: "MGS".into(),
                     index: 0,
+                    // Nothing to replay here: only the MDT runs recovery.
+                    instance: 0,
+                    recovering: false,
                 }))
             }
             MgsRequest::Ping(_) => Ok(Reply::Ping(Empty {})),

@@ -227,6 +227,9 @@ impl Ost {
                 max_mod_rpcs: 1,
                 target_uuid: self.cfg.uuid.clone(),
                 index: self.cfg.index,
+                // Nothing to replay here: only the MDT runs recovery.
+                instance: 0,
+                recovering: false,
             }));
         }
         self.check_export(inc)?;

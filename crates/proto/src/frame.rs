@@ -6,7 +6,7 @@ use lode_base::limits::RPC_SIZE_MAX;
 /// Frame magic, `LODE` in ASCII.
 pub const MAGIC: u32 = 0x4c4f_4445;
 /// Wire format version; bumped whenever a golden test has to change.
-pub const PROTO_VERSION: u16 = 2;
+pub const PROTO_VERSION: u16 = 3;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 64;
 /// Size of the length and CRC fields before the header.
@@ -16,6 +16,9 @@ pub const PREFIX_LEN: usize = 8;
 pub const FLAG_RESENT: u16 = 0x2;
 /// Request flag: this is a replay of a request whose reply was received.
 pub const FLAG_REPLAY: u16 = 0x4;
+/// Request flag (on a PING): this client has sent every replay it has; the reply comes
+/// when the target's recovery is over.
+pub const FLAG_REPLAY_DONE: u16 = 0x10;
 /// Request flag: grant the locks that cover what the reply says, if they can be
 /// granted at once (Lustre's intent), so the client may cache it.
 pub const FLAG_INTENT: u16 = 0x8;

@@ -75,6 +75,13 @@ pub struct ConnectRep {
     pub target_uuid: String,
     /// Target index.
     pub index: u32,
+    /// Changes on every start of the target: a client that sees it change knows the
+    /// target restarted, and whatever it had not committed is gone unless replayed.
+    pub instance: u64,
+    /// The target is in recovery and expects this client: it must replay its
+    /// uncommitted changes (`FLAG_REPLAY`) and then say it is done (`FLAG_REPLAY_DONE`)
+    /// before anything else.
+    pub recovering: bool,
 }
 
 /// Nothing.

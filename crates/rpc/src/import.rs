@@ -10,17 +10,24 @@
 //! call, by its own reply. Calls that cannot block their thread (tasks on the runtime,
 //! calls joined with others) are served by the import's reader thread, which reads
 //! only while such calls wait.
+//!
+//! Changes the target answered but has not committed are kept (the replay list, by
+//! transno) until a reply says they are committed. If the target restarts, it asks at
+//! CONNECT for them, and they are replayed in transno order (`FLAG_REPLAY`, original
+//! xid, tag and transno) before anything else is sent.
 
 use crate::wire::{read_frame, FrameSink};
 use lode_base::Errno;
-use lode_proto::frame::{check_len, FLAG_REPLY, FLAG_RESENT};
+use lode_proto::frame::{
+    check_len, FLAG_INTENT, FLAG_REPLAY, FLAG_REPLAY_DONE, FLAG_REPLY, FLAG_RESENT,
+};
 use lode_proto::{ConnectRep, ConnectReq, Empty, Frame, Header, Opcode, Reply, Request};
 use parking_lot::{Condvar, Mutex};
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::io::Read;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -386,6 +393,19 @@ pub struct Import {
     /// Replies saying the target does not know this client (it evicted it or
     /// restarted): what the target held for it, such as open files, is gone.
     forgotten: AtomicU64,
+    /// Changes answered and not yet committed, by transno: replayed after a restart.
+    replay: Mutex<BTreeMap<u64, Replayable>>,
+}
+
+/// A change to replay if the target restarts before committing it.
+#[derive(Clone)]
+struct Replayable {
+    xid: u64,
+    opcode: u16,
+    tag: u16,
+    body: Arc<Vec<u8>>,
+    /// Flags it was first sent with.
+    flags: u16,
 }
 
 struct TagGuard {
@@ -518,6 +538,7 @@ impl Import {
             stats: crate::stats::OpStats::default(),
             md_stats: crate::stats::MdStats::default(),
             forgotten: AtomicU64::new(0),
+            replay: Mutex::new(BTreeMap::new()),
             cfg,
         });
         let weak = Arc::downgrade(&imp);
@@ -800,6 +821,14 @@ impl Import {
         );
         self.last_committed
             .fetch_max(frame.header.last_committed, Ordering::Relaxed);
+        if frame.header.transno > frame.header.last_committed
+            && op != Opcode::Sync
+            && self.replay_count() > lode_base::limits::REPLAY_LIST_MAX
+        {
+            // The list is full: wait for a commit, which empties it, instead of growing.
+            debug!(target = %self.cfg.target, "replay list full: asking for a commit");
+            let _ = Box::pin(self.call_with(Request::Sync(Empty {}), 0, &[])).await;
+        }
         if frame.header.status < 0 {
             return Err(Errno::from_status(frame.header.status));
         }
@@ -1068,15 +1097,174 @@ impl Import {
                 return Err("the target does not know this client".into());
             }
             let p = self.pending.lock().remove(frame.header.xid);
+            let (transno, committed) = (frame.header.transno, frame.header.last_committed);
             if let Some(p) = p {
+                if transno > committed {
+                    // Kept before its caller sees the reply: a restart noticed after
+                    // this point replays it.
+                    self.replay.lock().insert(
+                        transno,
+                        Replayable {
+                            xid: frame.header.xid,
+                            opcode: p.opcode,
+                            tag: p.tag,
+                            body: p.body.clone(),
+                            flags: p.flags,
+                        },
+                    );
+                }
                 let _ = p.tx.send(frame);
             }
+            self.committed(committed);
         }
         if rd.start == rd.end {
             rd.start = 0;
             rd.end = 0;
         }
         Ok(())
+    }
+
+    /// With nobody reading, notices a connection the target closed (it stopped or
+    /// restarted) by peeking at the socket, so that an idle client reconnects, and
+    /// replays, without waiting for its next call.
+    fn check_alive(self: &Arc<Self>) {
+        use nix::sys::socket::{recv, MsgFlags};
+        let Some(conn) = self.state.lock().tx.clone() else {
+            return;
+        };
+        let fd = conn.sock.get_ref().as_raw_fd();
+        let mut b = [0u8; 1];
+        let gone = match recv(fd, &mut b, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(e, nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR),
+        };
+        if gone {
+            debug!(target = %self.cfg.target, "connection closed by the target while idle");
+            self.conn_lost(conn.gen);
+        }
+    }
+
+    /// Whether a lost connection is made again at once: while calls wait or changes
+    /// wait for a replay, and always to an MDT, whose recovery after a restart waits
+    /// for every client that was connected (an idle one too).
+    fn wants_connection(&self) -> bool {
+        self.is_mdc() || !self.pending.lock().map.is_empty() || !self.replay.lock().is_empty()
+    }
+
+    /// The target says everything up to `transno` is on disk: nothing there needs a
+    /// replay any more.
+    fn committed(&self, transno: u64) {
+        let mut r = self.replay.lock();
+        if r.first_key_value().is_some_and(|(t, _)| *t <= transno) {
+            *r = r.split_off(&(transno + 1));
+        }
+    }
+
+    /// Whether a connection to the target is up now.
+    pub fn connected(&self) -> bool {
+        self.state.lock().tx.is_some()
+    }
+
+    /// Changes kept for replay now (`replay_list` in Lustre's import state).
+    pub fn replay_count(&self) -> usize {
+        self.replay.lock().len()
+    }
+
+    /// Replays, on a new connection to a target in recovery, every change it had not
+    /// committed, in transno order, and then says so (a PING flagged
+    /// `FLAG_REPLAY_DONE`, answered when the target's recovery is over). Replies are
+    /// read while the replays are written, so neither side waits on the other.
+    async fn replay_all(
+        &self,
+        sock: &mut TcpStream,
+        rep: &ConnectRep,
+        conn_cnt: u32,
+    ) -> Result<(), Option<Errno>> {
+        use tokio::io::AsyncWriteExt;
+        let list: Vec<(u64, Replayable)> = self
+            .replay
+            .lock()
+            .iter()
+            .map(|(t, r)| (*t, r.clone()))
+            .collect();
+        let mut out = Vec::new();
+        for (transno, r) in &list {
+            let h = Header {
+                opcode: r.opcode,
+                flags: FLAG_REPLAY | (r.flags & !(FLAG_INTENT | FLAG_RESENT)),
+                tag: r.tag,
+                xid: r.xid,
+                handle: rep.handle,
+                transno: *transno,
+                conn_cnt,
+                ..Default::default()
+            };
+            out.extend_from_slice(&Frame::encode(&h, &r.body));
+        }
+        let done_xid = self.next_xid();
+        let h = Header {
+            opcode: Opcode::Ping as u16,
+            flags: FLAG_REPLAY_DONE,
+            xid: done_xid,
+            handle: rep.handle,
+            conn_cnt,
+            ..Default::default()
+        };
+        out.extend_from_slice(&Frame::encode(&h, &Request::Ping(Empty {}).encode()));
+        if !list.is_empty() {
+            info!(target = %self.cfg.target, changes = list.len(), "the target restarted: replaying what it had not committed");
+        }
+        let by_xid: std::collections::HashMap<u64, (u64, u16)> =
+            list.iter().map(|(t, r)| (r.xid, (*t, r.opcode))).collect();
+        let (mut rd, mut wr) = sock.split();
+        let write = async { wr.write_all(&out).await.is_ok() };
+        let read = async {
+            loop {
+                let Ok(f) = read_frame(&mut rd).await else {
+                    return false;
+                };
+                if f.header.flags & FLAG_REPLY == 0 {
+                    continue;
+                }
+                if f.header.xid == done_xid {
+                    self.committed(f.header.last_committed);
+                    return f.header.status >= 0;
+                }
+                let Some(&(transno, opcode)) = by_xid.get(&f.header.xid) else {
+                    continue;
+                };
+                let status = f.header.status;
+                if status == Errno::EBADF.status() && opcode == Opcode::Close as u16 {
+                    // Open handles are not replayed yet: the close of one finds it gone,
+                    // and nothing is lost by that.
+                    self.replay.lock().remove(&transno);
+                } else if status < 0 {
+                    // Nothing more can be done for it: say so where an admin looks.
+                    warn!(target = %self.cfg.target, xid = f.header.xid, transno, "replay refused ({}): a change this client was told succeeded is lost", Errno::from_status(f.header.status));
+                    self.replay.lock().remove(&transno);
+                } else if f.header.transno != transno && f.header.transno != 0 {
+                    let mut r = self.replay.lock();
+                    if let Some(e) = r.remove(&transno) {
+                        r.insert(f.header.transno, e);
+                    }
+                }
+            }
+        };
+        // A target waits for every client before it ends recovery: as long as its
+        // hard window, and then some.
+        let limit = self.cfg.timeout.max(Duration::from_secs(
+            lode_base::limits::RECOVERY_TIME_HARD_DEFAULT_S + 30,
+        ));
+        match tokio::time::timeout(limit, async { tokio::join!(write, read) }).await {
+            Ok((true, true)) => {
+                if !list.is_empty() {
+                    info!(target = %self.cfg.target, "replay done");
+                }
+                Ok(())
+            }
+            _ => Err(None),
+        }
     }
 
     /// The connection of generation `gen` failed: forget it and, if anyone waits,
@@ -1088,7 +1276,7 @@ impl Import {
                 false
             } else {
                 st.tx = None;
-                let r = !st.connecting && !self.pending.lock().map.is_empty();
+                let r = !st.connecting && self.wants_connection();
                 if r {
                     st.connecting = true;
                 }
@@ -1217,7 +1405,7 @@ impl Import {
         Box::pin(async move { self.reconnect_loop().await })
     }
 
-    async fn reconnect_loop(self: Arc<Self>) {
+    async fn reconnect_loop(mut self: Arc<Self>) {
         let mut backoff = Duration::from_millis(20);
         loop {
             match self.try_connect().await {
@@ -1231,12 +1419,18 @@ impl Import {
                     return;
                 }
                 Err(None) => {
-                    if self.pending.lock().map.is_empty() {
+                    if !self.wants_connection() {
                         // Nobody waits: connect again when someone asks.
                         self.state.lock().connecting = false;
                         return;
                     }
+                    // Not holding the import while asleep: a client dropped meanwhile
+                    // stops trying.
+                    let weak = Arc::downgrade(&self);
+                    drop(self);
                     tokio::time::sleep(backoff).await;
+                    let Some(me) = weak.upgrade() else { return };
+                    self = me;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
             }
@@ -1299,12 +1493,35 @@ impl Import {
         };
         if frame.header.status < 0 {
             let e = Errno::from_status(frame.header.status);
+            if e == Errno::EAGAIN {
+                // The target is in recovery and does not wait for this client: later.
+                debug!(target = %self.cfg.target, %addr, "target busy recovering, connecting again");
+                return Err(None);
+            }
             warn!(target = %self.cfg.target, %addr, "connection refused by target: {e}");
             return Err(Some(e));
         }
         let Ok(Reply::Connect(rep)) = Reply::decode(Opcode::Connect as u16, &frame.body) else {
             return Err(Some(Errno::EPROTO));
         };
+        let committed = frame.header.last_committed;
+        self.committed(committed);
+        let (restarted, conn_cnt) = {
+            let st = self.state.lock();
+            let restarted = st
+                .granted
+                .as_ref()
+                .is_some_and(|g| g.instance != rep.instance);
+            (restarted, st.conn_cnt.wrapping_add(1))
+        };
+        if rep.recovering {
+            self.replay_all(&mut sock, &rep, conn_cnt).await?;
+        } else if restarted {
+            let lost = std::mem::take(&mut *self.replay.lock()).len();
+            if lost > 0 {
+                warn!(target = %self.cfg.target, lost, "the target restarted and ended its recovery without this client: changes it had not committed are lost");
+            }
+        }
         // From here on the runtime watches the socket for room to write only; replies
         // are read by waiting callers or the reader thread.
         let registered = sock.into_std().and_then(|s| {
@@ -1358,6 +1575,11 @@ fn reader_thread(imp: Weak<Import>) {
                 me.reader_cv.wait_for(&mut lead, READER_IDLE);
             }
             if lead.leader || !lead.kick {
+                let idle = !lead.leader;
+                drop(lead);
+                if idle {
+                    me.check_alive();
+                }
                 continue;
             }
             lead.kick = false;

@@ -142,6 +142,19 @@ pub struct Deferred {
 }
 
 impl Deferred {
+    /// The parked request as it arrived, to be handled anew later (after recovery, say):
+    /// like the original it can be parked again, with a permit of its own.
+    pub fn request(&self, body: Vec<u8>, peer: SocketAddr, conn_id: u64) -> Incoming {
+        Incoming {
+            header: self.header,
+            body,
+            peer,
+            conn_id,
+            reply_to: self.to.clone(),
+            start: self.start,
+        }
+    }
+
     /// Sends the reply (from any thread).
     pub fn send(self, out: Outgoing) {
         let us = self.start.elapsed().as_micros() as u64;

@@ -37,6 +37,8 @@ pub struct ReplySlot {
     pub tag: u16,
     /// Request xid.
     pub xid: u64,
+    /// A replay's original transno, which it keeps (0: a new change, given the next).
+    pub replay_transno: u64,
 }
 
 /// Called once when the store stops after a failure.
@@ -200,7 +202,14 @@ impl MdtStore {
         if self.is_stopped() {
             return Err(StoreError::Stopped);
         }
-        let transno = self.last_transno.load(Ordering::Relaxed) + 1;
+        let next = self.last_transno.load(Ordering::Relaxed) + 1;
+        // A replay keeps the transno its client was told, so the client's list and the
+        // order of changes stay what they were before the restart; gaps (changes no
+        // client replayed) stay gaps.
+        let transno = match &reply {
+            Some((s, _, _)) if s.replay_transno >= next => s.replay_transno,
+            _ => next,
+        };
         if let Some((slot, status, body)) = reply {
             let rec = ReplyRecord {
                 xid: slot.xid,
@@ -450,6 +459,7 @@ mod tests {
                         slot: 3,
                         tag: 1,
                         xid: 42,
+                        replay_transno: 0,
                     },
                     0,
                     vec![9],

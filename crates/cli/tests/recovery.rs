@@ -1,0 +1,248 @@
+//! Replay recovery, against real server processes.
+//!
+//! The MDS answers a change before it is on disk, and (by default) keeps the WAL in
+//! the process until its commit thread syncs it: a `kill -9` of the MDS loses every
+//! change not yet committed, as a power cut would. Each test holds commits back
+//! (`commit_interval_ms` of a minute), so every change a client was told succeeded is
+//! lost by the kill unless the client replays it, and checks that it is there after the
+//! restart. A test that passed without replay would show `replayed_requests: 0`.
+
+mod common;
+
+use common::*;
+use lode_base::{Errno, Fid, SetAttr};
+use lode_client::Session;
+use lode_testkit::{wait_for, Cluster};
+use std::time::Duration;
+
+/// Holds commits back for a minute: whatever the tests do next is uncommitted. First
+/// waits until only the test's `clients` are connected (the cluster's own start-up
+/// client has gone) and that is on disk, so the restart waits for nobody else.
+fn hold_commits(c: &Cluster, clients: usize) {
+    wait_for("only the test's clients", Duration::from_secs(10), || {
+        c.get_param("mdt.*.num_exports") == clients.to_string()
+    });
+    wait_for(
+        "everything so far to commit",
+        Duration::from_secs(10),
+        || {
+            let (last, committed) = transnos(c);
+            last == committed
+        },
+    );
+    c.set_param("mdt.*.commit_interval_ms=60000");
+    // The commit thread may be in the last short wait: let it pass.
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+fn transnos(c: &Cluster) -> (u64, u64) {
+    let n = |p: &str| c.get_param(p).trim().parse::<u64>().expect("a number");
+    (n("mdt.*.last_transno"), n("mdt.*.last_committed"))
+}
+
+/// Kills the MDS (`kill -9`, losing what it had not committed) and starts it again.
+fn power_cut_mds(c: &mut Cluster) {
+    let (last, committed) = transnos(c);
+    assert!(
+        last > committed,
+        "the test needs uncommitted changes to lose (last_transno {last}, last_committed {committed})"
+    );
+    restart_mds(c, &[]);
+}
+
+fn wait_recovered(c: &Cluster) -> String {
+    let mut status = String::new();
+    wait_for("recovery to end", Duration::from_secs(60), || {
+        status = c.get_param("mdt.*.recovery_status");
+        status.starts_with("status: COMPLETE")
+    });
+    status
+}
+
+fn field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .unwrap_or_else(|| panic!("no {name} in\n{status}"))
+        .to_string()
+}
+
+fn lookup(s: &Session, dir: Fid, name: &str) -> Result<lode_client::MdtBody, Errno> {
+    s.run(s.client.lookup(&root(), dir, name.as_bytes()))
+}
+
+fn mkdir(s: &Session, dir: Fid, name: &str) -> Fid {
+    s.run(s.client.mkdir(&root(), dir, name.as_bytes(), 0o755, None))
+        .unwrap_or_else(|e| panic!("mkdir {name}: {e:?}"))
+        .attr
+        .fid
+}
+
+fn create(s: &Session, dir: Fid, name: &str) -> Fid {
+    s.run(s.client.create(&root(), dir, name.as_bytes(), 0o644, None))
+        .unwrap_or_else(|e| panic!("create {name}: {e:?}"))
+        .attr
+        .fid
+}
+
+#[test]
+fn every_change_a_client_was_answered_survives_an_mds_power_cut() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let r = root();
+    hold_commits(&c, 1);
+
+    let d = mkdir(&s, Fid::ROOT, "d");
+    let mut files = Vec::new();
+    for i in 0..50 {
+        files.push(create(&s, d, &format!("f{i}")));
+    }
+    s.run(cl.rename(&r, d, b"f0", d, b"renamed", 0))
+        .expect("rename");
+    s.run(cl.unlink(&r, d, b"f1")).expect("unlink");
+    let sa = SetAttr {
+        mode: Some(0o600),
+        uid: Some(77),
+        ..Default::default()
+    };
+    s.run(cl.setattr(&r, files[2], sa)).expect("setattr");
+    s.run(cl.link(&r, files[3], d, b"hard")).expect("link");
+    s.run(cl.symlink(&r, d, b"sym", b"f4")).expect("symlink");
+    let sub = mkdir(&s, d, "sub");
+    s.run(cl.rmdir(&r, d, b"sub")).expect("rmdir");
+    let _ = sub;
+    s.run(cl.setxattr(&r, files[5], b"user.k", Some(b"v"), 0))
+        .expect("setxattr");
+
+    power_cut_mds(&mut c);
+    let status = wait_recovered(&c);
+    let replayed: u64 = field(&status, "replayed_requests").parse().expect("n");
+    assert!(
+        replayed >= 58,
+        "every change was uncommitted and had to be replayed:\n{status}"
+    );
+
+    assert!(lookup(&s, Fid::ROOT, "d").is_ok(), "the directory is back");
+    assert_eq!(
+        lookup(&s, d, "f0").err(),
+        Some(Errno::ENOENT),
+        "renamed away"
+    );
+    assert_eq!(lookup(&s, d, "renamed").map(|b| b.attr.fid), Ok(files[0]));
+    assert_eq!(lookup(&s, d, "f1").err(), Some(Errno::ENOENT), "unlinked");
+    for (i, f) in files.iter().enumerate().skip(2) {
+        assert_eq!(
+            lookup(&s, d, &format!("f{i}")).map(|b| b.attr.fid),
+            Ok(*f),
+            "f{i} came back with the FID its creator was given"
+        );
+    }
+    let a = s.run(cl.getattr(&r, files[2])).expect("getattr");
+    assert_eq!((a.mode & 0o7777, a.uid), (0o600, 77), "setattr replayed");
+    assert_eq!(s.run(cl.getattr(&r, files[3])).expect("getattr").nlink, 2);
+    assert_eq!(
+        s.run(cl.readlink(&r, lookup(&s, d, "sym").expect("sym").attr.fid)),
+        Ok(b"f4".to_vec())
+    );
+    assert_eq!(
+        lookup(&s, d, "sub").err(),
+        Some(Errno::ENOENT),
+        "rmdir replayed"
+    );
+    assert_eq!(
+        s.run(cl.getxattr(&r, files[5], b"user.k", 64))
+            .map(|(v, _)| v),
+        Ok(b"v".to_vec())
+    );
+    // Work goes on, and is not confused by the replayed transnos.
+    create(&s, d, "after");
+    assert!(lookup(&s, d, "after").is_ok());
+}
+
+#[test]
+fn replays_of_two_clients_run_in_their_original_order() {
+    let mut c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    hold_commits(&c, 2);
+    // Each change depends on the other client's last one: only the original order
+    // across both clients rebuilds it.
+    let mut dir = Fid::ROOT;
+    for i in 0..20 {
+        let s = if i % 2 == 0 { &a } else { &b };
+        dir = mkdir(s, dir, &format!("level{i}"));
+    }
+    power_cut_mds(&mut c);
+    let status = wait_recovered(&c);
+    assert_eq!(field(&status, "completed_clients"), "2/2", "{status}");
+    let mut cur = Fid::ROOT;
+    for i in 0..20 {
+        cur = lookup(&a, cur, &format!("level{i}"))
+            .unwrap_or_else(|e| panic!("level{i} after recovery: {e:?}\n{status}"))
+            .attr
+            .fid;
+    }
+    assert_eq!(cur, dir);
+}
+
+#[test]
+fn a_client_that_never_returns_is_evicted_and_the_others_recover() {
+    let mut c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    // Committed: each client's first FID sequence is synced when granted.
+    let da = mkdir(&a, Fid::ROOT, "a");
+    let db = mkdir(&b, Fid::ROOT, "b");
+    hold_commits(&c, 2);
+    for i in 0..10 {
+        create(&a, da, &format!("x{i}"));
+        create(&b, db, &format!("y{i}"));
+    }
+    // Client a dies with the MDS: nobody replays its changes.
+    let (last, committed) = transnos(&c);
+    assert!(last > committed);
+    c.kill9("mdt0");
+    drop(a);
+    c.start_target("mdt0");
+    wait_for("the MDS to answer", Duration::from_secs(30), || {
+        !c.get_param("mdt.*.recovery_time_soft").is_empty()
+    });
+    c.set_param("mdt.*.recovery_time_soft=3");
+    let status = wait_recovered(&c);
+    assert_eq!(field(&status, "completed_clients"), "1/2", "{status}");
+    assert!(
+        c.log("mdt0").contains("did not come back in time"),
+        "the eviction is logged"
+    );
+    // b's changes are all there; a's (uncommitted, never replayed) are not.
+    for i in 0..10 {
+        assert!(lookup(&b, db, &format!("y{i}")).is_ok(), "y{i}");
+        assert_eq!(
+            lookup(&b, da, &format!("x{i}")).err(),
+            Some(Errno::ENOENT),
+            "x{i}"
+        );
+    }
+}
+
+#[test]
+fn an_idle_client_does_not_hold_recovery_up_and_new_clients_wait_for_it() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let d = mkdir(&s, Fid::ROOT, "d");
+    // A client that went away before the crash is not waited for.
+    let gone = c.client();
+    assert!(lookup(&gone, d, ".").is_ok());
+    drop(gone);
+    hold_commits(&c, 1);
+    create(&s, d, "f");
+    power_cut_mds(&mut c);
+    let status = wait_recovered(&c);
+    let took: u64 = field(&status, "recovery_duration").parse().expect("n");
+    assert!(
+        took < 10,
+        "recovery waited only for the connected client:\n{status}"
+    );
+    // A new client connects once recovery is over and sees the replayed file.
+    let n = c.client();
+    assert!(lookup(&n, d, "f").is_ok());
+}
