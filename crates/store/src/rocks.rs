@@ -29,9 +29,13 @@ impl RocksEngine {
         db_opts.set_max_background_jobs(2);
         db_opts.set_keep_log_file_num(4);
         db_opts.set_max_total_wal_size(256 << 20);
-        // Batches go to an in-memory WAL buffer; the MDS hands it to the OS once per
-        // round of requests, before their replies (`flush_wal`), and syncs it on commit.
+        // Batches go to an in-memory WAL buffer, which reaches the OS when the commit
+        // thread syncs it (or, with `wal_flush_per_round`, before each round's replies).
         db_opts.set_manual_wal_flush(true);
+        // Room for every batch between two commits (the buffer grows as needed): with
+        // RocksDB's 1 MiB, a burst would reach the OS early, and a `kill -9` would lose
+        // less than a power cut does. Equal losses keep the crash tests honest.
+        db_opts.set_writable_file_max_buffer_size(256 << 20);
         let cfs = Cf::ALL.iter().map(|cf| {
             let mut bo = BlockBasedOptions::default();
             bo.set_block_cache(&cache);
