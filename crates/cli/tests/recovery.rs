@@ -246,3 +246,53 @@ fn an_idle_client_does_not_hold_recovery_up_and_new_clients_wait_for_it() {
     let n = c.client();
     assert!(lookup(&n, d, "f").is_ok());
 }
+
+#[test]
+fn files_held_open_survive_an_mds_power_cut_committed_or_not_unlinked_or_not() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let r = root();
+    let d = mkdir(&s, Fid::ROOT, "d");
+    // Opened, and the open committed, before commits are held.
+    let b = s
+        .run(cl.create_open(&r, d, b"committed", 0o644, libc::O_RDWR, None))
+        .expect("create_open");
+    // A file held open, then unlinked: an orphan the restart must keep.
+    let o = s
+        .run(cl.create_open(&r, d, b"orphan", 0o644, libc::O_RDWR, None))
+        .expect("create_open");
+    hold_commits(&c, 1);
+    s.run(cl.unlink(&r, d, b"orphan")).expect("unlink");
+    // Created and opened after: the open is replayed with its create.
+    let a = s
+        .run(cl.create_open(&r, d, b"uncommitted", 0o644, libc::O_RDWR, None))
+        .expect("create_open");
+    for (fh, data) in [(&a, b"aaaa"), (&b, b"bbbb"), (&o, b"oooo")] {
+        assert_eq!(s.run(cl.write(fh, 0, data)), Ok(4));
+    }
+    assert_eq!(c.get_param("mdt.*.open_files"), "3");
+
+    power_cut_mds(&mut c);
+    let status = wait_recovered(&c);
+    assert_eq!(
+        c.get_param("mdt.*.open_files"),
+        "3",
+        "every handle is open again after recovery:\n{status}"
+    );
+    assert_eq!(lookup(&s, d, "orphan").err(), Some(Errno::ENOENT));
+    for (fh, data) in [(&a, b"aaaa"), (&b, b"bbbb"), (&o, b"oooo")] {
+        assert_eq!(
+            s.run(cl.read(fh, 0, 4)).as_deref(),
+            Ok(&data[..]),
+            "the handle still reads its file"
+        );
+        assert_eq!(s.run(cl.close(fh)), Ok(()), "the same handle closes");
+    }
+    assert_eq!(c.get_param("mdt.*.open_files"), "0");
+    assert_eq!(
+        s.run(cl.getattr(&r, o.fid)).err(),
+        Some(Errno::ENOENT),
+        "the orphan went with its last close"
+    );
+}

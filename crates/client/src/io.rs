@@ -170,7 +170,7 @@ impl Client {
     }
 
     /// EIO for a handle the MDT no longer has: opened before this client was evicted
-    /// or the MDT restarted (until open handles are replayed).
+    /// (a restart the client recovered from keeps its handles).
     fn check_live(&self, fh: &FileHandle) -> Result<(), Errno> {
         if fh.epoch == self.open_epoch() {
             Ok(())
@@ -188,7 +188,11 @@ impl Client {
                 handle: fh.handle,
                 wrote: fh.wrote.load(Ordering::Acquire),
             }))
-            .await?;
+            .await;
+        // Closed (or refused: the MDT has no such handle): not opened again after a
+        // restart of the MDT.
+        self.mdc.closed(fh.handle);
+        let rep = rep?;
         if let Reply::Close(r) = rep {
             if r.exact_size {
                 self.size_exact(fh.fid, cached);

@@ -127,14 +127,19 @@ impl From<OpError> for StoreError {
 pub(crate) type OpResult<T> = Result<T, OpError>;
 
 /// What one request needs besides its body: the reply slot (for modifications).
+#[derive(Default)]
 pub struct Ctx {
     /// Where the reply record goes (none for requests that modify nothing).
     pub slot: Option<ReplySlot>,
+    /// A replayed open: the handle its client holds, under which it is registered
+    /// again (instead of a new one).
+    pub open_handle: Option<u64>,
 }
 
 impl Namespace {
-    /// Opens the namespace over `store`: formats the root on first start and cleans
-    /// orphans left by a crash (open handles are not replayed yet).
+    /// Opens the namespace over `store`: formats the root on first start. Orphans of a
+    /// previous life are destroyed by [`Namespace::clean_orphans`] once recovery has
+    /// replayed the opens that keep some of them.
     pub fn open(cfg: MdtConfig, store: Arc<MdtStore>) -> Result<Arc<Namespace>, StoreError> {
         let ns = Arc::new(Namespace {
             cfg,
@@ -157,7 +162,6 @@ impl Namespace {
             },
         });
         ns.format_root()?;
-        ns.clean_orphans()?;
         Ok(ns)
     }
 
@@ -277,6 +281,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let ns = namespace(dir.path());
         let ctx = Ctx {
+            open_handle: None,
             slot: Some(ReplySlot {
                 slot: 0,
                 tag: 1,
@@ -294,10 +299,10 @@ mod tests {
         assert_eq!(found.attr.fid, rep.body.attr.fid);
         assert_eq!(ns.getattr(Fid::ROOT).expect("root").attr.nlink, 3);
         assert!(matches!(
-            ns.create(&Ctx { slot: None }, 0, create_req(b"d", 2)),
+            ns.create(&Ctx::default(), 0, create_req(b"d", 2)),
             Err(OpError::Errno(Errno::EEXIST))
         ));
-        ns.unlink(&Ctx { slot: None }, &Cred::root(), Fid::ROOT, b"d", true)
+        ns.unlink(&Ctx::default(), &Cred::root(), Fid::ROOT, b"d", true)
             .expect("rmdir");
         assert!(matches!(
             ns.lookup(&Cred::root(), Fid::ROOT, b"d"),

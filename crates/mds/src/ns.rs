@@ -86,8 +86,8 @@ impl Namespace {
         Ok(())
     }
 
-    /// Open-unlinked files of a previous life are destroyed: their handles did not
-    /// survive the restart (open replay comes with recovery).
+    /// Open-unlinked files of a previous life that no client opened again in recovery
+    /// are destroyed.
     pub(crate) fn clean_orphans(&self) -> OpResult<()> {
         let mut fids = Vec::new();
         self.store
@@ -98,6 +98,7 @@ impl Namespace {
                 }
                 true
             })?;
+        fids.retain(|f| !self.is_open(*f));
         for fid in fids {
             let mut b = Batch::new();
             b.delete(Cf::Orphan, fid.to_bytes().to_vec());
@@ -389,7 +390,9 @@ impl Namespace {
         let mut b = Batch::new();
         put_dirent(&mut b, r.parent, &r.name, r.fid, dtype_of(mode));
         put_inode(&mut b, r.fid, &rec);
-        let handle = r.open_flags.map(|_| self.next_handle());
+        let handle = r
+            .open_flags
+            .map(|_| ctx.open_handle.unwrap_or_else(|| self.next_handle()));
         let mut body = self.body(r.fid, &rec);
         // Its creator, holding the only handle, knows it empty until it writes; any
         // other writer's open calls its locks back first (see `marked_clean`). Others
@@ -449,6 +452,23 @@ impl Namespace {
             }
             DataMark::Reader => {}
         }
+    }
+
+    /// Registers again, in recovery, an open its client held before the restart (the
+    /// open itself was committed): the same handle, on the same file, even if it was
+    /// unlinked since (an orphan). Nothing durable changes.
+    pub(crate) fn reopen(&self, slot: u32, fid: Fid, flags: u32, handle: u64) -> OpResult<()> {
+        if self.opens.lock().handles.contains_key(&handle) {
+            return Ok(());
+        }
+        self.inode(fid)?;
+        let mark = if wants_write(flags as i32) {
+            DataMark::Writer
+        } else {
+            DataMark::Reader
+        };
+        self.register_open(handle, fid, slot, mark);
+        Ok(())
     }
 
     /// Whether the file's "data on OSTs" mark may still be taken back: its marking
@@ -519,7 +539,7 @@ impl Namespace {
         } else {
             DataMark::Reader
         };
-        let handle = self.next_handle();
+        let handle = ctx.open_handle.unwrap_or_else(|| self.next_handle());
         let rep = CreateRep {
             body: self.body(fid, &rec),
             handle: Some(handle),
@@ -556,7 +576,7 @@ impl Namespace {
     /// Closes a handle outside any request (client disconnect).
     pub(crate) fn close_handle(&self, handle: u64) -> OpResult<u64> {
         // What the client wrote is unknown: the mark stays.
-        Ok(self.close_inner(&Ctx { slot: None }, handle, true)?.1)
+        Ok(self.close_inner(&Ctx::default(), handle, true)?.1)
     }
 
     /// Closes every handle of a client that disconnected on purpose.

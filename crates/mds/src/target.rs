@@ -188,6 +188,12 @@ impl Mdt {
             wal_flush_per_round: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
         });
+        if !recovering {
+            mdt.ns.clean_orphans().map_err(|e| match e {
+                OpError::Store(e) => e,
+                OpError::Errno(e) => StoreError::Engine(format!("cleaning orphans: {e}")),
+            })?;
+        }
         if recovering {
             let weak = Arc::downgrade(&mdt);
             std::thread::Builder::new()
@@ -575,7 +581,11 @@ impl Mdt {
                 0
             },
         });
-        let ctx = Ctx { slot };
+        let replay = inc.header.flags & FLAG_REPLAY != 0;
+        let ctx = Ctx {
+            slot,
+            open_handle: (replay && inc.header.last_xid != 0).then_some(inc.header.last_xid),
+        };
         Ok(match req {
             MdtRequest::Ping(_) => (Reply::Ping(Empty {}), 0),
             MdtRequest::Disconnect(_) => {
@@ -832,8 +842,24 @@ impl Mdt {
                 Next::Done(r) => {
                     let t = r.inc.header.transno;
                     self.recovery.lock().st.ran(r.exp.slot, r.inc.header.xid, t);
+                    // A committed open its client still holds: registered again.
+                    let handle = r.inc.header.last_xid;
+                    let status = match &r.req {
+                        MdtRequest::Open(o) if handle != 0 => {
+                            match self.ns.reopen(r.exp.slot, o.fid, o.flags, handle) {
+                                Ok(()) => 0,
+                                Err(e) => {
+                                    let out = self.error_out(e);
+                                    warn!(client = %r.exp.uuid, fid = %o.fid, "reopen in recovery failed: {}", Errno::from_status(out.status));
+                                    out.status
+                                }
+                            }
+                        }
+                        _ => 0,
+                    };
                     r.d.send(Outgoing {
-                        transno: t,
+                        status,
+                        transno: if status == 0 { t } else { 0 },
                         last_committed: self.ns.store.last_committed(),
                         ..Default::default()
                     });
@@ -875,6 +901,10 @@ impl Mdt {
                     };
                     for r in left {
                         r.d.send(self.error_out(Errno::ESTALE.into()));
+                    }
+                    // Open-unlinked files nobody opened again go now.
+                    if let Err(e) = self.ns.clean_orphans() {
+                        warn!("cleaning orphans after recovery: {e:?}");
                     }
                     info!(duration = ?st.0, replayed = st.1, gaps = st.2, evicted = st.3, "recovery over");
                     for (inc, d) in held {

@@ -44,6 +44,8 @@ pub struct Header {
     /// Connection handle granted at CONNECT.
     pub handle: u64,
     /// Requests: every xid at or below this was replied to (reply records may go).
+    /// A replay (`FLAG_REPLAY`) carries instead the open handle its client holds from
+    /// it (0 if none), so the restarted target registers the open under it again.
     pub last_xid: u64,
     /// Replies: transaction number of the change (0 if none or on error).
     pub transno: u64,

@@ -133,6 +133,8 @@ struct Pending {
     passive: bool,
     /// The tag of a modification whose caller gave up waiting: free once answered.
     held_tag: Option<TagGuard>,
+    /// An open (caller and flags): held for replay while the file stays open.
+    open: Option<(lode_base::Cred, u32)>,
 }
 
 #[derive(Default)]
@@ -395,6 +397,18 @@ pub struct Import {
     forgotten: AtomicU64,
     /// Changes answered and not yet committed, by transno: replayed after a restart.
     replay: Mutex<BTreeMap<u64, Replayable>>,
+    /// Files this client holds open, by MDT handle: opened again (same handle) in the
+    /// target's recovery, committed or not, until closed.
+    opens: Mutex<std::collections::HashMap<u64, HeldOpen>>,
+}
+
+/// An open held for replay.
+struct HeldOpen {
+    transno: u64,
+    xid: u64,
+    tag: u16,
+    /// An OPEN of the file by FID, sent if the open itself was committed.
+    reopen: Arc<Vec<u8>>,
 }
 
 /// A change to replay if the target restarts before committing it.
@@ -539,6 +553,7 @@ impl Import {
             md_stats: crate::stats::MdStats::default(),
             forgotten: AtomicU64::new(0),
             replay: Mutex::new(BTreeMap::new()),
+            opens: Mutex::new(std::collections::HashMap::new()),
             cfg,
         });
         let weak = Arc::downgrade(&imp);
@@ -806,6 +821,11 @@ impl Import {
             )),
             _ => None,
         };
+        let open = match &req {
+            Request::Open(o) => Some((o.cred.clone(), o.flags)),
+            Request::Create(c) => c.open_flags.map(|f| (c.cred.clone(), f)),
+            _ => None,
+        };
         let body = Arc::new(req.encode());
         let sent = std::time::Instant::now();
         let cancel = (!cancels.is_empty()).then(|| {
@@ -814,7 +834,9 @@ impl Import {
             })
             .encode()
         });
-        let frame = self.wait(op as u16, tag_guard, body, flags, cancel).await?;
+        let frame = self
+            .wait(op as u16, tag_guard, body, flags, cancel, open)
+            .await?;
         self.stats.record(
             op,
             u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX),
@@ -855,6 +877,7 @@ impl Import {
         body: Arc<Vec<u8>>,
         flags: u16,
         cancel: Option<Vec<u8>>,
+        open: Option<(lode_base::Cred, u32)>,
     ) -> Result<Frame, Errno> {
         let tag = tag_guard.as_ref().map_or(0, |t| t.tag);
         let (tx, mut rx) = oneshot::channel();
@@ -874,6 +897,7 @@ impl Import {
                     tx,
                     passive: false,
                     held_tag: None,
+                    open,
                 },
             );
             xid
@@ -1113,6 +1137,9 @@ impl Import {
                         },
                     );
                 }
+                if let (Some((cred, flags)), true) = (&p.open, transno > 0) {
+                    self.hold_open(&frame, p.tag, transno, cred, *flags);
+                }
                 let _ = p.tx.send(frame);
             }
             self.committed(committed);
@@ -1161,6 +1188,35 @@ impl Import {
         }
     }
 
+    /// Keeps an answered open for replay: its handle and file, from the reply.
+    fn hold_open(&self, frame: &Frame, tag: u16, transno: u64, cred: &lode_base::Cred, flags: u32) {
+        let rep = match Reply::decode(frame.header.opcode, &frame.body) {
+            Ok(Reply::Create(r) | Reply::Open(r)) => r,
+            _ => return,
+        };
+        let Some(handle) = rep.handle else { return };
+        let reopen = Request::Open(lode_proto::OpenReq {
+            cred: cred.clone(),
+            fid: rep.body.attr.fid,
+            flags: flags & !((nix::libc::O_CREAT | nix::libc::O_EXCL | nix::libc::O_TRUNC) as u32),
+        })
+        .encode();
+        self.opens.lock().insert(
+            handle,
+            HeldOpen {
+                transno,
+                xid: frame.header.xid,
+                tag,
+                reopen: Arc::new(reopen),
+            },
+        );
+    }
+
+    /// The file open under `handle` was closed: nothing to open again after a restart.
+    pub fn closed(&self, handle: u64) {
+        self.opens.lock().remove(&handle);
+    }
+
     /// Whether a connection to the target is up now.
     pub fn connected(&self) -> bool {
         self.state.lock().tx.is_some()
@@ -1188,19 +1244,44 @@ impl Import {
             .iter()
             .map(|(t, r)| (*t, r.clone()))
             .collect();
+        // Each change in transno order; an open still held carries its handle (in
+        // `last_xid`, unused by replays) and, if it was committed, is sent as an OPEN
+        // by FID in its place.
+        let mut frames: BTreeMap<u64, (Header, Arc<Vec<u8>>)> = list
+            .iter()
+            .map(|(transno, r)| {
+                let h = Header {
+                    opcode: r.opcode,
+                    flags: FLAG_REPLAY | (r.flags & !(FLAG_INTENT | FLAG_RESENT)),
+                    tag: r.tag,
+                    xid: r.xid,
+                    handle: rep.handle,
+                    transno: *transno,
+                    conn_cnt,
+                    ..Default::default()
+                };
+                (*transno, (h, r.body.clone()))
+            })
+            .collect();
+        for (handle, o) in self.opens.lock().iter() {
+            let f = frames.entry(o.transno).or_insert_with(|| {
+                let h = Header {
+                    opcode: Opcode::Open as u16,
+                    flags: FLAG_REPLAY,
+                    tag: o.tag,
+                    xid: o.xid,
+                    handle: rep.handle,
+                    transno: o.transno,
+                    conn_cnt,
+                    ..Default::default()
+                };
+                (h, o.reopen.clone())
+            });
+            f.0.last_xid = *handle;
+        }
         let mut out = Vec::new();
-        for (transno, r) in &list {
-            let h = Header {
-                opcode: r.opcode,
-                flags: FLAG_REPLAY | (r.flags & !(FLAG_INTENT | FLAG_RESENT)),
-                tag: r.tag,
-                xid: r.xid,
-                handle: rep.handle,
-                transno: *transno,
-                conn_cnt,
-                ..Default::default()
-            };
-            out.extend_from_slice(&Frame::encode(&h, &r.body));
+        for (h, body) in frames.values() {
+            out.extend_from_slice(&Frame::encode(h, body));
         }
         let done_xid = self.next_xid();
         let h = Header {
@@ -1212,11 +1293,13 @@ impl Import {
             ..Default::default()
         };
         out.extend_from_slice(&Frame::encode(&h, &Request::Ping(Empty {}).encode()));
-        if !list.is_empty() {
-            info!(target = %self.cfg.target, changes = list.len(), "the target restarted: replaying what it had not committed");
+        if !frames.is_empty() {
+            info!(target = %self.cfg.target, changes = list.len(), opens = frames.len() - list.len(), "the target restarted: replaying what it had not committed, and reopening open files");
         }
-        let by_xid: std::collections::HashMap<u64, (u64, u16)> =
-            list.iter().map(|(t, r)| (r.xid, (*t, r.opcode))).collect();
+        let by_xid: std::collections::HashMap<u64, (u64, u16, u64)> = frames
+            .values()
+            .map(|(h, _)| (h.xid, (h.transno, h.opcode, h.last_xid)))
+            .collect();
         let (mut rd, mut wr) = sock.split();
         let write = async { wr.write_all(&out).await.is_ok() };
         let read = async {
@@ -1231,10 +1314,14 @@ impl Import {
                     self.committed(f.header.last_committed);
                     return f.header.status >= 0;
                 }
-                let Some(&(transno, opcode)) = by_xid.get(&f.header.xid) else {
+                let Some(&(transno, opcode, open_handle)) = by_xid.get(&f.header.xid) else {
                     continue;
                 };
                 let status = f.header.status;
+                if status < 0 && open_handle != 0 {
+                    warn!(target = %self.cfg.target, transno, "an open file could not be opened again ({}): its handle is lost", Errno::from_status(status));
+                    self.opens.lock().remove(&open_handle);
+                }
                 if status == Errno::EBADF.status() && opcode == Opcode::Close as u16 {
                     // Open handles are not replayed yet: the close of one finds it gone,
                     // and nothing is lost by that.
@@ -1258,7 +1345,7 @@ impl Import {
         ));
         match tokio::time::timeout(limit, async { tokio::join!(write, read) }).await {
             Ok((true, true)) => {
-                if !list.is_empty() {
+                if !frames.is_empty() {
                     info!(target = %self.cfg.target, "replay done");
                 }
                 Ok(())
@@ -1518,6 +1605,9 @@ impl Import {
             self.replay_all(&mut sock, &rep, conn_cnt).await?;
         } else if restarted {
             let lost = std::mem::take(&mut *self.replay.lock()).len();
+            // Nothing this client held there survived: its open handles are stale.
+            self.opens.lock().clear();
+            self.forgotten.fetch_add(1, Ordering::AcqRel);
             if lost > 0 {
                 warn!(target = %self.cfg.target, lost, "the target restarted and ended its recovery without this client: changes it had not committed are lost");
             }
