@@ -296,3 +296,23 @@ fn files_held_open_survive_an_mds_power_cut_committed_or_not_unlinked_or_not() {
         "the orphan went with its last close"
     );
 }
+
+#[test]
+fn clients_that_say_goodbye_free_their_slot_for_the_next() {
+    let c = cluster(1);
+    for i in 0..20 {
+        let s = c.client();
+        // A change: the client's slot holds a reply record.
+        mkdir(&s, Fid::ROOT, &format!("d{i}"));
+    }
+    let log = c.log("mdt0");
+    let slots: Vec<u32> = lines_with(&log, "client connected")
+        .iter()
+        .filter_map(|l| l.split("slot=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert!(slots.len() >= 20, "every client connected:\n{log}");
+    assert!(
+        slots.iter().all(|s| *s < 3),
+        "short-lived clients reuse slots instead of using the table up: {slots:?}"
+    );
+}

@@ -118,6 +118,9 @@ fn connected_key(slot: u32) -> Vec<u8> {
 struct ClientTable {
     by_uuid: HashMap<String, u32>,
     next_slot: u32,
+    /// Slots below `next_slot` released by clients that disconnected: given again, so
+    /// short-lived clients never use the table up.
+    free: std::collections::BTreeSet<u32>,
 }
 
 impl Mdt {
@@ -169,7 +172,14 @@ impl Mdt {
         let mdt = Arc::new_cyclic(|me| Mdt {
             ns,
             exports: RwLock::new(HashMap::new()),
-            clients: Mutex::new(ClientTable { by_uuid, next_slot }),
+            clients: Mutex::new(ClientTable {
+                free: {
+                    let used: std::collections::HashSet<u32> = by_uuid.values().copied().collect();
+                    (0..next_slot).filter(|s| !used.contains(s)).collect()
+                },
+                by_uuid,
+                next_slot,
+            }),
             tags: Mutex::new(HashMap::new()),
             stats: OpStats::default(),
             ldlm: Ldlm::new(lode_base::limits::LOCKS_PER_CLIENT_MAX),
@@ -461,10 +471,11 @@ impl Mdt {
             match known {
                 Some(s) => s,
                 None => {
-                    if ct.next_slot >= lode_base::limits::CLIENTS_MAX {
+                    let reuse = ct.free.first().copied();
+                    if reuse.is_none() && ct.next_slot >= lode_base::limits::CLIENTS_MAX {
                         return Err(Errno::ENOSPC.into());
                     }
-                    let slot = ct.next_slot;
+                    let slot = reuse.unwrap_or(ct.next_slot);
                     let mut b = Batch::new();
                     b.put(
                         Cf::Clients,
@@ -472,7 +483,11 @@ impl Mdt {
                         records::encode(&ClientRec { slot }),
                     );
                     self.ns.store.apply_untracked(&b)?;
-                    ct.next_slot += 1;
+                    if reuse.is_some() {
+                        ct.free.remove(&slot);
+                    } else {
+                        ct.next_slot += 1;
+                    }
                     ct.by_uuid.insert(req.client_uuid.clone(), slot);
                     slot
                 }
@@ -529,6 +544,33 @@ impl Mdt {
         b.put(Cf::Server, key, uuid.as_bytes().to_vec());
         self.ns.store.apply_untracked(&b)?;
         self.ns.store.engine().sync()
+    }
+
+    /// A client said goodbye: unless another connection of it is still up, its slot,
+    /// its reply records (it will resend nothing) and its place in recovery go, and
+    /// the slot is free for a new client.
+    fn release_slot(&self, exp: &Export) -> Result<(), StoreError> {
+        let mut ct = self.clients.lock();
+        if self.exports.read().values().any(|e| e.slot == exp.slot) {
+            return Ok(());
+        }
+        let mut b = Batch::new();
+        b.delete(Cf::Server, connected_key(exp.slot));
+        b.delete(Cf::Clients, exp.uuid.as_bytes().to_vec());
+        let prefix = exp.slot.to_be_bytes();
+        self.ns
+            .store
+            .engine()
+            .scan(Cf::Reply, &prefix, &prefix, &mut |k, _| {
+                b.delete(Cf::Reply, k.to_vec());
+                true
+            })?;
+        self.ns.store.apply(b, None)?;
+        if ct.by_uuid.remove(&exp.uuid).is_some() {
+            ct.free.insert(exp.slot);
+        }
+        self.tags.lock().remove(&exp.slot);
+        Ok(())
     }
 
     /// `slot` has no connection left: a restart need not wait for it. Everything it
@@ -590,14 +632,14 @@ impl Mdt {
             MdtRequest::Ping(_) => (Reply::Ping(Empty {}), 0),
             MdtRequest::Disconnect(_) => {
                 self.exports.write().remove(&inc.header.handle);
-                self.mark_gone(exp.slot);
-                // On disk before the answer (as Lustre's client slot release): a
-                // client that said goodbye is never waited for after a crash.
-                self.ns.store.sync()?;
                 self.ns.close_all_of(exp.slot);
                 self.channels.lock().remove(&exp.slot);
                 self.ldlm.evict(exp.slot);
                 self.send_grants(self.flocks.drop_client(exp.slot));
+                self.release_slot(exp)?;
+                // On disk before the answer (as Lustre's client slot release): a
+                // client that said goodbye is never waited for after a crash.
+                self.ns.store.sync()?;
                 (Reply::Disconnect(Empty {}), 0)
             }
             MdtRequest::Statfs(_) => (Reply::Statfs(self.ns.statfs()?), 0),
