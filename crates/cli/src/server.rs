@@ -45,8 +45,24 @@ pub struct ServerArgs {
     /// Milliseconds replies may wait for a client that does not read them.
     #[arg(long, default_value_t = lode_base::limits::CONN_WRITE_TIMEOUT_MS)]
     write_timeout_ms: u64,
+    /// `fail_loc` from the start, for faults in what a server does before anyone
+    /// could set it (recovery); as `set-param fail_loc`.
+    #[arg(long, value_parser = parse_u32, default_value = "0")]
+    fail_loc: u32,
+    /// `fail_val` from the start.
+    #[arg(long, default_value_t = 0)]
+    fail_val: u32,
     /// Formatted target directory.
     dir: PathBuf,
+}
+
+/// A number in decimal or `0x` hex.
+fn parse_u32(s: &str) -> Result<u32, String> {
+    match s.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// Store faults driven by `fail_loc`.
@@ -132,6 +148,8 @@ fn raise_fd_limit(max_connections: usize) {
 pub fn run(role: Role, a: ServerArgs) -> Result<()> {
     init_logging();
     raise_fd_limit(a.max_connections);
+    fail::set_val(a.fail_val);
+    fail::set_loc(a.fail_loc);
     let cfg = TargetConfig::load(&a.dir, role).map_err(|e| anyhow!("{e}"))?;
     let _lock = lock_dir(&a.dir)?;
     let listen = a

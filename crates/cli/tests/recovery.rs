@@ -42,12 +42,19 @@ fn transnos(c: &Cluster) -> (u64, u64) {
 
 /// Kills the MDS (`kill -9`, losing what it had not committed) and starts it again.
 fn power_cut_mds(c: &mut Cluster) {
+    power_cut_mds_with(c, &[]);
+}
+
+/// [`power_cut_mds`], the new MDS started with `args`.
+fn power_cut_mds_with(c: &mut Cluster, args: &[&str]) {
     let (last, committed) = transnos(c);
     assert!(
         last > committed,
         "the test needs uncommitted changes to lose (last_transno {last}, last_committed {committed})"
     );
-    restart_mds(c, &[]);
+    c.set_server_args("mdt0", args);
+    c.kill9("mdt0");
+    c.start_target("mdt0");
 }
 
 fn wait_recovered(c: &Cluster) -> String {
@@ -315,4 +322,109 @@ fn clients_that_say_goodbye_free_their_slot_for_the_next() {
         slots.iter().all(|s| *s < 3),
         "short-lived clients reuse slots instead of using the table up: {slots:?}"
     );
+}
+
+/// `fail_loc` points that make the MDS die (`fail_loc` flag ONCE is 0x80000000, SKIP
+/// 0x20000000).
+const ABORT_BEFORE_COMMIT_ONCE: &str = "0x80000105";
+const ABORT_AFTER_COMMIT_ONCE: &str = "0x80000106";
+const ABORT_IN_RECOVERY_SKIP: &str = "0x20000107";
+const DROP_CONNECT_ONCE: &str = "0x80000108";
+
+/// Waits until the MDS died at a `fail_loc` point (it says so in its log first).
+fn wait_died(c: &mut Cluster, when: &str) {
+    wait_for(
+        "the MDS to die at its fault point",
+        Duration::from_secs(30),
+        || {
+            c.log("mdt0")
+                .contains(&format!("fail_loc: the MDS dies here, {when}"))
+        },
+    );
+    c.wait_exit("mdt0", Duration::from_secs(10));
+}
+
+#[test]
+fn an_mds_that_dies_before_or_after_committing_a_change_applies_it_exactly_once() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let d = mkdir(&s, Fid::ROOT, "d");
+    for (point, when, name) in [
+        (ABORT_BEFORE_COMMIT_ONCE, "before the change", "lost"),
+        (
+            ABORT_AFTER_COMMIT_ONCE,
+            "after the change is committed",
+            "kept",
+        ),
+    ] {
+        c.set_param(&format!(
+            "mdt.*.fail_opc={}",
+            lode_proto::Opcode::Create as u16
+        ));
+        c.set_param(&format!("mdt.*.fail_loc={point}"));
+        let made = std::thread::scope(|t| {
+            let call = t.spawn(|| s.run(s.client.mkdir(&root(), d, name.as_bytes(), 0o755, None)));
+            wait_died(&mut c, when);
+            c.start_target("mdt0");
+            call.join().expect("the caller")
+        });
+        // Lost with the process: executed again when resent. Committed: answered from
+        // its reply record, not executed twice (which would say EEXIST).
+        let made = made.unwrap_or_else(|e| panic!("mkdir {name} ({when}): {e:?}"));
+        assert_eq!(lookup(&s, d, name).map(|b| b.attr.fid), Ok(made.attr.fid));
+    }
+    let status = wait_recovered(&c);
+    assert!(status.starts_with("status: COMPLETE"));
+    assert_eq!(
+        s.run(s.client.getattr(&root(), d)).expect("getattr").nlink,
+        4,
+        "two subdirectories, each made once"
+    );
+}
+
+#[test]
+fn an_mds_that_dies_during_recovery_recovers_again_from_the_same_state() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let d = mkdir(&s, Fid::ROOT, "d");
+    hold_commits(&c, 1);
+    for i in 0..10 {
+        create(&s, d, &format!("f{i}"));
+    }
+    // The restarted MDS dies before its fifth replay.
+    power_cut_mds_with(
+        &mut c,
+        &["--fail-loc", ABORT_IN_RECOVERY_SKIP, "--fail-val", "4"],
+    );
+    wait_died(&mut c, "in recovery");
+    c.set_server_args("mdt0", &[]);
+    c.start_target("mdt0");
+    let status = wait_recovered(&c);
+    for i in 0..10 {
+        assert!(
+            lookup(&s, d, &format!("f{i}")).is_ok(),
+            "f{i} after two recoveries:\n{status}"
+        );
+    }
+}
+
+#[test]
+fn a_dropped_reconnect_is_tried_again_and_recovery_completes() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let d = mkdir(&s, Fid::ROOT, "d");
+    hold_commits(&c, 1);
+    for i in 0..5 {
+        create(&s, d, &format!("f{i}"));
+    }
+    power_cut_mds_with(&mut c, &["--fail-loc", DROP_CONNECT_ONCE]);
+    let status = wait_recovered(&c);
+    assert!(
+        c.log("mdt0").contains("fail_loc: CONNECT dropped"),
+        "the first reconnect was dropped, and the client came back anyway"
+    );
+    assert_eq!(field(&status, "completed_clients"), "1/1", "{status}");
+    for i in 0..5 {
+        assert!(lookup(&s, d, &format!("f{i}")).is_ok(), "f{i}:\n{status}");
+    }
 }

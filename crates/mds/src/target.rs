@@ -908,6 +908,9 @@ impl Mdt {
                 }
                 Next::Run(r) => {
                     let Replay { inc, exp, req, d } = r;
+                    if lode_rpc::fail::check(lode_rpc::fail::MDS_ABORT_IN_RECOVERY) {
+                        abort("in recovery, before a replay");
+                    }
                     let out = self.execute_modify(&inc, &exp, req, None);
                     {
                         let mut rec = self.recovery.lock();
@@ -1057,6 +1060,13 @@ impl Mdt {
     }
 }
 
+/// A `fail_loc` crash: the process ends at once, as with `kill -9` (nothing is
+/// flushed or synced on the way out).
+fn abort(when: &str) -> ! {
+    tracing::error!("fail_loc: the MDS dies here, {when}");
+    std::process::abort()
+}
+
 /// Moves recovery on when nothing arrives: the windows pass, and clients are evicted.
 fn recovery_timer(mdt: Weak<Mdt>) {
     loop {
@@ -1125,6 +1135,13 @@ impl Service for Mdt {
             }
         };
         if let MdtRequest::Connect(c) = req {
+            if lode_rpc::fail::check(lode_rpc::fail::MDS_DROP_CONNECT) {
+                warn!(peer = %inc.peer, "fail_loc: CONNECT dropped");
+                return Outgoing {
+                    drop: true,
+                    ..Default::default()
+                };
+            }
             return match self.connect(inc, c) {
                 Ok(rep) => Outgoing {
                     body: Reply::Connect(rep).encode(),
@@ -1517,6 +1534,16 @@ impl Mdt {
         }
         .and_then(|p| Some((p, self.ns.inode(p).ok()?.ctime)));
         let mut out = self.run(inc, exp, req);
+        if out.status == 0 {
+            use lode_rpc::fail::{check_op, MDS_ABORT_AFTER_COMMIT, MDS_ABORT_BEFORE_COMMIT};
+            if check_op(MDS_ABORT_BEFORE_COMMIT, h.opcode) {
+                abort("before the change is committed or answered");
+            }
+            if check_op(MDS_ABORT_AFTER_COMMIT, h.opcode) {
+                let _ = self.ns.store.sync();
+                abort("after the change is committed, before it is answered");
+            }
+        }
         if out.status < 0 && !self.ns.store.is_stopped() {
             // Recorded too: a resent failing request fails the same way even if it
             // could succeed now.

@@ -12,6 +12,17 @@ pub const DELAY_REPLY: u32 = 0x103;
 /// Delay executing the next matching modify request by `fail_val` milliseconds, on the
 /// thread that runs it (a slow MDT).
 pub const DELAY_EXEC: u32 = 0x104;
+/// The MDS process dies (as `kill -9`) after executing the next matching modification,
+/// before it is committed or answered.
+pub const MDS_ABORT_BEFORE_COMMIT: u32 = 0x105;
+/// The MDS process dies after the next matching modification is committed, before it
+/// is answered.
+pub const MDS_ABORT_AFTER_COMMIT: u32 = 0x106;
+/// The MDS process dies in recovery, before executing a replay (with `SKIP` and
+/// `fail_val` N: before replay N + 1).
+pub const MDS_ABORT_IN_RECOVERY: u32 = 0x107;
+/// The MDS drops the next CONNECT (no answer: the client tries again).
+pub const MDS_DROP_CONNECT: u32 = 0x108;
 /// Make the store's next WAL sync fail (the target must stop).
 pub const STORE_SYNC_FAIL: u32 = 0x201;
 /// Make the store's next batch write fail (the target must stop).
