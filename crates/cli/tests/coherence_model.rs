@@ -34,57 +34,10 @@ const SUB_NAMES: [&str; 8] = ["a", "b", "c", "e", "f", "g", "h", "k"];
 const MODES: [u32; 4] = [0o600, 0o640, 0o644, 0o755];
 const XATTR: &str = "user.k";
 
-/// A small deterministic PRNG (splitmix64).
-struct Prng(u64);
-
-impl Prng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n`.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len() as u64) as usize]
-    }
-
-    /// True with probability `pct` percent.
-    fn chance(&mut self, pct: u64) -> bool {
-        self.below(100) < pct
-    }
-
-    /// 0 to `max` random lowercase letters.
-    fn bytes(&mut self, max: u64) -> Bytes {
-        let n = self.below(max + 1);
-        Bytes((0..n).map(|_| b'a' + self.below(26) as u8).collect())
-    }
-}
-
-/// File content or an xattr value, shown as a byte string.
-#[derive(Clone, PartialEq, Eq, Default)]
-struct Bytes(Vec<u8>);
-
-impl fmt::Debug for Bytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "b\"{}\"", self.0.escape_ascii())
-    }
-}
-
-/// Permission bits, shown in octal.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Mode(u32);
-
-impl fmt::Debug for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#o}", self.0)
-    }
+/// 0 to `max` random lowercase letters.
+fn random_bytes(rng: &mut Prng, max: u64) -> Bytes {
+    let n = rng.below(max + 1);
+    Bytes(rng.letters(n))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -710,7 +663,7 @@ fn random_op(rng: &mut Prng, model: &Model, who: usize) -> Op {
     };
     loop {
         let op = match rng.below(100) {
-            0..=9 => Op::Create(path(rng, false), rng.bytes(12)),
+            0..=9 => Op::Create(path(rng, false), random_bytes(rng, 12)),
             10..=19 => {
                 let p = path(rng, false);
                 let how = match rng.below(3) {
@@ -718,7 +671,7 @@ fn random_op(rng: &mut Prng, model: &Model, who: usize) -> Op {
                     1 => WriteKind::At(rng.below(size(&p) + 4)),
                     _ => WriteKind::Append,
                 };
-                Op::Write(p, how, rng.bytes(12))
+                Op::Write(p, how, random_bytes(rng, 12))
             }
             20..=24 => {
                 let p = path(rng, false);
@@ -734,7 +687,7 @@ fn random_op(rng: &mut Prng, model: &Model, who: usize) -> Op {
                 Op::Rename(path(rng, dirs), path(rng, dirs))
             }
             53..=56 => Op::Link(path(rng, false), path(rng, false)),
-            57..=59 if who < 2 => Op::SetXattr(path(rng, true), rng.bytes(6)),
+            57..=59 if who < 2 => Op::SetXattr(path(rng, true), random_bytes(rng, 6)),
             60..=61 if who < 2 => Op::RemoveXattr(path(rng, true)),
             57..=61 => continue,
             62..=75 => Op::Stat(if rng.chance(10) {

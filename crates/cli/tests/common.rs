@@ -292,3 +292,77 @@ pub fn as_user(dir: &Path, name: &str, f: impl FnOnce(*const libc::c_char) -> i3
     let n = cs(name);
     in_child(dir, true, || f(n.as_ptr()) as i64)
 }
+
+/// A small deterministic PRNG (splitmix64), for randomized tests that replay from a
+/// printed seed.
+pub struct Prng(pub u64);
+
+impl Prng {
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// One of `v`.
+    pub fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len() as u64) as usize]
+    }
+
+    /// True with probability `pct` percent.
+    pub fn chance(&mut self, pct: u64) -> bool {
+        self.below(100) < pct
+    }
+
+    /// `n` random lowercase letters.
+    pub fn letters(&mut self, n: u64) -> Vec<u8> {
+        (0..n).map(|_| b'a' + self.below(26) as u8).collect()
+    }
+}
+
+/// Waits until the MDT's recovery is over and returns its `recovery_status`.
+pub fn wait_recovered(c: &Cluster) -> String {
+    let mut status = String::new();
+    lode_testkit::wait_for("recovery to end", Duration::from_secs(60), || {
+        status = c.get_param("mdt.*.recovery_status");
+        status.starts_with("status: COMPLETE")
+    });
+    status
+}
+
+/// The value of `name:` in a `recovery_status`.
+pub fn status_field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .unwrap_or_else(|| panic!("no {name} in\n{status}"))
+        .to_string()
+}
+
+/// File content or an xattr value, shown as a byte string (model tests).
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Bytes(pub Vec<u8>);
+
+impl std::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "b\"{}\"", self.0.escape_ascii())
+    }
+}
+
+/// Permission bits, shown in octal (model tests).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Mode(pub u32);
+
+impl std::fmt::Debug for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#o}", self.0)
+    }
+}

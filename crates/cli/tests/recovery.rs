@@ -57,23 +57,6 @@ fn power_cut_mds_with(c: &mut Cluster, args: &[&str]) {
     c.start_target("mdt0");
 }
 
-fn wait_recovered(c: &Cluster) -> String {
-    let mut status = String::new();
-    wait_for("recovery to end", Duration::from_secs(60), || {
-        status = c.get_param("mdt.*.recovery_status");
-        status.starts_with("status: COMPLETE")
-    });
-    status
-}
-
-fn field(status: &str, name: &str) -> String {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-        .unwrap_or_else(|| panic!("no {name} in\n{status}"))
-        .to_string()
-}
-
 fn lookup(s: &Session, dir: Fid, name: &str) -> Result<lode_client::MdtBody, Errno> {
     s.run(s.client.lookup(&root(), dir, name.as_bytes()))
 }
@@ -124,7 +107,9 @@ fn every_change_a_client_was_answered_survives_an_mds_power_cut() {
 
     power_cut_mds(&mut c);
     let status = wait_recovered(&c);
-    let replayed: u64 = field(&status, "replayed_requests").parse().expect("n");
+    let replayed: u64 = status_field(&status, "replayed_requests")
+        .parse()
+        .expect("n");
     assert!(
         replayed >= 58,
         "every change was uncommitted and had to be replayed:\n{status}"
@@ -181,7 +166,11 @@ fn replays_of_two_clients_run_in_their_original_order() {
     }
     power_cut_mds(&mut c);
     let status = wait_recovered(&c);
-    assert_eq!(field(&status, "completed_clients"), "2/2", "{status}");
+    assert_eq!(
+        status_field(&status, "completed_clients"),
+        "2/2",
+        "{status}"
+    );
     let mut cur = Fid::ROOT;
     for i in 0..20 {
         cur = lookup(&a, cur, &format!("level{i}"))
@@ -215,7 +204,11 @@ fn a_client_that_never_returns_is_evicted_and_the_others_recover() {
     });
     c.set_param("mdt.*.recovery_time_soft=3");
     let status = wait_recovered(&c);
-    assert_eq!(field(&status, "completed_clients"), "1/2", "{status}");
+    assert_eq!(
+        status_field(&status, "completed_clients"),
+        "1/2",
+        "{status}"
+    );
     assert!(
         c.log("mdt0").contains("did not come back in time"),
         "the eviction is logged"
@@ -244,7 +237,9 @@ fn an_idle_client_does_not_hold_recovery_up_and_new_clients_wait_for_it() {
     create(&s, d, "f");
     power_cut_mds(&mut c);
     let status = wait_recovered(&c);
-    let took: u64 = field(&status, "recovery_duration").parse().expect("n");
+    let took: u64 = status_field(&status, "recovery_duration")
+        .parse()
+        .expect("n");
     assert!(
         took < 10,
         "recovery waited only for the connected client:\n{status}"
@@ -423,7 +418,11 @@ fn a_dropped_reconnect_is_tried_again_and_recovery_completes() {
         c.log("mdt0").contains("fail_loc: CONNECT dropped"),
         "the first reconnect was dropped, and the client came back anyway"
     );
-    assert_eq!(field(&status, "completed_clients"), "1/1", "{status}");
+    assert_eq!(
+        status_field(&status, "completed_clients"),
+        "1/1",
+        "{status}"
+    );
     for i in 0..5 {
         assert!(lookup(&s, d, &format!("f{i}")).is_ok(), "f{i}:\n{status}");
     }

@@ -397,9 +397,19 @@ pub struct Import {
     forgotten: AtomicU64,
     /// Changes answered and not yet committed, by transno: replayed after a restart.
     replay: Mutex<BTreeMap<u64, Replayable>>,
-    /// Files this client holds open, by MDT handle: opened again (same handle) in the
-    /// target's recovery, committed or not, until closed.
-    opens: Mutex<std::collections::HashMap<u64, HeldOpen>>,
+    /// Files this client holds open: opened again (same handle) in the target's
+    /// recovery, committed or not, until their close is committed.
+    opens: Mutex<HeldOpens>,
+}
+
+/// Opens held for replay.
+#[derive(Default)]
+struct HeldOpens {
+    /// By MDT handle.
+    held: std::collections::HashMap<u64, HeldOpen>,
+    /// Closed, the close not yet committed: close transno → handle. A replayed close
+    /// needs its open replayed first.
+    closing: BTreeMap<u64, u64>,
 }
 
 /// An open held for replay.
@@ -409,6 +419,8 @@ struct HeldOpen {
     tag: u16,
     /// An OPEN of the file by FID, sent if the open itself was committed.
     reopen: Arc<Vec<u8>>,
+    /// The transno of its close, until that commits (0: still open).
+    closing: u64,
 }
 
 /// A change to replay if the target restarts before committing it.
@@ -420,6 +432,9 @@ struct Replayable {
     body: Arc<Vec<u8>>,
     /// Flags it was first sent with.
     flags: u16,
+    /// The open handle it gave this client (an open), else 0: replayed with it, so
+    /// that a close replayed after it finds it.
+    open_handle: u64,
 }
 
 struct TagGuard {
@@ -553,7 +568,7 @@ impl Import {
             md_stats: crate::stats::MdStats::default(),
             forgotten: AtomicU64::new(0),
             replay: Mutex::new(BTreeMap::new()),
-            opens: Mutex::new(std::collections::HashMap::new()),
+            opens: Mutex::new(HeldOpens::default()),
             cfg,
         });
         let weak = Arc::downgrade(&imp);
@@ -1123,6 +1138,14 @@ impl Import {
             let p = self.pending.lock().remove(frame.header.xid);
             let (transno, committed) = (frame.header.transno, frame.header.last_committed);
             if let Some(p) = p {
+                let mut open_handle = 0;
+                if transno > 0 {
+                    if let Some((cred, flags)) = &p.open {
+                        open_handle = self.hold_open(&frame, p.tag, transno, cred, *flags);
+                    } else if p.opcode == Opcode::Close as u16 {
+                        self.closing(&p.body, transno);
+                    }
+                }
                 if transno > committed {
                     // Kept before its caller sees the reply: a restart noticed after
                     // this point replays it.
@@ -1134,11 +1157,9 @@ impl Import {
                             tag: p.tag,
                             body: p.body.clone(),
                             flags: p.flags,
+                            open_handle,
                         },
                     );
-                }
-                if let (Some((cred, flags)), true) = (&p.open, transno > 0) {
-                    self.hold_open(&frame, p.tag, transno, cred, *flags);
                 }
                 let _ = p.tx.send(frame);
             }
@@ -1182,39 +1203,76 @@ impl Import {
     /// The target says everything up to `transno` is on disk: nothing there needs a
     /// replay any more.
     fn committed(&self, transno: u64) {
-        let mut r = self.replay.lock();
-        if r.first_key_value().is_some_and(|(t, _)| *t <= transno) {
-            *r = r.split_off(&(transno + 1));
+        {
+            let mut r = self.replay.lock();
+            if r.first_key_value().is_some_and(|(t, _)| *t <= transno) {
+                *r = r.split_off(&(transno + 1));
+            }
+        }
+        let mut o = self.opens.lock();
+        while let Some(e) = o.closing.first_entry() {
+            if *e.key() > transno {
+                break;
+            }
+            let (t, handle) = e.remove_entry();
+            if o.held.get(&handle).is_some_and(|h| h.closing == t) {
+                o.held.remove(&handle);
+            }
         }
     }
 
-    /// Keeps an answered open for replay: its handle and file, from the reply.
-    fn hold_open(&self, frame: &Frame, tag: u16, transno: u64, cred: &lode_base::Cred, flags: u32) {
+    /// Keeps an answered open for replay: its handle and file, from the reply. Returns
+    /// the handle (0 if the reply has none).
+    fn hold_open(
+        &self,
+        frame: &Frame,
+        tag: u16,
+        transno: u64,
+        cred: &lode_base::Cred,
+        flags: u32,
+    ) -> u64 {
         let rep = match Reply::decode(frame.header.opcode, &frame.body) {
             Ok(Reply::Create(r) | Reply::Open(r)) => r,
-            _ => return,
+            _ => return 0,
         };
-        let Some(handle) = rep.handle else { return };
+        let Some(handle) = rep.handle else { return 0 };
         let reopen = Request::Open(lode_proto::OpenReq {
             cred: cred.clone(),
             fid: rep.body.attr.fid,
             flags: flags & !((nix::libc::O_CREAT | nix::libc::O_EXCL | nix::libc::O_TRUNC) as u32),
         })
         .encode();
-        self.opens.lock().insert(
+        self.opens.lock().held.insert(
             handle,
             HeldOpen {
                 transno,
                 xid: frame.header.xid,
                 tag,
                 reopen: Arc::new(reopen),
+                closing: 0,
             },
         );
+        handle
     }
 
-    /// The file open under `handle` was closed: nothing to open again after a restart.
+    /// A close was answered with `transno`: its open is replayed until it commits.
+    fn closing(&self, body: &[u8], transno: u64) {
+        if let Ok(Request::Close(c)) = Request::decode(Opcode::Close as u16, body) {
+            let mut o = self.opens.lock();
+            if let Some(h) = o.held.get_mut(&c.handle) {
+                h.closing = transno;
+                o.closing.insert(transno, c.handle);
+            }
+        }
+    }
+
+    /// The caller is done with the file open under `handle`: unless its close awaits
+    /// a commit (and so its open a possible replay), nothing to open again.
     pub fn closed(&self, handle: u64) {
-        self.opens.lock().remove(&handle);
+        let mut o = self.opens.lock();
+        if o.held.get(&handle).is_some_and(|h| h.closing == 0) {
+            o.held.remove(&handle);
+        }
     }
 
     /// Whether a connection to the target is up now.
@@ -1257,13 +1315,14 @@ impl Import {
                     xid: r.xid,
                     handle: rep.handle,
                     transno: *transno,
+                    last_xid: r.open_handle,
                     conn_cnt,
                     ..Default::default()
                 };
                 (*transno, (h, r.body.clone()))
             })
             .collect();
-        for (handle, o) in self.opens.lock().iter() {
+        for (handle, o) in self.opens.lock().held.iter() {
             let f = frames.entry(o.transno).or_insert_with(|| {
                 let h = Header {
                     opcode: Opcode::Open as u16,
@@ -1296,9 +1355,9 @@ impl Import {
         if !frames.is_empty() {
             info!(target = %self.cfg.target, changes = list.len(), opens = frames.len() - list.len(), "the target restarted: replaying what it had not committed, and reopening open files");
         }
-        let by_xid: std::collections::HashMap<u64, (u64, u16, u64)> = frames
+        let by_xid: std::collections::HashMap<u64, (u64, u64)> = frames
             .values()
-            .map(|(h, _)| (h.xid, (h.transno, h.opcode, h.last_xid)))
+            .map(|(h, _)| (h.xid, (h.transno, h.last_xid)))
             .collect();
         let (mut rd, mut wr) = sock.split();
         let write = async { wr.write_all(&out).await.is_ok() };
@@ -1314,19 +1373,15 @@ impl Import {
                     self.committed(f.header.last_committed);
                     return f.header.status >= 0;
                 }
-                let Some(&(transno, opcode, open_handle)) = by_xid.get(&f.header.xid) else {
+                let Some(&(transno, open_handle)) = by_xid.get(&f.header.xid) else {
                     continue;
                 };
                 let status = f.header.status;
                 if status < 0 && open_handle != 0 {
                     warn!(target = %self.cfg.target, transno, "an open file could not be opened again ({}): its handle is lost", Errno::from_status(status));
-                    self.opens.lock().remove(&open_handle);
+                    self.opens.lock().held.remove(&open_handle);
                 }
-                if status == Errno::EBADF.status() && opcode == Opcode::Close as u16 {
-                    // Open handles are not replayed yet: the close of one finds it gone,
-                    // and nothing is lost by that.
-                    self.replay.lock().remove(&transno);
-                } else if status < 0 {
+                if status < 0 {
                     // Nothing more can be done for it: say so where an admin looks.
                     warn!(target = %self.cfg.target, xid = f.header.xid, transno, "replay refused ({}): a change this client was told succeeded is lost", Errno::from_status(f.header.status));
                     self.replay.lock().remove(&transno);
@@ -1606,7 +1661,7 @@ impl Import {
         } else if restarted {
             let lost = std::mem::take(&mut *self.replay.lock()).len();
             // Nothing this client held there survived: its open handles are stale.
-            self.opens.lock().clear();
+            *self.opens.lock() = HeldOpens::default();
             self.forgotten.fetch_add(1, Ordering::AcqRel);
             if lost > 0 {
                 warn!(target = %self.cfg.target, lost, "the target restarted and ended its recovery without this client: changes it had not committed are lost");
