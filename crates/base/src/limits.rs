@@ -85,6 +85,10 @@ pub const LOCKS_PER_CLIENT_MAX: usize = 1 << 20;
 /// How long a client may take to give a lock back once called back, before it is
 /// evicted (`ldlm_timeout`, seconds; Lustre's default is 20).
 pub const LDLM_TIMEOUT_DEFAULT_S: u64 = 20;
+/// `evict_timeout` default (seconds): a client whose connection closed without a
+/// DISCONNECT and that does not come back within this long is evicted (its open files
+/// closed, its file locks released). Lustre's ping evictor takes 150 s.
+pub const EVICT_TIMEOUT_DEFAULT_S: u64 = 150;
 /// Changes a client keeps for replay (answered, not yet committed) before it asks the
 /// MDT to commit and waits, rather than keep more (Lustre bounds it in bytes).
 pub const REPLAY_LIST_MAX: usize = 65_536;

@@ -383,7 +383,16 @@ fn a_stopped_mount_is_evicted_the_others_go_on_and_it_recovers_with_eio_on_stale
         .expect("open on B");
     assert_eq!(mode(&b.path().join("f")), 0o644);
     let pid = b.pid().expect("B's pid") as i32;
+    /// Resumes B however the test ends: a failed assertion while B is stopped would
+    /// otherwise hang on closing `stale`, a file on B.
+    struct Resume(i32);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let resume = Resume(pid);
     // B holds locks on f and cannot answer their callback: it is evicted after
     // ldlm_timeout and A's change goes ahead.
     fs::set_permissions(a.path().join("f"), fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -392,7 +401,7 @@ fn a_stopped_mount_is_evicted_the_others_go_on_and_it_recovers_with_eio_on_stale
         c.log("mdt0").contains("evicting client"),
         "the eviction is logged"
     );
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    drop(resume);
     // Resumed, B reads the eviction notice and forgets what it cached...
     lode_testkit::wait_for(
         "B to see A's chmod",

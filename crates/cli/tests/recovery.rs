@@ -427,3 +427,65 @@ fn a_dropped_reconnect_is_tried_again_and_recovery_completes() {
         assert!(lookup(&s, d, &format!("f{i}")).is_ok(), "f{i}:\n{status}");
     }
 }
+
+#[test]
+fn a_killed_client_keeps_its_committed_work_and_its_open_files_close_after_evict_timeout() {
+    let c = cluster(1);
+    c.set_param("mdt.*.evict_timeout=2");
+    let m = c.mount();
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).expect("mkdir");
+    std::fs::write(d.join("kept"), b"kept").expect("write");
+    let held = std::fs::File::create(d.join("open")).expect("create");
+    wait_for("everything to commit", Duration::from_secs(10), || {
+        let (last, committed) = transnos(&c);
+        last == committed
+    });
+    assert_eq!(c.get_param("mdt.*.open_files"), "1");
+
+    let pid = m.pid().expect("the mount's pid");
+    // SAFETY: kill(2) on a child process of this test.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    wait_for(
+        "the killed client's file to close",
+        Duration::from_secs(30),
+        || c.get_param("mdt.*.open_files") == "0",
+    );
+    assert!(c.log("mdt0").contains("gone without a goodbye"));
+    let s = c.client();
+    let dir = lookup(&s, Fid::ROOT, "d").expect("d").attr.fid;
+    let kept = lookup(&s, dir, "kept").expect("kept").attr.fid;
+    let fh = s
+        .run(s.client.open(&root(), kept, libc::O_RDONLY))
+        .expect("open");
+    assert_eq!(
+        s.run(s.client.read(&fh, 0, 16)).as_deref(),
+        Ok(&b"kept"[..]),
+        "its committed work is there"
+    );
+    assert!(lookup(&s, dir, "open").is_ok());
+    drop(held);
+    drop(m);
+}
+
+#[test]
+fn an_evicted_client_gets_eio_on_its_old_handles_and_then_works_again() {
+    let c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let d = mkdir(&s, Fid::ROOT, "d");
+    let fh = s
+        .run(cl.create_open(&root(), d, b"f", 0o644, libc::O_RDWR, None))
+        .expect("create_open");
+    assert_eq!(c.get_param("mdt.*.open_files"), "1");
+    c.set_param(&format!("mdt.*.evict_client={}", cl.uuid()));
+    assert_eq!(c.get_param("mdt.*.open_files"), "0", "its file was closed");
+    assert!(c.log("mdt0").contains("by the administrator"));
+    // Its next call learns it was forgotten; the old handle is stale from then on.
+    assert!(
+        lookup(&s, d, "f").is_ok(),
+        "the client reconnects and goes on"
+    );
+    assert_eq!(s.run(cl.close(&fh)), Err(Errno::EIO));
+    create(&s, d, "g");
+}

@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 18] = {
+static MDT: [Param<Mdt>; 20] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -130,6 +130,25 @@ static MDT: [Param<Mdt>; 18] = {
                     Ok(())
                 },
             },
+        },
+        Param {
+            name: "evict_timeout",
+            help: "seconds a client gone without a goodbye may take to come back before it is evicted (its open files closed, file locks released)",
+            get: |m| m.evict_timeout_s().to_string(),
+            set: Set::Num {
+                min: 1,
+                max: 86_400,
+                f: |m, v| {
+                    m.set_evict_timeout_s(v);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "evict_client",
+            help: "write a client UUID to evict it now",
+            get: |_| String::new(),
+            set: Set::Text(|m, v| m.evict_client(v.trim())),
         },
         Param {
             name: "wal_flush_per_round",

@@ -86,6 +86,12 @@ pub struct Mdt {
     wal_flush_per_round: AtomicBool,
     /// Set by a clean stop: no reply leaves any more (see [`Mdt::stop_cleanly`]).
     stopping: AtomicBool,
+    /// Clients whose last connection closed, and since when: evicted (their open
+    /// files closed, their file locks dropped) unless they come back within
+    /// `evict_timeout`.
+    vanished: Mutex<HashMap<u32, Instant>>,
+    /// `evict_timeout`, seconds.
+    evict_timeout_s: AtomicU64,
 }
 
 /// A replay waiting for its turn in recovery.
@@ -197,6 +203,8 @@ impl Mdt {
             recovery_hard_s: AtomicU64::new(lode_base::limits::RECOVERY_TIME_HARD_DEFAULT_S),
             wal_flush_per_round: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            vanished: Mutex::new(HashMap::new()),
+            evict_timeout_s: AtomicU64::new(lode_base::limits::EVICT_TIMEOUT_DEFAULT_S),
         });
         if !recovering {
             mdt.ns.clean_orphans().map_err(|e| match e {
@@ -237,13 +245,7 @@ impl Mdt {
     /// Evicts the client in `slot`: its locks, callback channel, exports and open
     /// handles go; its next request is refused (ENOTCONN) and it reconnects afresh.
     fn evict(&self, slot: u32, why: &str) {
-        let uuid = self
-            .exports
-            .read()
-            .values()
-            .find(|e| e.slot == slot)
-            .map(|e| e.uuid.clone())
-            .unwrap_or_default();
+        let uuid = self.uuid_of(slot);
         warn!(client = %uuid, slot, "evicting client: {why}");
         // An empty callback: every lock of yours is gone, drop what they covered.
         if let Some(ch) = self.channels.lock().remove(&slot) {
@@ -255,6 +257,66 @@ impl Mdt {
         self.ns.close_all_of(slot);
         self.ldlm.evict(slot);
         self.send_grants(self.flocks.drop_client(slot));
+    }
+
+    /// The UUID of the client in `slot` (empty if none).
+    fn uuid_of(&self, slot: u32) -> String {
+        self.clients
+            .lock()
+            .by_uuid
+            .iter()
+            .find(|(_, s)| **s == slot)
+            .map(|(u, _)| u.clone())
+            .unwrap_or_default()
+    }
+
+    /// Evicts the clients that vanished (connection closed, no DISCONNECT) longer
+    /// than `evict_timeout` ago: what they held open is closed, their file locks go.
+    fn evict_vanished(&self) {
+        let timeout = Duration::from_secs(self.evict_timeout_s.load(Ordering::Relaxed));
+        let gone: Vec<u32> = {
+            let mut v = self.vanished.lock();
+            let gone: Vec<u32> = v
+                .iter()
+                .filter(|(_, t)| t.elapsed() >= timeout)
+                .map(|(s, _)| *s)
+                .collect();
+            for s in &gone {
+                v.remove(s);
+            }
+            gone
+        };
+        for slot in gone {
+            self.evict(
+                slot,
+                &format!("gone without a goodbye for {}s", timeout.as_secs()),
+            );
+        }
+    }
+
+    /// `mdt.*.evict_client=UUID`: evicts that client now (its connection is dropped,
+    /// its open files closed, its locks gone; it reconnects as if new).
+    pub fn evict_client(&self, uuid: &str) -> Result<(), String> {
+        let slot = self
+            .clients
+            .lock()
+            .by_uuid
+            .get(uuid)
+            .copied()
+            .ok_or_else(|| format!("No such file or directory: no client {uuid}"))?;
+        self.vanished.lock().remove(&slot);
+        self.evict(slot, "by the administrator");
+        Ok(())
+    }
+
+    /// `evict_timeout` (seconds).
+    pub fn evict_timeout_s(&self) -> u64 {
+        self.evict_timeout_s.load(Ordering::Relaxed)
+    }
+
+    /// Sets `evict_timeout`.
+    pub fn set_evict_timeout_s(&self, s: u64) {
+        self.evict_timeout_s.store(s, Ordering::Relaxed);
     }
 
     /// Tells waiting clients their file locks are granted (or their waits over); a
@@ -494,6 +556,7 @@ impl Mdt {
             }
         };
         self.mark_connected(slot, &req.client_uuid)?;
+        self.vanished.lock().remove(&slot);
         let handle = loop {
             let h: u64 = rand::random();
             if h != 0 && !self.exports.read().contains_key(&h) {
@@ -569,6 +632,7 @@ impl Mdt {
         if ct.by_uuid.remove(&exp.uuid).is_some() {
             ct.free.insert(exp.slot);
         }
+        self.vanished.lock().remove(&exp.slot);
         self.tags.lock().remove(&exp.slot);
         Ok(())
     }
@@ -580,6 +644,7 @@ impl Mdt {
         if self.exports.read().values().any(|e| e.slot == slot) {
             return;
         }
+        self.vanished.lock().insert(slot, Instant::now());
         let mut b = Batch::new();
         b.delete(Cf::Server, connected_key(slot));
         // With a transno, and committed now rather than at the next interval: a
@@ -1095,6 +1160,9 @@ fn ldlm_timer(mdt: Weak<Mdt>) {
                 slot,
                 &format!("lock callback timer expired after {}s", timeout.as_secs()),
             );
+        }
+        if !m.in_recovery.load(Ordering::Acquire) {
+            m.evict_vanished();
         }
     }
 }
