@@ -489,3 +489,34 @@ fn an_evicted_client_gets_eio_on_its_old_handles_and_then_works_again() {
     assert_eq!(s.run(cl.close(&fh)), Err(Errno::EIO));
     create(&s, d, "g");
 }
+
+#[test]
+fn a_client_holds_at_most_max_open_files_per_client_and_a_close_frees_one() {
+    let c = cluster(1);
+    c.set_param("mdt.*.max_open_files_per_client=3");
+    let (s, other) = (c.client(), c.client());
+    let cl = &s.client;
+    let d = mkdir(&s, Fid::ROOT, "d");
+    let open_create = |s: &Session, name: &str| {
+        s.run(
+            s.client
+                .create_open(&root(), d, name.as_bytes(), 0o644, libc::O_RDWR, None),
+        )
+    };
+    let fhs: Vec<_> = (0..3)
+        .map(|i| open_create(&s, &format!("f{i}")).expect("under the cap"))
+        .collect();
+    assert_eq!(open_create(&s, "f3").err(), Some(Errno::ENFILE));
+    assert_eq!(
+        lookup(&s, d, "f3").err(),
+        Some(Errno::ENOENT),
+        "refused before the create"
+    );
+    assert_eq!(
+        s.run(cl.open(&root(), fhs[0].fid, libc::O_RDONLY)).err(),
+        Some(Errno::ENFILE)
+    );
+    assert!(open_create(&other, "g").is_ok(), "the cap is per client");
+    s.run(cl.close(&fhs[0])).expect("close");
+    assert!(open_create(&s, "f3").is_ok(), "a close frees a place");
+}

@@ -58,6 +58,9 @@ pub struct Tunables {
     pub default_stripe_count: AtomicU32,
     /// `lod.*.stripesize` default.
     pub default_stripe_size: AtomicU64,
+    /// `mdt.*.max_open_files_per_client`: open handles one client may hold; one more
+    /// open (or open-create) gets ENFILE.
+    pub max_open_per_client: AtomicU64,
 }
 
 pub(crate) struct OpenHandle {
@@ -74,6 +77,8 @@ pub(crate) struct Opens {
     /// change since: that handle, closing without having written, takes the mark
     /// back. Memory only: after a restart the mark stays (the safe way).
     clean: HashMap<Fid, u64>,
+    /// Handles per client slot.
+    per_slot: HashMap<u32, u64>,
     next: u64,
 }
 
@@ -159,6 +164,9 @@ impl Namespace {
                 max_mod_rpcs: AtomicU32::new(u32::from(lode_base::limits::MAX_MOD_RPCS_PER_CLIENT)),
                 default_stripe_count: AtomicU32::new(1),
                 default_stripe_size: AtomicU64::new(1 << 20),
+                max_open_per_client: AtomicU64::new(
+                    lode_base::limits::OPEN_HANDLES_PER_CLIENT_MAX as u64,
+                ),
             },
         });
         ns.format_root()?;

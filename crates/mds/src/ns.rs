@@ -282,6 +282,9 @@ impl Namespace {
 
     pub(crate) fn create(&self, ctx: &Ctx, slot: u32, r: CreateReq) -> OpResult<(CreateRep, u64)> {
         check_name(&r.name)?;
+        if r.open_flags.is_some() && ctx.open_handle.is_none() {
+            self.check_open_cap(slot)?;
+        }
         let ftype = FileType::from_mode(r.mode).ok_or(Errno::EINVAL)?;
         if !r.fid.is_normal() {
             return Err(Errno::EINVAL.into());
@@ -442,6 +445,7 @@ impl Namespace {
     fn register_open(&self, handle: u64, fid: Fid, slot: u32, data: DataMark) {
         let mut o = self.opens.lock();
         o.handles.insert(handle, OpenHandle { fid, slot });
+        *o.per_slot.entry(slot).or_insert(0) += 1;
         *o.counts.entry(fid).or_insert(0) += 1;
         match data {
             DataMark::Marked => {
@@ -452,6 +456,23 @@ impl Namespace {
             }
             DataMark::Reader => {}
         }
+    }
+
+    /// ENFILE if the client in `slot` holds `max_open_files_per_client` handles, or
+    /// the MDT four times the default of that: a client cannot grow the open table
+    /// without bound. (Opens registered again in recovery are not refused.)
+    fn check_open_cap(&self, slot: u32) -> OpResult<()> {
+        let cap = self
+            .tun
+            .max_open_per_client
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let o = self.opens.lock();
+        if o.per_slot.get(&slot).copied().unwrap_or(0) >= cap
+            || o.handles.len() >= lode_base::limits::OPEN_HANDLES_PER_CLIENT_MAX * 4
+        {
+            return Err(Errno::ENFILE.into());
+        }
+        Ok(())
     }
 
     /// Registers again, in recovery, an open its client held before the restart (the
@@ -498,8 +519,8 @@ impl Namespace {
         flags: u32,
     ) -> OpResult<(CreateRep, u64)> {
         let flags = flags as i32;
-        if self.opens.lock().handles.len() >= lode_base::limits::OPEN_HANDLES_PER_CLIENT_MAX * 4 {
-            return Err(Errno::ENFILE.into());
+        if ctx.open_handle.is_none() {
+            self.check_open_cap(slot)?;
         }
         let mut held = self.pdo.lock(&[], &[]);
         self.pdo.lock_inodes(&mut held, &[fid]);
@@ -604,8 +625,14 @@ impl Namespace {
         self.pdo.lock_inodes(&mut held, &[fid]);
         let last = {
             let mut o = self.opens.lock();
-            if o.handles.remove(&handle).is_none() {
+            let Some(h) = o.handles.remove(&handle) else {
                 return Err(Errno::EBADF.into());
+            };
+            if let Some(n) = o.per_slot.get_mut(&h.slot) {
+                *n -= 1;
+                if *n == 0 {
+                    o.per_slot.remove(&h.slot);
+                }
             }
             let c = o.counts.entry(fid).or_insert(1);
             *c -= 1;

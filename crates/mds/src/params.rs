@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 20] = {
+static MDT: [Param<Mdt>; 21] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -127,6 +127,19 @@ static MDT: [Param<Mdt>; 20] = {
                 max: 86_400,
                 f: |m, v| {
                     m.set_recovery_window(true, v);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "max_open_files_per_client",
+            help: "open files one client may hold; one more open gets ENFILE",
+            get: |m| m.tun().max_open_per_client.load(Ordering::Relaxed).to_string(),
+            set: Set::Num {
+                min: 1,
+                max: lode_base::limits::OPEN_HANDLES_PER_CLIENT_MAX as u64,
+                f: |m, v| {
+                    m.tun().max_open_per_client.store(v, Ordering::Relaxed);
                     Ok(())
                 },
             },
