@@ -47,7 +47,7 @@ pub struct ServerArgs {
     write_timeout_ms: u64,
     /// `fail_loc` from the start, for faults in what a server does before anyone
     /// could set it (recovery); as `set-param fail_loc`.
-    #[arg(long, value_parser = parse_u32, default_value = "0")]
+    #[arg(long, value_parser = parse_fail_loc, default_value = "0")]
     fail_loc: u32,
     /// `fail_val` from the start.
     #[arg(long, default_value_t = 0)]
@@ -56,13 +56,10 @@ pub struct ServerArgs {
     dir: PathBuf,
 }
 
-/// A number in decimal or `0x` hex.
-fn parse_u32(s: &str) -> Result<u32, String> {
-    match s.strip_prefix("0x") {
-        Some(h) => u32::from_str_radix(h, 16),
-        None => s.parse(),
-    }
-    .map_err(|e| format!("{s:?}: {e}"))
+/// `--fail-loc`: a number as `set-param fail_loc` takes it (decimal or `0x` hex).
+fn parse_fail_loc(s: &str) -> Result<u32, String> {
+    let v = lode_rpc::admin::parse_num(s)?;
+    u32::try_from(v).map_err(|_| format!("{s:?} is more than 32 bits"))
 }
 
 /// Store faults driven by `fail_loc`.

@@ -282,8 +282,8 @@ impl Namespace {
 
     pub(crate) fn create(&self, ctx: &Ctx, slot: u32, r: CreateReq) -> OpResult<(CreateRep, u64)> {
         check_name(&r.name)?;
-        if r.open_flags.is_some() && ctx.open_handle.is_none() {
-            self.check_open_cap(slot)?;
+        if r.open_flags.is_some() {
+            self.check_open_cap(ctx, slot)?;
         }
         let ftype = FileType::from_mode(r.mode).ok_or(Errno::EINVAL)?;
         if !r.fid.is_normal() {
@@ -460,8 +460,12 @@ impl Namespace {
 
     /// ENFILE if the client in `slot` holds `max_open_files_per_client` handles, or
     /// the MDT four times the default of that: a client cannot grow the open table
-    /// without bound. (Opens registered again in recovery are not refused.)
-    fn check_open_cap(&self, slot: u32) -> OpResult<()> {
+    /// without bound. Opens registered again in recovery (`ctx.open_handle`) are not
+    /// refused.
+    fn check_open_cap(&self, ctx: &Ctx, slot: u32) -> OpResult<()> {
+        if ctx.open_handle.is_some() {
+            return Ok(());
+        }
         let cap = self
             .tun
             .max_open_per_client
@@ -519,9 +523,7 @@ impl Namespace {
         flags: u32,
     ) -> OpResult<(CreateRep, u64)> {
         let flags = flags as i32;
-        if ctx.open_handle.is_none() {
-            self.check_open_cap(slot)?;
-        }
+        self.check_open_cap(ctx, slot)?;
         let mut held = self.pdo.lock(&[], &[]);
         self.pdo.lock_inodes(&mut held, &[fid]);
         let mut rec = self.inode(fid)?;

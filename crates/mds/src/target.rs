@@ -121,6 +121,26 @@ fn connected_key(slot: u32) -> Vec<u8> {
     k
 }
 
+/// The clients the store says are connected: slot → UUID.
+fn connected_clients(store: &MdtStore) -> Result<HashMap<u32, String>, StoreError> {
+    let mut clients = HashMap::new();
+    store
+        .engine()
+        .scan(Cf::Server, CONNECTED, CONNECTED, &mut |k, v| {
+            if let Some(slot) = k
+                .get(CONNECTED.len()..)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            {
+                clients.insert(
+                    u32::from_be_bytes(slot),
+                    String::from_utf8_lossy(v).into_owned(),
+                );
+            }
+            true
+        })?;
+    Ok(clients)
+}
+
 struct ClientTable {
     by_uuid: HashMap<String, u32>,
     next_slot: u32,
@@ -149,21 +169,7 @@ impl Mdt {
         if let Some(e) = bad {
             return Err(e);
         }
-        let mut expected = HashMap::new();
-        store
-            .engine()
-            .scan(Cf::Server, CONNECTED, CONNECTED, &mut |k, v| {
-                if let Some(slot) = k
-                    .get(CONNECTED.len()..)
-                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                {
-                    expected.insert(
-                        u32::from_be_bytes(slot),
-                        String::from_utf8_lossy(v).into_owned(),
-                    );
-                }
-                true
-            })?;
+        let expected = connected_clients(&store)?;
         let durable = store.last_transno();
         let st = RecState::new(expected, durable, Instant::now());
         let recovering = st.active;
@@ -211,8 +217,7 @@ impl Mdt {
                 OpError::Store(e) => e,
                 OpError::Errno(e) => StoreError::Engine(format!("cleaning orphans: {e}")),
             })?;
-        }
-        if recovering {
+        } else {
             let weak = Arc::downgrade(&mdt);
             std::thread::Builder::new()
                 .name("recovery".into())
@@ -609,47 +614,51 @@ impl Mdt {
         self.ns.store.engine().sync()
     }
 
-    /// A client said goodbye: unless another connection of it is still up, its slot,
-    /// its reply records (it will resend nothing) and its place in recovery go, and
-    /// the slot is free for a new client.
-    fn release_slot(&self, exp: &Export) -> Result<(), StoreError> {
+    /// The client in `slot` has no connection left (unless another is still up): a
+    /// restart need not wait for it. Everything it changed was written before this,
+    /// so it reaches the disk first. `goodbye` (its UUID, on DISCONNECT): it will
+    /// resend nothing, so its slot, client record and reply records go too, and the
+    /// slot is free for a new client; else it has vanished, and is evicted if it does
+    /// not come back within `evict_timeout`.
+    fn forget_connection(&self, slot: u32, goodbye: Option<&str>) -> Result<(), StoreError> {
         let mut ct = self.clients.lock();
-        if self.exports.read().values().any(|e| e.slot == exp.slot) {
+        if self.exports.read().values().any(|e| e.slot == slot) {
             return Ok(());
         }
         let mut b = Batch::new();
-        b.delete(Cf::Server, connected_key(exp.slot));
-        b.delete(Cf::Clients, exp.uuid.as_bytes().to_vec());
-        let prefix = exp.slot.to_be_bytes();
-        self.ns
-            .store
-            .engine()
-            .scan(Cf::Reply, &prefix, &prefix, &mut |k, _| {
-                b.delete(Cf::Reply, k.to_vec());
-                true
-            })?;
-        self.ns.store.apply(b, None)?;
-        if ct.by_uuid.remove(&exp.uuid).is_some() {
-            ct.free.insert(exp.slot);
+        b.delete(Cf::Server, connected_key(slot));
+        if let Some(uuid) = goodbye {
+            b.delete(Cf::Clients, uuid.as_bytes().to_vec());
+            let prefix = slot.to_be_bytes();
+            self.ns
+                .store
+                .engine()
+                .scan(Cf::Reply, &prefix, &prefix, &mut |k, _| {
+                    b.delete(Cf::Reply, k.to_vec());
+                    true
+                })?;
         }
-        self.vanished.lock().remove(&exp.slot);
-        self.tags.lock().remove(&exp.slot);
+        // With a transno, so a commit covers it even if nothing else changes.
+        self.ns.store.apply(b, None)?;
+        match goodbye {
+            Some(uuid) => {
+                if ct.by_uuid.remove(uuid).is_some() {
+                    ct.free.insert(slot);
+                }
+                self.vanished.lock().remove(&slot);
+                self.tags.lock().remove(&slot);
+            }
+            None => {
+                self.vanished.lock().insert(slot, Instant::now());
+            }
+        }
         Ok(())
     }
 
-    /// `slot` has no connection left: a restart need not wait for it. Everything it
-    /// changed was written before this, so it reaches the disk first.
+    /// `slot` has no connection left: [`Mdt::forget_connection`], committed now rather
+    /// than at the next interval (a restart meanwhile would wait for it in vain).
     fn mark_gone(&self, slot: u32) {
-        let _ct = self.clients.lock();
-        if self.exports.read().values().any(|e| e.slot == slot) {
-            return;
-        }
-        self.vanished.lock().insert(slot, Instant::now());
-        let mut b = Batch::new();
-        b.delete(Cf::Server, connected_key(slot));
-        // With a transno, and committed now rather than at the next interval: a
-        // restart meanwhile would wait for this client in vain.
-        if let Err(e) = self.ns.store.apply(b, None) {
+        if let Err(e) = self.forget_connection(slot, None) {
             warn!(slot, "cannot record a client's departure: {e}");
             return;
         }
@@ -678,17 +687,13 @@ impl Mdt {
     }
 
     fn dispatch(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> OpResult<(Reply, u64)> {
+        let replay = inc.header.flags & FLAG_REPLAY != 0;
         let slot = (inc.header.tag != 0).then_some(ReplySlot {
             slot: exp.slot,
             tag: inc.header.tag,
             xid: inc.header.xid,
-            replay_transno: if inc.header.flags & FLAG_REPLAY != 0 {
-                inc.header.transno
-            } else {
-                0
-            },
+            replay_transno: if replay { inc.header.transno } else { 0 },
         });
-        let replay = inc.header.flags & FLAG_REPLAY != 0;
         let ctx = Ctx {
             slot,
             open_handle: (replay && inc.header.last_xid != 0).then_some(inc.header.last_xid),
@@ -701,7 +706,7 @@ impl Mdt {
                 self.channels.lock().remove(&exp.slot);
                 self.ldlm.evict(exp.slot);
                 self.send_grants(self.flocks.drop_client(exp.slot));
-                self.release_slot(exp)?;
+                self.forget_connection(exp.slot, Some(&exp.uuid))?;
                 // On disk before the answer (as Lustre's client slot release): a
                 // client that said goodbye is never waited for after a crash.
                 self.ns.store.sync()?;
@@ -890,8 +895,6 @@ fn looks_up(req: &MdtRequest) -> bool {
 /// while it waits.
 const LOCK_RETRIES: usize = 4;
 
-/// What became of a modification: answered now (with the parked request's promise, if
-/// it had one), or parked.
 impl Mdt {
     /// A request while recovery runs: a replay is queued for its turn, anything else
     /// waits for the end (a client's final PING, flagged `FLAG_REPLAY_DONE`, among
@@ -1084,13 +1087,9 @@ impl Mdt {
         self.stopping.store(true, Ordering::Release);
         self.ns.store.sync()?;
         let mut b = Batch::new();
-        self.ns
-            .store
-            .engine()
-            .scan(Cf::Server, CONNECTED, CONNECTED, &mut |k, _| {
-                b.delete(Cf::Server, k.to_vec());
-                true
-            })?;
+        for slot in connected_clients(&self.ns.store)?.into_keys() {
+            b.delete(Cf::Server, connected_key(slot));
+        }
         self.ns.store.apply(b, None)?;
         self.ns.store.sync().map(|_| ())
     }
@@ -1144,6 +1143,8 @@ fn recovery_timer(mdt: Weak<Mdt>) {
     }
 }
 
+/// What became of a modification: answered now (with the parked request's promise, if
+/// it had one), or parked.
 enum Ran {
     Now(Outgoing, Option<Deferred>),
     Parked,
@@ -1276,7 +1277,7 @@ impl Service for Mdt {
 
     fn disconnected(&self, conn_id: u64) {
         // The export goes; its open handles stay, keyed by the client's slot, so a client
-        // that reconnects keeps them (eviction of vanished clients is a recovery matter).
+        // that reconnects keeps them (one that does not is evicted after evict_timeout).
         let mut slots = Vec::new();
         self.exports.write().retain(|_, e| {
             if e.conn_id == conn_id {

@@ -400,6 +400,9 @@ pub struct Import {
     /// Files this client holds open: opened again (same handle) in the target's
     /// recovery, committed or not, until their close is committed.
     opens: Mutex<HeldOpens>,
+    /// The highest `last_committed` the two lists above were pruned to: most replies
+    /// repeat it, and then neither list is locked.
+    pruned: AtomicU64,
 }
 
 /// Opens held for replay.
@@ -569,6 +572,7 @@ impl Import {
             forgotten: AtomicU64::new(0),
             replay: Mutex::new(BTreeMap::new()),
             opens: Mutex::new(HeldOpens::default()),
+            pruned: AtomicU64::new(0),
             cfg,
         });
         let weak = Arc::downgrade(&imp);
@@ -1143,7 +1147,7 @@ impl Import {
                     if let Some((cred, flags)) = &p.open {
                         open_handle = self.hold_open(&frame, p.tag, transno, cred, *flags);
                     } else if p.opcode == Opcode::Close as u16 {
-                        self.closing(&p.body, transno);
+                        self.closing(&p.body, transno, committed);
                     }
                 }
                 if transno > committed {
@@ -1203,6 +1207,13 @@ impl Import {
     /// The target says everything up to `transno` is on disk: nothing there needs a
     /// replay any more.
     fn committed(&self, transno: u64) {
+        if self.pruned.fetch_max(transno, Ordering::AcqRel) >= transno {
+            // Nothing kept is at or below it: entries are kept only above the
+            // `last_committed` of the reply that brought them, which only grows. (A
+            // reply written late by another server thread can bring one just below;
+            // it goes at the next advance, and its replay is answered as done.)
+            return;
+        }
         {
             let mut r = self.replay.lock();
             if r.first_key_value().is_some_and(|(t, _)| *t <= transno) {
@@ -1255,11 +1266,14 @@ impl Import {
         handle
     }
 
-    /// A close was answered with `transno`: its open is replayed until it commits.
-    fn closing(&self, body: &[u8], transno: u64) {
+    /// A close was answered with `transno`: its open is replayed until it commits
+    /// (at once if the reply says it is committed already).
+    fn closing(&self, body: &[u8], transno: u64, committed: u64) {
         if let Ok(Request::Close(c)) = Request::decode(Opcode::Close as u16, body) {
             let mut o = self.opens.lock();
-            if let Some(h) = o.held.get_mut(&c.handle) {
+            if transno <= committed {
+                o.held.remove(&c.handle);
+            } else if let Some(h) = o.held.get_mut(&c.handle) {
                 h.closing = transno;
                 o.closing.insert(transno, c.handle);
             }
@@ -1296,16 +1310,12 @@ impl Import {
         conn_cnt: u32,
     ) -> Result<(), Option<Errno>> {
         use tokio::io::AsyncWriteExt;
-        let list: Vec<(u64, Replayable)> = self
-            .replay
-            .lock()
-            .iter()
-            .map(|(t, r)| (*t, r.clone()))
-            .collect();
         // Each change in transno order; an open still held carries its handle (in
         // `last_xid`, unused by replays) and, if it was committed, is sent as an OPEN
         // by FID in its place.
-        let mut frames: BTreeMap<u64, (Header, Arc<Vec<u8>>)> = list
+        let mut frames: BTreeMap<u64, (Header, Arc<Vec<u8>>)> = self
+            .replay
+            .lock()
             .iter()
             .map(|(transno, r)| {
                 let h = Header {
@@ -1322,6 +1332,7 @@ impl Import {
                 (*transno, (h, r.body.clone()))
             })
             .collect();
+        let changes = frames.len();
         for (handle, o) in self.opens.lock().held.iter() {
             let f = frames.entry(o.transno).or_insert_with(|| {
                 let h = Header {
@@ -1353,7 +1364,7 @@ impl Import {
         };
         out.extend_from_slice(&Frame::encode(&h, &Request::Ping(Empty {}).encode()));
         if !frames.is_empty() {
-            info!(target = %self.cfg.target, changes = list.len(), opens = frames.len() - list.len(), "the target restarted: replaying what it had not committed, and reopening open files");
+            info!(target = %self.cfg.target, changes, opens = frames.len() - changes, "the target restarted: replaying what it had not committed, and reopening open files");
         }
         let by_xid: std::collections::HashMap<u64, (u64, u64)> = frames
             .values()
@@ -1377,14 +1388,17 @@ impl Import {
                     continue;
                 };
                 let status = f.header.status;
-                if status < 0 && open_handle != 0 {
-                    warn!(target = %self.cfg.target, transno, "an open file could not be opened again ({}): its handle is lost", Errno::from_status(status));
-                    self.opens.lock().held.remove(&open_handle);
-                }
                 if status < 0 {
                     // Nothing more can be done for it: say so where an admin looks.
-                    warn!(target = %self.cfg.target, xid = f.header.xid, transno, "replay refused ({}): a change this client was told succeeded is lost", Errno::from_status(f.header.status));
-                    self.replay.lock().remove(&transno);
+                    let e = Errno::from_status(status);
+                    if open_handle != 0 {
+                        self.opens.lock().held.remove(&open_handle);
+                    }
+                    if self.replay.lock().remove(&transno).is_some() {
+                        warn!(target = %self.cfg.target, xid = f.header.xid, transno, "replay refused ({e}): a change this client was told succeeded is lost");
+                    } else {
+                        warn!(target = %self.cfg.target, transno, "an open file could not be opened again ({e}): its handle is lost");
+                    }
                 } else if f.header.transno != transno && f.header.transno != 0 {
                     let mut r = self.replay.lock();
                     if let Some(e) = r.remove(&transno) {
