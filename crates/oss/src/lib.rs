@@ -58,7 +58,10 @@ impl Ost {
     /// Opens the OST over its directory.
     pub fn open(cfg: OstConfig) -> std::io::Result<Ost> {
         let objects = cfg.dir.join("O");
-        std::fs::create_dir_all(&objects)?;
+        if !objects.exists() {
+            std::fs::create_dir_all(&objects)?;
+            File::open(&cfg.dir)?.sync_all()?;
+        }
         Ok(Ost {
             cfg,
             objects,
@@ -74,34 +77,8 @@ impl Ost {
         object_path_in(&self.objects, o)
     }
 
-    /// Opens an object read-write (punch needs write access even when it only
-    /// shrinks), creating it and its directories if `create`.
     fn open_obj(&self, o: &ObjId, create: bool) -> Result<Option<File>, Errno> {
-        let p = self.object_path(o);
-        let r = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .truncate(false)
-            .open(&p);
-        match r {
-            Ok(f) => Ok(Some(f)),
-            Err(e) if e.kind() == ErrorKind::NotFound && create => {
-                if let Some(parent) = p.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| io_errno(&e))?;
-                }
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&p)
-                    .map(Some)
-                    .map_err(|e| io_errno(&e))
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_errno(&e)),
-        }
+        open_object(&self.objects, o, create).map(|f| f.map(|(f, _)| f))
     }
 
     fn read(&self, o: &ObjId, off: u64, len: u32) -> Result<Vec<u8>, Errno> {
@@ -137,13 +114,6 @@ impl Ost {
             return Err(errno);
         }
         Ok(())
-    }
-
-    fn punch(&self, o: &ObjId, size: u64) -> Result<(), Errno> {
-        match self.open_obj(o, size > 0)? {
-            Some(f) => f.set_len(size).map_err(|e| io_errno(&e)),
-            None => Ok(()),
-        }
     }
 
     fn getattr(&self, objs: &[ObjId]) -> Result<ObjAttrsRep, Errno> {
@@ -247,13 +217,9 @@ impl Ost {
                 self.write(&r.obj, r.offset, &r.data)?;
                 Reply::OstWrite(Empty {})
             }
-            OstRequest::Punch(r) => {
-                self.punch(&r.obj, r.size)?;
-                Reply::Punch(Empty {})
-            }
             OstRequest::OstGetattr(r) => Reply::OstGetattr(self.getattr(bounded(&r.objs)?)?),
             // Parked on the offload threads in `handle` before dispatch.
-            OstRequest::OstSync(_) => return Err(Errno::EPROTO),
+            OstRequest::OstSync(_) | OstRequest::Punch(_) => return Err(Errno::EPROTO),
             OstRequest::OstSetattr(r) => {
                 self.set_mtime(bounded(&r.objs)?, r.mtime)?;
                 Reply::OstSetattr(Empty {})
@@ -278,8 +244,78 @@ fn object_path_in(root: &std::path::Path, o: &ObjId) -> PathBuf {
         ))
 }
 
-/// fsyncs objects (every object of the OST if `objs` is empty); runs on an offload
-/// thread.
+/// Opens an object read-write (punch needs write access even when it only shrinks),
+/// creating it and its directories if `create`; says whether it was created. A new
+/// directory is synced into its parent at once (there are at most 256 per sequence),
+/// so a later fsync of an object needs to sync only the object and its own directory.
+fn open_object(
+    root: &std::path::Path,
+    o: &ObjId,
+    create: bool,
+) -> Result<Option<(File, bool)>, Errno> {
+    let p = object_path_in(root, o);
+    let open = |create: bool| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(&p)
+    };
+    match open(false) {
+        Ok(f) => return Ok(Some((f, false))),
+        Err(e) if e.kind() == ErrorKind::NotFound && create => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_errno(&e)),
+    }
+    match open(true) {
+        Ok(f) => Ok(Some((f, true))),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            let bucket = p.parent().ok_or(Errno::EIO)?;
+            let seq = bucket.parent().ok_or(Errno::EIO)?;
+            let new_seq = !seq.exists();
+            std::fs::create_dir_all(bucket).map_err(|e| io_errno(&e))?;
+            sync_dir(seq)?;
+            if new_seq {
+                sync_dir(root)?;
+            }
+            open(true)
+                .map(|f| Some((f, true)))
+                .map_err(|e| io_errno(&e))
+        }
+        Err(e) => Err(io_errno(&e)),
+    }
+}
+
+/// fsyncs a directory, so the entries made in it survive a power cut.
+fn sync_dir(dir: &std::path::Path) -> Result<(), Errno> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_errno(&e))
+}
+
+/// Sets an object's size and makes the change durable before the reply: a shrink the
+/// client was told of must not come back after a power cut (the MDT has the new size
+/// already, and a glimpse takes the larger of the two). Runs on an offload thread.
+fn punch_object(root: &std::path::Path, o: &ObjId, size: u64) -> Result<(), Errno> {
+    if size > lode_base::limits::FILE_SIZE_MAX {
+        return Err(Errno::EFBIG);
+    }
+    let Some((f, created)) = open_object(root, o, size > 0)? else {
+        return Ok(());
+    };
+    f.set_len(size).map_err(|e| io_errno(&e))?;
+    f.sync_data().map_err(|e| io_errno(&e))?;
+    if created {
+        if let Some(d) = object_path_in(root, o).parent() {
+            sync_dir(d)?;
+        }
+    }
+    Ok(())
+}
+
+/// fsyncs objects and the directories that name them (every object of the OST if
+/// `objs` is empty); runs on an offload thread.
 fn sync_objects(root: &std::path::Path, objs: &[ObjId]) -> Result<(), Errno> {
     let objs = bounded(objs)?;
     if objs.is_empty() {
@@ -287,12 +323,21 @@ fn sync_objects(root: &std::path::Path, objs: &[ObjId]) -> Result<(), Errno> {
         return nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d))
             .map_err(|e| Errno(e as i32));
     }
+    let mut dirs = std::collections::BTreeSet::new();
     for o in objs {
-        match File::open(object_path_in(root, o)) {
+        let p = object_path_in(root, o);
+        match File::open(&p) {
             Ok(f) => f.sync_all().map_err(|e| io_errno(&e))?,
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => continue,
             Err(e) => return Err(io_errno(&e)),
         }
+        if let Some(d) = p.parent() {
+            dirs.insert(d.to_path_buf());
+        }
+    }
+    // A new object's name is in its directory, which its own fsync does not cover.
+    for d in dirs {
+        sync_dir(&d)?;
     }
     Ok(())
 }
@@ -317,6 +362,17 @@ impl Service for Ost {
             let root = self.objects.clone();
             return self.syncs.run(inc, move || {
                 Outgoing::answer(sync_objects(&root, &r.objs).map(|_| Reply::OstSync(Empty {})))
+            });
+        }
+        if let OstRequest::Punch(r) = req {
+            if let Err(e) = self.check_export(inc) {
+                return Outgoing::error(e);
+            }
+            let root = self.objects.clone();
+            return self.syncs.run(inc, move || {
+                Outgoing::answer(
+                    punch_object(&root, &r.obj, r.size).map(|_| Reply::Punch(Empty {})),
+                )
             });
         }
         Outgoing::answer(self.dispatch(inc, req))
