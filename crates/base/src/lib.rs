@@ -6,6 +6,7 @@ pub mod attr;
 pub mod config;
 pub mod errno;
 pub mod fid;
+pub mod flock;
 pub mod hash;
 pub mod layout;
 pub mod limits;

@@ -261,8 +261,8 @@ fn start_mdt(
     .map_err(|e| anyhow!("{}: {e}", cfg.name()))?;
     let on_term = mdt.clone();
     rt.spawn(async move {
-        // A clean stop (lode down, systemd) commits what is written before exiting,
-        // and the next start has nobody to wait for.
+        // A clean stop (lode down, systemd) commits what is written before exiting;
+        // clients still connected come back for their open files and locks.
         if let Ok(mut t) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         {
             t.recv().await;

@@ -159,3 +159,45 @@ fn a_killed_holder_releases_its_locks_and_a_native_client_contends_too() {
     });
     assert_eq!(got, Some(Ok(())), "the dead holder's lock was released");
 }
+
+#[test]
+fn locks_held_across_an_mds_power_cut_are_held_again_and_a_wait_survives_it() {
+    let mut c = cluster(1);
+    let (a, b) = (c.mount(), c.mount());
+    let fa = rw(&a.path().join("f"));
+    let fb = rw(&b.path().join("f"));
+    // A holds bytes 0-39 and 60-99 (an unlock split its lock) and 200-299 shared.
+    assert_eq!(lock(&fa, libc::F_SETLK, libc::F_WRLCK, 0, 100).0, Ok(()));
+    assert_eq!(lock(&fa, libc::F_SETLK, libc::F_UNLCK, 40, 20).0, Ok(()));
+    assert_eq!(lock(&fa, libc::F_SETLK, libc::F_RDLCK, 200, 100).0, Ok(()));
+    let fb2 = fb.try_clone().expect("dup");
+    let waiter = std::thread::spawn(move || lock(&fb2, libc::F_SETLKW, libc::F_WRLCK, 0, 10).0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!waiter.is_finished(), "B waits while A holds the lock");
+
+    restart_mds(&mut c, &[]);
+    let status = wait_recovered(&c);
+    assert_eq!(status_field(&status, "replayed_locks"), "3", "{status}");
+    assert_eq!(
+        status_field(&status, "completed_clients"),
+        "2/2",
+        "{status}"
+    );
+
+    assert!(!waiter.is_finished(), "B still waits after the restart");
+    // What A held is held again; what it had let go of is free.
+    assert_eq!(
+        lock(&fb, libc::F_SETLK, libc::F_RDLCK, 70, 1).0,
+        Err(libc::EAGAIN)
+    );
+    assert_eq!(
+        lock(&fb, libc::F_SETLK, libc::F_WRLCK, 250, 1).0,
+        Err(libc::EAGAIN)
+    );
+    assert_eq!(lock(&fb, libc::F_SETLK, libc::F_RDLCK, 250, 1).0, Ok(()));
+    assert_eq!(lock(&fb, libc::F_SETLK, libc::F_WRLCK, 45, 10).0, Ok(()));
+    // A lets go of everything: B's wait from before the restart is granted.
+    assert_eq!(lock(&fa, libc::F_SETLK, libc::F_UNLCK, 0, 0).0, Ok(()));
+    let granted = within(Duration::from_secs(10), move || waiter.join());
+    assert!(matches!(granted, Some(Ok(Ok(())))), "B's wait: {granted:?}");
+}

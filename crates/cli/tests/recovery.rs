@@ -520,3 +520,78 @@ fn a_client_holds_at_most_max_open_files_per_client_and_a_close_frees_one() {
     s.run(cl.close(&fhs[0])).expect("close");
     assert!(open_create(&s, "f3").is_ok(), "a close frees a place");
 }
+
+/// The pid of the server process serving `target` (its directory is on its command
+/// line).
+fn server_pid(c: &Cluster, target: &str) -> i32 {
+    let dir = c.target_dir(target);
+    let dir = dir.to_string_lossy();
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.iter().any(|a| *a == dir.as_bytes())
+            })
+        })
+        .unwrap_or_else(|| panic!("no server process for {target}"))
+}
+
+#[test]
+fn a_clean_mds_stop_keeps_the_open_files_and_file_locks_of_connected_clients() {
+    let mut c = cluster(1);
+    let (a, b) = (c.mount(), c.mount());
+    let path = a.path().join("held");
+    std::fs::write(&path, b"open and unlinked across a clean restart").expect("write");
+    let held = std::fs::File::open(&path).expect("open");
+    std::fs::remove_file(&path).expect("unlink");
+    let locked = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(a.path().join("locked"))
+        .expect("create");
+    let setlk = |f: &std::fs::File, ty: i32| {
+        let mut l: libc::flock = unsafe { std::mem::zeroed() };
+        (l.l_type, l.l_whence) = (ty as i16, libc::SEEK_SET as i16);
+        // SAFETY: fcntl on an open descriptor with a valid struct flock.
+        let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(f), libc::F_SETLK, &l) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error().raw_os_error())
+        }
+    };
+    assert_eq!(setlk(&locked, libc::F_WRLCK), Ok(()));
+    wait_for("only the two mounts", Duration::from_secs(10), || {
+        c.get_param("mdt.*.num_exports") == "2"
+    });
+
+    // SAFETY: kill(2) of a server process this test started.
+    unsafe { libc::kill(server_pid(&c, "mdt0"), libc::SIGTERM) };
+    assert_eq!(c.wait_exit("mdt0", Duration::from_secs(20)), Some(0));
+    c.start_target("mdt0");
+    let status = wait_recovered(&c);
+    assert_eq!(
+        status_field(&status, "completed_clients"),
+        "2/2",
+        "{status}"
+    );
+    assert_eq!(status_field(&status, "replayed_locks"), "1", "{status}");
+    // Both files are open on the MDT again (the unlinked one was not destroyed).
+    assert_eq!(c.get_param("mdt.*.open_files"), "2");
+
+    let mut data = Vec::new();
+    std::io::Read::read_to_end(&mut &held, &mut data).expect("read the held file");
+    assert_eq!(data, b"open and unlinked across a clean restart");
+    let other = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(b.path().join("locked"))
+        .expect("open on B");
+    assert_eq!(setlk(&other, libc::F_RDLCK), Err(Some(libc::EAGAIN)));
+    drop(locked);
+    assert_eq!(setlk(&other, libc::F_RDLCK), Ok(()));
+}

@@ -3,8 +3,10 @@
 //! comes on the callback channel. Without a channel, a waiting request polls.
 
 use crate::Client;
+use lode_base::flock::RangeLock;
 use lode_base::{Errno, Fid};
 use lode_proto::{FlockDesc, FlockGrantedReq, FlockReq, Reply, Request};
+use std::collections::HashMap;
 
 /// A lock request as the MDT takes it: used as is by callers (FUSE, the native API).
 pub type FlockArgs = FlockReq;
@@ -14,20 +16,94 @@ use std::time::Duration;
 const POLL_FIRST: Duration = Duration::from_millis(1);
 const POLL_MAX: Duration = Duration::from_millis(100);
 
+/// The file locks a client holds, kept as the MDT keeps them (the same range
+/// arithmetic), so that they can be taken again when the MDT restarts.
+#[derive(Default)]
+pub(crate) struct HeldFlocks {
+    by_owner: HashMap<(Fid, u64), Vec<RangeLock<()>>>,
+    /// `forgotten + evictions` when these were last known good: a change means the MDT
+    /// dropped every lock of this client, and so must this.
+    seen: u64,
+}
+
+impl HeldFlocks {
+    /// Records a granted lock or unlock of `a`.
+    fn apply(&mut self, a: &FlockArgs) {
+        let key = (a.fid, a.owner);
+        if a.typ == libc::F_UNLCK as u32 {
+            if let Some(v) = self.by_owner.get_mut(&key) {
+                lode_base::flock::remove_range(v, (), a.start, a.end);
+                if v.is_empty() {
+                    self.by_owner.remove(&key);
+                }
+            }
+            return;
+        }
+        let l = RangeLock {
+            owner: (),
+            pid: a.pid,
+            write: a.typ == libc::F_WRLCK as u32,
+            start: a.start,
+            end: a.end,
+        };
+        lode_base::flock::set(self.by_owner.entry(key).or_default(), l);
+    }
+
+    /// Forgets every lock if the MDT did since `seen`.
+    fn check(&mut self, lost: u64) {
+        if lost != self.seen {
+            self.by_owner.clear();
+            self.seen = lost;
+        }
+    }
+}
+
 impl Client {
+    /// How many times the MDT dropped every lock of this client (it evicted it, or
+    /// restarted and recovered without it).
+    fn flocks_lost(&self) -> u64 {
+        self.mdc.forgotten() + self.evictions()
+    }
+
     /// Takes (or with `F_UNLCK` drops) a file lock; with `a.wait`, until it is granted
     /// (`EDEADLK` if waiting would deadlock), else `EAGAIN` on a conflict.
     pub async fn flock(&self, a: &FlockArgs) -> Result<(), Errno> {
+        let lost = self.flocks_lost();
         let r = self.flock_inner(a).await;
-        let key = (a.fid, a.owner);
-        if a.typ == libc::F_UNLCK as u32 {
-            if r.is_ok() && a.start == 0 && a.end >= i64::MAX as u64 {
-                self.locks.flock_owners.lock().remove(&key);
-            }
-        } else if r.is_ok() {
-            self.locks.flock_owners.lock().insert(key);
+        let mut held = self.locks.flock_held.lock();
+        held.check(lost);
+        if r.is_ok() {
+            held.apply(a);
         }
         r
+    }
+
+    /// The lock requests that take again, in recovery, every file lock this client
+    /// holds.
+    pub(crate) fn flock_replays(&self) -> Vec<(lode_proto::Opcode, Vec<u8>)> {
+        let mut held = self.locks.flock_held.lock();
+        held.check(self.flocks_lost());
+        let mut out = Vec::new();
+        for (&(fid, owner), v) in &held.by_owner {
+            for l in v {
+                let req = Request::Flock(FlockReq {
+                    fid,
+                    owner,
+                    pid: l.pid,
+                    typ: if l.write {
+                        libc::F_WRLCK
+                    } else {
+                        libc::F_RDLCK
+                    } as u32,
+                    start: l.start,
+                    end: l.end,
+                    wait: false,
+                    test: false,
+                });
+                out.push((lode_proto::Opcode::Flock, req.encode()));
+            }
+        }
+        out
     }
 
     async fn flock_inner(&self, a: &FlockArgs) -> Result<(), Errno> {
@@ -37,31 +113,46 @@ impl Client {
         if !self.callback_channel_up() {
             return self.flock_poll(a).await;
         }
-        let rx = {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            self.locks.flock_waits.lock().insert((a.fid, a.owner), tx);
-            rx
-        };
-        let queued = self.flock_once(a, true).await;
-        match queued {
-            Ok(true) => match rx.await {
-                Ok(true) => Ok(()),
-                // Its owner unlocked meanwhile (an interrupted wait).
-                Ok(false) => Err(Errno::EINTR),
-                // Evicted, or the callback channel went: the wait is lost.
-                Err(_) => Err(Errno::EIO),
-            },
-            other => {
-                self.locks.flock_waits.lock().remove(&(a.fid, a.owner));
-                other.map(|_| ())
-            }
+        loop {
+            let lost = self.flocks_lost();
+            let rx = {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                self.locks.flock_waits.lock().insert((a.fid, a.owner), tx);
+                rx
+            };
+            let queued = self.flock_once(a, true).await;
+            return match queued {
+                Ok(true) => match rx.await {
+                    Ok(true) => Ok(()),
+                    // Its owner unlocked meanwhile (an interrupted wait).
+                    Ok(false) => Err(Errno::EINTR),
+                    // The callback channel went (the MDT restarted, or the connection
+                    // broke) but the MDT kept this client: wait again.
+                    Err(_) if self.flocks_lost() == lost => {
+                        if !self.callback_channel_up() {
+                            return self.flock_poll(a).await;
+                        }
+                        continue;
+                    }
+                    // Evicted: the wait is lost.
+                    Err(_) => Err(Errno::EIO),
+                },
+                other => {
+                    self.locks.flock_waits.lock().remove(&(a.fid, a.owner));
+                    other.map(|_| ())
+                }
+            };
         }
     }
 
     /// Whether `owner` may hold locks on `fid` (it took one and has not dropped all
     /// its locks on the file since): a close needs to drop them only then.
     pub fn flock_may_hold(&self, fid: Fid, owner: u64) -> bool {
-        self.locks.flock_owners.lock().contains(&(fid, owner))
+        self.locks
+            .flock_held
+            .lock()
+            .by_owner
+            .contains_key(&(fid, owner))
     }
 
     /// The lock that would conflict with `a` (`F_GETLK`), if any.

@@ -166,6 +166,12 @@ impl Client {
             rt,
         });
         client.apply_targets(&conf.targets);
+        let weak = Arc::downgrade(&client);
+        client.mdc.set_lock_replay(Arc::new(move || {
+            weak.upgrade()
+                .map(|c| c.flock_replays())
+                .unwrap_or_default()
+        }));
         if client.cfg.locks {
             let channel = client
                 .rt

@@ -215,8 +215,9 @@ pub(crate) struct Locks {
     evictions: AtomicU64,
     /// File lock waits, by (file, owner): told when the MDT grants or ends them.
     pub(crate) flock_waits: Mutex<HashMap<(Fid, u64), tokio::sync::oneshot::Sender<bool>>>,
-    /// (file, owner) pairs that took file locks and have not dropped them all.
-    pub(crate) flock_owners: Mutex<HashSet<(Fid, u64)>>,
+    /// The file locks this client holds, by (file, owner), as the MDT holds them:
+    /// taken again in recovery if the MDT restarts.
+    pub(crate) flock_held: Mutex<crate::flock::HeldFlocks>,
 }
 
 impl Locks {

@@ -7,6 +7,7 @@
 //! clients and files, is refused with `EDEADLK`. A client that goes (disconnect,
 //! eviction) loses its locks and waits, and the waiters behind them are granted.
 
+use lode_base::flock::RangeLock;
 use lode_base::{Errno, Fid};
 use lode_proto::{FlockDesc, FlockRep, FlockReq};
 use parking_lot::Mutex;
@@ -27,30 +28,14 @@ struct Owner {
 }
 
 /// A held lock, or a wait for one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Lk {
-    owner: Owner,
-    pid: u32,
-    write: bool,
-    start: u64,
-    end: u64,
-}
+type Lk = RangeLock<Owner>;
 
-impl Lk {
-    fn conflicts(&self, other: &Lk) -> bool {
-        self.owner != other.owner
-            && (self.write || other.write)
-            && self.start <= other.end
-            && other.start <= self.end
-    }
-
-    fn desc(&self) -> FlockDesc {
-        FlockDesc {
-            typ: if self.write { WR } else { RD },
-            start: self.start,
-            end: self.end,
-            pid: self.pid,
-        }
+fn desc(l: &Lk) -> FlockDesc {
+    FlockDesc {
+        typ: if l.write { WR } else { RD },
+        start: l.start,
+        end: l.end,
+        pid: l.pid,
     }
 }
 
@@ -61,34 +46,12 @@ struct FileLocks {
 }
 
 impl FileLocks {
-    /// Takes `[start, end]` out of `owner`'s locks, splitting those it cuts.
     fn remove_range(&mut self, owner: Owner, start: u64, end: u64) {
-        let mut kept = Vec::with_capacity(self.granted.len() + 1);
-        for l in self.granted.drain(..) {
-            if l.owner != owner || l.end < start || end < l.start {
-                kept.push(l);
-                continue;
-            }
-            if l.start < start {
-                kept.push(Lk {
-                    end: start - 1,
-                    ..l
-                });
-            }
-            if l.end > end {
-                kept.push(Lk {
-                    start: end + 1,
-                    ..l
-                });
-            }
-        }
-        self.granted = kept;
+        lode_base::flock::remove_range(&mut self.granted, owner, start, end);
     }
 
-    /// Sets `l` for its owner, replacing what the owner held in its range.
     fn set(&mut self, l: Lk) {
-        self.remove_range(l.owner, l.start, l.end);
-        self.granted.push(l);
+        lode_base::flock::set(&mut self.granted, l);
     }
 
     fn blockers(&self, want: &Lk) -> impl Iterator<Item = &Lk> + '_ {
@@ -145,7 +108,7 @@ impl Flocks {
         };
         if r.test {
             let conflict = (r.typ != UN)
-                .then(|| files.get(&r.fid)?.blockers(&lk).next().map(Lk::desc))
+                .then(|| files.get(&r.fid)?.blockers(&lk).next().map(desc))
                 .flatten();
             return Ok((rep(false, false, conflict), Vec::new()));
         }
@@ -191,6 +154,32 @@ impl Flocks {
         }
         files.entry(r.fid).or_default().waiting.push_back(lk);
         Ok((rep(false, true, None), Vec::new()))
+    }
+
+    /// A lock client `slot` held before this MDT restarted, replayed in recovery: set
+    /// as it was, as Lustre grants a replayed lock without a conflict check (every
+    /// client replays only what it was granted, so together they cannot conflict; if
+    /// they do, some client's view was stale, and it is logged). Returns whether it
+    /// conflicted.
+    pub fn replay(&self, slot: u32, r: &FlockReq) -> Result<bool, Errno> {
+        if r.start > r.end || !matches!(r.typ, RD | WR) || r.test {
+            return Err(Errno::EINVAL);
+        }
+        let lk = Lk {
+            owner: Owner { slot, id: r.owner },
+            pid: r.pid,
+            write: r.typ == WR,
+            start: r.start,
+            end: r.end,
+        };
+        let mut files = self.files.lock();
+        if owned_by(&files, slot) >= FLOCKS_PER_CLIENT_MAX {
+            return Err(Errno::ENOLCK);
+        }
+        let f = files.entry(r.fid).or_default();
+        let conflict = f.blockers(&lk).next().is_some();
+        f.set(lk);
+        Ok(conflict)
     }
 
     /// Drops every lock and wait of client `slot`; returns the grants that frees.
@@ -407,6 +396,20 @@ mod tests {
         assert!(l.drop_client(2).is_empty());
         assert_eq!(l.held(), 0);
         assert!(l.files.lock().is_empty(), "nothing left behind");
+    }
+
+    #[test]
+    fn replayed_locks_are_held_again_and_block_others() {
+        let f = Flocks::default();
+        assert_eq!(f.replay(1, &req(1, 7, WR, 0, 9, false)), Ok(false));
+        assert_eq!(f.replay(2, &req(1, 8, RD, 20, 29, false)), Ok(false));
+        assert_eq!(f.held(), 2);
+        assert_eq!(
+            f.request(3, &req(1, 9, RD, 5, 5, false), true)
+                .map(|r| r.0.granted),
+            Err(Errno::EAGAIN)
+        );
+        assert_eq!(f.replay(1, &req(1, 7, UN, 0, 9, false)), Err(Errno::EINVAL));
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub(crate) struct RecState<Q> {
     executed: HashSet<(u32, u64)>,
     /// Replays executed.
     pub replayed: u64,
+    /// File locks clients held again.
+    pub locks_replayed: u64,
     /// Transnos no client replayed that recovery went past.
     pub gaps: u64,
     /// Clients evicted at the end.
@@ -87,6 +89,7 @@ impl<Q> RecState<Q> {
             last: durable,
             executed: HashSet::new(),
             replayed: 0,
+            locks_replayed: 0,
             gaps: 0,
             evicted: 0,
             running: false,

@@ -907,6 +907,11 @@ impl Mdt {
     ) -> Result<Outgoing, Box<MdtRequest>> {
         let replay = inc.header.flags & FLAG_REPLAY != 0
             && Opcode::from_u16(inc.header.opcode).is_some_and(|o| o.is_modify());
+        if let MdtRequest::Flock(r) = &req {
+            if inc.header.flags & FLAG_REPLAY != 0 && self.recovery.lock().st.active {
+                return Ok(self.replay_flock(exp, r));
+            }
+        }
         let Some(d) = inc.defer() else {
             return Ok(self.error_out(Errno::EAGAIN.into()));
         };
@@ -938,6 +943,34 @@ impl Mdt {
         }
         self.recover();
         Ok(Outgoing::parked())
+    }
+
+    /// A file lock a recovering client held before the restart: held again at once
+    /// (nothing else can take locks until recovery ends, and a lock depends on no
+    /// replay: it names a FID, which needs not exist yet).
+    fn replay_flock(&self, exp: &Export, r: &lode_proto::FlockReq) -> Outgoing {
+        match self.flocks.replay(exp.slot, r) {
+            Ok(conflict) => {
+                if conflict {
+                    warn!(client = %exp.uuid, fid = %r.fid, "replayed file lock conflicts with another client's: both held");
+                }
+                self.recovery.lock().st.locks_replayed += 1;
+                Outgoing {
+                    body: Reply::Flock(lode_proto::FlockRep {
+                        granted: true,
+                        queued: false,
+                        conflict: None,
+                    })
+                    .encode(),
+                    last_committed: self.ns.store.last_committed(),
+                    ..Default::default()
+                }
+            }
+            Err(e) => {
+                warn!(client = %exp.uuid, fid = %r.fid, "replayed file lock refused: {e}");
+                self.error_out(e.into())
+            }
+        }
     }
 
     /// Moves recovery on as far as it can now: runs the replays whose turn it is,
@@ -1059,21 +1092,23 @@ impl Mdt {
             }
             .saturating_sub(st.start.elapsed().as_secs());
             format!(
-                "status: RECOVERING\nrecovery_start: {start}\ntime_remaining: {left}\nconnected_clients: {}/{total}\nreq_replay_clients: {}\ncompleted_clients: {}\nevicted_clients: {}\nreplayed_requests: {}\nqueued_requests: {}\nnext_transno: {}\n",
+                "status: RECOVERING\nrecovery_start: {start}\ntime_remaining: {left}\nconnected_clients: {}/{total}\nreq_replay_clients: {}\ncompleted_clients: {}\nevicted_clients: {}\nreplayed_requests: {}\nreplayed_locks: {}\nqueued_requests: {}\nnext_transno: {}\n",
                 st.connected.len(),
                 st.connected.len().saturating_sub(st.done.len()),
                 st.done.len(),
                 st.evicted,
                 st.replayed,
+                st.locks_replayed,
                 st.queued_len(),
                 st.last + 1,
             )
         } else {
             format!(
-                "status: COMPLETE\nrecovery_start: {start}\nrecovery_duration: {}\ncompleted_clients: {}/{total}\nreplayed_requests: {}\nlast_transno: {}\nVBR: DISABLED\nIR: DISABLED\n",
+                "status: COMPLETE\nrecovery_start: {start}\nrecovery_duration: {}\ncompleted_clients: {}/{total}\nreplayed_requests: {}\nreplayed_locks: {}\nlast_transno: {}\nVBR: DISABLED\nIR: DISABLED\n",
                 st.duration.unwrap_or_default().as_secs(),
                 st.done.len(),
                 st.replayed,
+                st.locks_replayed,
                 st.last,
             )
         }
@@ -1081,16 +1116,12 @@ impl Mdt {
 
     /// A clean stop (SIGTERM): from now on no reply leaves (a request that runs on is
     /// resent after the restart and answered from its reply record if it committed),
-    /// everything is committed, and no client is waited for at the next start, since
-    /// none has anything to replay.
+    /// and everything is committed. The clients still connected stay known, as
+    /// Lustre's last_rcvd keeps them over an unmount: at the next start they have no
+    /// change to replay but come back for their open files and file locks, and the
+    /// MDT waits for them.
     pub fn stop_cleanly(&self) -> Result<(), StoreError> {
         self.stopping.store(true, Ordering::Release);
-        self.ns.store.sync()?;
-        let mut b = Batch::new();
-        for slot in connected_clients(&self.ns.store)?.into_keys() {
-            b.delete(Cf::Server, connected_key(slot));
-        }
-        self.ns.store.apply(b, None)?;
         self.ns.store.sync().map(|_| ())
     }
 

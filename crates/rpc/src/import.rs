@@ -400,10 +400,16 @@ pub struct Import {
     /// Files this client holds open: opened again (same handle) in the target's
     /// recovery, committed or not, until their close is committed.
     opens: Mutex<HeldOpens>,
+    /// Lock requests to replay after the changes and opens (the layer above keeps the
+    /// locks; see [`Import::set_lock_replay`]).
+    lock_replay: Mutex<Option<LockReplay>>,
     /// The highest `last_committed` the two lists above were pruned to: most replies
     /// repeat it, and then neither list is locked.
     pruned: AtomicU64,
 }
+
+/// Gives the lock requests (opcode, encoded body) that re-take what the client holds.
+pub type LockReplay = Arc<dyn Fn() -> Vec<(Opcode, Vec<u8>)> + Send + Sync>;
 
 /// Opens held for replay.
 #[derive(Default)]
@@ -572,6 +578,7 @@ impl Import {
             forgotten: AtomicU64::new(0),
             replay: Mutex::new(BTreeMap::new()),
             opens: Mutex::new(HeldOpens::default()),
+            lock_replay: Mutex::new(None),
             pruned: AtomicU64::new(0),
             cfg,
         });
@@ -584,6 +591,12 @@ impl Import {
             warn!(target = %imp.cfg.target, "cannot start the reader thread: {e}");
         }
         imp
+    }
+
+    /// Sets what re-takes this client's locks when the target restarts: sent in
+    /// recovery after the changes and opens, before the client says it is done.
+    pub fn set_lock_replay(&self, f: LockReplay) {
+        *self.lock_replay.lock() = Some(f);
     }
 
     /// The target's name.
@@ -1353,6 +1366,26 @@ impl Import {
         for (h, body) in frames.values() {
             out.extend_from_slice(&Frame::encode(h, body));
         }
+        // Then the locks, which need no order among themselves.
+        let locks = self
+            .lock_replay
+            .lock()
+            .clone()
+            .map(|f| f())
+            .unwrap_or_default();
+        let mut lock_xids = std::collections::HashSet::with_capacity(locks.len());
+        for (opcode, body) in &locks {
+            let h = Header {
+                opcode: *opcode as u16,
+                flags: FLAG_REPLAY,
+                xid: self.next_xid(),
+                handle: rep.handle,
+                conn_cnt,
+                ..Default::default()
+            };
+            lock_xids.insert(h.xid);
+            out.extend_from_slice(&Frame::encode(&h, body));
+        }
         let done_xid = self.next_xid();
         let h = Header {
             opcode: Opcode::Ping as u16,
@@ -1363,8 +1396,8 @@ impl Import {
             ..Default::default()
         };
         out.extend_from_slice(&Frame::encode(&h, &Request::Ping(Empty {}).encode()));
-        if !frames.is_empty() {
-            info!(target = %self.cfg.target, changes, opens = frames.len() - changes, "the target restarted: replaying what it had not committed, and reopening open files");
+        if !frames.is_empty() || !locks.is_empty() {
+            info!(target = %self.cfg.target, changes, opens = frames.len() - changes, locks = locks.len(), "the target restarted: replaying what it had not committed, reopening open files and taking locks again");
         }
         let by_xid: std::collections::HashMap<u64, (u64, u64)> = frames
             .values()
@@ -1383,6 +1416,13 @@ impl Import {
                 if f.header.xid == done_xid {
                     self.committed(f.header.last_committed);
                     return f.header.status >= 0;
+                }
+                if lock_xids.contains(&f.header.xid) {
+                    if f.header.status < 0 {
+                        let e = Errno::from_status(f.header.status);
+                        warn!(target = %self.cfg.target, "a lock could not be taken again ({e}): it is lost");
+                    }
+                    continue;
                 }
                 let Some(&(transno, open_handle)) = by_xid.get(&f.header.xid) else {
                     continue;
@@ -1414,7 +1454,7 @@ impl Import {
         ));
         match tokio::time::timeout(limit, async { tokio::join!(write, read) }).await {
             Ok((true, true)) => {
-                if !frames.is_empty() {
+                if !frames.is_empty() || !locks.is_empty() {
                     info!(target = %self.cfg.target, "replay done");
                 }
                 Ok(())
