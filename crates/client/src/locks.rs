@@ -199,6 +199,8 @@ pub(crate) struct Locks {
     cache_max: std::sync::atomic::AtomicUsize,
     held: Mutex<HashMap<u64, HeldLock>>,
     /// Called back before the reply that granted them arrived: not to be recorded.
+    /// Whoever takes more than one of `revoked`, `held` and `cache` takes them in
+    /// that order.
     revoked: Mutex<HashSet<u64>>,
     /// Blocking callbacks received.
     callbacks: AtomicU64,
@@ -730,8 +732,9 @@ impl Client {
         }
         let mut invals = Vec::new();
         {
-            let mut held = self.locks.held.lock();
+            // The order `keep` takes them in: revoked, held, cache.
             let mut revoked = self.locks.revoked.lock();
+            let mut held = self.locks.held.lock();
             let mut cache = self.locks.cache.lock();
             for h in &handles {
                 invals.extend(cache.forget_lock(*h));
