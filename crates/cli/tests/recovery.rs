@@ -57,6 +57,25 @@ fn power_cut_mds_with(c: &mut Cluster, args: &[&str]) {
     c.start_target("mdt0");
 }
 
+/// Kills the MDS, and client `gone` with it, and restarts the MDS: recovery waits 3 s
+/// for `gone`, evicts it, and ends without it. Returns the `recovery_status`.
+fn power_cut_without(c: &mut Cluster, gone: Session) -> String {
+    c.kill9("mdt0");
+    drop(gone);
+    c.start_target("mdt0");
+    wait_for("the MDS to answer", Duration::from_secs(30), || {
+        !c.get_param("mdt.*.recovery_time_soft").is_empty()
+    });
+    c.set_param("mdt.*.recovery_time_soft=3");
+    let status = wait_recovered(c);
+    assert_eq!(
+        status_field(&status, "completed_clients"),
+        "1/2",
+        "{status}"
+    );
+    status
+}
+
 fn lookup(s: &Session, dir: Fid, name: &str) -> Result<lode_client::MdtBody, Errno> {
     s.run(s.client.lookup(&root(), dir, name.as_bytes()))
 }
@@ -196,23 +215,15 @@ fn a_client_that_never_returns_is_evicted_and_the_others_recover() {
     // Client a dies with the MDS: nobody replays its changes.
     let (last, committed) = transnos(&c);
     assert!(last > committed);
-    c.kill9("mdt0");
-    drop(a);
-    c.start_target("mdt0");
-    wait_for("the MDS to answer", Duration::from_secs(30), || {
-        !c.get_param("mdt.*.recovery_time_soft").is_empty()
-    });
-    c.set_param("mdt.*.recovery_time_soft=3");
-    let status = wait_recovered(&c);
-    assert_eq!(
-        status_field(&status, "completed_clients"),
-        "1/2",
-        "{status}"
-    );
+    let status = power_cut_without(&mut c, a);
     assert!(
         c.log("mdt0").contains("did not come back in time"),
         "the eviction is logged"
     );
+    // Recovery went past a's changes, and b's replays, which depend on none of them,
+    // passed the version checks.
+    assert_ne!(status_field(&status, "vbr_gaps"), "0", "{status}");
+    assert_eq!(status_field(&status, "vbr_refused"), "0", "{status}");
     // b's changes are all there; a's (uncommitted, never replayed) are not.
     for i in 0..10 {
         assert!(lookup(&b, db, &format!("y{i}")).is_ok(), "y{i}");
@@ -594,4 +605,76 @@ fn a_clean_mds_stop_keeps_the_open_files_and_file_locks_of_connected_clients() {
     assert_eq!(setlk(&other, libc::F_RDLCK), Err(Some(libc::EAGAIN)));
     drop(locked);
     assert_eq!(setlk(&other, libc::F_RDLCK), Ok(()));
+}
+
+#[test]
+fn a_replay_that_depends_on_an_evicted_clients_lost_change_is_refused_and_the_rest_recover() {
+    let mut c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    let shared = create(&b, Fid::ROOT, "shared");
+    let db = mkdir(&b, Fid::ROOT, "b");
+    hold_commits(&c, 2);
+    let chmod = |s: &Session, mode: u32| {
+        let sa = SetAttr {
+            mode: Some(mode),
+            ..Default::default()
+        };
+        s.run(s.client.setattr(&root(), shared, sa)).expect("chmod");
+    };
+    // a changes the shared file, then b changes it after a (b's change found a's
+    // version of it), and b makes a file of its own.
+    chmod(&a, 0o600);
+    chmod(&b, 0o640);
+    create(&b, db, "own");
+    // a dies with the MDS: its change is lost, and b's change to the same file cannot
+    // be replayed on top of what a's would have left.
+    let status = power_cut_without(&mut c, a);
+    assert_eq!(status_field(&status, "vbr_refused"), "1", "{status}");
+    assert!(
+        c.log("mdt0").contains("version mismatch"),
+        "the refusal is logged"
+    );
+    // The shared file is as it was committed; b's own file is there; b goes on.
+    let attr = lookup(&b, Fid::ROOT, "shared").expect("shared").attr;
+    assert_eq!(attr.mode & 0o7777, 0o644);
+    assert!(lookup(&b, db, "own").is_ok());
+    chmod(&b, 0o604);
+    assert_eq!(
+        lookup(&b, Fid::ROOT, "shared").expect("shared").attr.mode & 0o7777,
+        0o604
+    );
+}
+
+#[test]
+fn a_replayed_create_keeps_the_osts_its_data_was_written_to() {
+    let mut c = cluster(2);
+    let s = c.client();
+    let cl = &s.client;
+    let r = root();
+    // The round robin has moved on, and the restarted MDS starts it again.
+    create(&s, Fid::ROOT, "first");
+    hold_commits(&c, 1);
+    let mut files = Vec::new();
+    for i in 0..6u8 {
+        let name = format!("f{i}");
+        let fh = s
+            .run(cl.create_open(&r, Fid::ROOT, name.as_bytes(), 0o644, libc::O_RDWR, None))
+            .expect("create_open");
+        let data = vec![b'a' + i; 1000 + usize::from(i)];
+        assert_eq!(s.run(cl.write(&fh, 0, &data)), Ok(data.len()));
+        let osts = fh.layout.as_ref().map(|l| l.components[0].pattern.clone());
+        s.run(cl.close(&fh)).expect("close");
+        files.push((name, data, osts));
+    }
+    power_cut_mds(&mut c);
+    let status = wait_recovered(&c);
+    assert_ne!(status_field(&status, "replayed_requests"), "0", "{status}");
+    for (name, data, osts) in files {
+        let fid = lookup(&s, Fid::ROOT, &name).expect("lookup").attr.fid;
+        let fh = s.run(cl.open(&r, fid, libc::O_RDONLY)).expect("open");
+        let now = fh.layout.as_ref().map(|l| l.components[0].pattern.clone());
+        assert_eq!(now, osts, "{name}: the layout it was created with");
+        assert_eq!(s.run(cl.read(&fh, 0, 4096)), Ok(data), "{name}");
+        s.run(cl.close(&fh)).expect("close");
+    }
 }

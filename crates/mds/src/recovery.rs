@@ -64,6 +64,8 @@ pub(crate) struct RecState<Q> {
     pub replayed: u64,
     /// File locks clients held again.
     pub locks_replayed: u64,
+    /// Replays refused by version-based recovery.
+    pub version_mismatches: u64,
     /// Transnos no client replayed that recovery went past.
     pub gaps: u64,
     /// Clients evicted at the end.
@@ -90,6 +92,7 @@ impl<Q> RecState<Q> {
             executed: HashSet::new(),
             replayed: 0,
             locks_replayed: 0,
+            version_mismatches: 0,
             gaps: 0,
             evicted: 0,
             running: false,

@@ -6,9 +6,9 @@ use lode_base::limits::RPC_SIZE_MAX;
 /// Frame magic, `LODE` in ASCII.
 pub const MAGIC: u32 = 0x4c4f_4445;
 /// Wire format version; bumped whenever a golden test has to change.
-pub const PROTO_VERSION: u16 = 3;
+pub const PROTO_VERSION: u16 = 4;
 /// Size of the fixed header.
-pub const HEADER_LEN: usize = 64;
+pub const HEADER_LEN: usize = 72;
 /// Size of the length and CRC fields before the header.
 pub const PREFIX_LEN: usize = 8;
 
@@ -55,6 +55,11 @@ pub struct Header {
     pub service_us: u32,
     /// Connection generation, bumped on every reconnect.
     pub conn_cnt: u32,
+    /// Replies to changes: a digest of the objects the change found and their
+    /// versions (0: none). Its replay carries it back, so that a target recovering past
+    /// a lost change can tell whether the objects are still as they were
+    /// (version-based recovery).
+    pub pre_version: u64,
 }
 
 /// Why a frame was refused.
@@ -78,7 +83,7 @@ pub enum FrameError {
 }
 
 impl Header {
-    /// Writes the 64 header bytes.
+    /// Writes the 72 header bytes.
     pub fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&PROTO_VERSION.to_le_bytes());
@@ -93,6 +98,7 @@ impl Header {
         out.extend_from_slice(&self.last_committed.to_le_bytes());
         out.extend_from_slice(&self.service_us.to_le_bytes());
         out.extend_from_slice(&self.conn_cnt.to_le_bytes());
+        out.extend_from_slice(&self.pre_version.to_le_bytes());
     }
 
     /// Parses a header from at least [`HEADER_LEN`] bytes.
@@ -127,6 +133,7 @@ impl Header {
             last_committed: u64_at(48),
             service_us: u32_at(56),
             conn_cnt: u32_at(60),
+            pre_version: u64_at(64),
         })
     }
 }

@@ -444,6 +444,34 @@ struct Replayable {
     /// The open handle it gave this client (an open), else 0: replayed with it, so
     /// that a close replayed after it finds it.
     open_handle: u64,
+    /// The versions its target found (see `Header::pre_version`), sent back with it.
+    pre_version: u64,
+    /// A create's reply body: the layout the target chose, which the replay must ask
+    /// for (see [`replay_body`]).
+    reply: Option<Arc<Vec<u8>>>,
+}
+
+/// The body a change is replayed with. A create of a regular file asks for the layout
+/// its reply gave, OSTs and all: the restarted target would otherwise choose the OSTs
+/// again, and data already written to the objects of the first choice would be lost.
+fn replay_body(r: &Replayable) -> Arc<Vec<u8>> {
+    let Some(reply) = &r.reply else {
+        return r.body.clone();
+    };
+    let (Ok(Request::Create(mut req)), Ok(Reply::Create(rep))) = (
+        Request::decode(r.opcode, &r.body),
+        Reply::decode(r.opcode, reply),
+    ) else {
+        return r.body.clone();
+    };
+    if req.mode & nix::libc::S_IFMT != nix::libc::S_IFREG
+        || rep.body.layout.is_none()
+        || req.layout == rep.body.layout
+    {
+        return r.body.clone();
+    }
+    req.layout = rep.body.layout;
+    Arc::new(Request::Create(req).encode())
 }
 
 struct TagGuard {
@@ -973,7 +1001,10 @@ impl Import {
                 if let Poll::Ready(r) = Pin::new(&mut rx).poll(cx) {
                     return Poll::Ready(Some(r));
                 }
-                if timer.as_mut().poll(cx).is_ready() {
+                // The runtime's timer fires up to a tick late (or never, if its
+                // threads are stuck): a caller that reads for itself does not spin
+                // waiting for it.
+                if timer.as_mut().poll(cx).is_ready() || tokio::time::Instant::now() >= until {
                     return Poll::Ready(None);
                 }
                 if active {
@@ -1175,6 +1206,9 @@ impl Import {
                             body: p.body.clone(),
                             flags: p.flags,
                             open_handle,
+                            pre_version: frame.header.pre_version,
+                            reply: (p.opcode == Opcode::Create as u16)
+                                .then(|| Arc::new(frame.body.clone())),
                         },
                     );
                 }
@@ -1340,9 +1374,10 @@ impl Import {
                     transno: *transno,
                     last_xid: r.open_handle,
                     conn_cnt,
+                    pre_version: r.pre_version,
                     ..Default::default()
                 };
-                (*transno, (h, r.body.clone()))
+                (*transno, (h, replay_body(r)))
             })
             .collect();
         let changes = frames.len();

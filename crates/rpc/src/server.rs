@@ -203,6 +203,8 @@ pub struct Outgoing {
     pub last_committed: u64,
     /// Reply body (postcard), empty on error.
     pub body: Vec<u8>,
+    /// See [`Header::pre_version`].
+    pub pre_version: u64,
     /// Send nothing (the request was dropped on purpose).
     pub drop: bool,
     /// Send nothing now: the request was parked and a [`Deferred`] will answer it.
@@ -646,6 +648,7 @@ fn reply_frame(h: &Header, out: &Outgoing, us: u64) -> Vec<u8> {
         last_committed: out.last_committed,
         service_us: us.min(u64::from(u32::MAX)) as u32,
         conn_cnt: h.conn_cnt,
+        pre_version: out.pre_version,
     };
     Frame::encode(&header, &out.body)
 }
