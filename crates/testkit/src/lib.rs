@@ -334,6 +334,9 @@ impl Drop for Cluster {
 pub struct Mount {
     path: PathBuf,
     child: Option<Child>,
+    /// Its `-o` options and its log, to mount it again ([`Cluster::remount`]).
+    options: String,
+    log: PathBuf,
 }
 
 /// True if `path` is a mount point listed in /proc/mounts.
@@ -366,31 +369,67 @@ impl Cluster {
                 self.dir.path().join("key").display()
             ));
         }
+        let mut m = Mount {
+            path,
+            child: None,
+            options: o.join(","),
+            log: self.dir.path().join(format!("mount{n}.log")),
+        };
+        self.start_mount(&mut m);
+        m
+    }
+
+    /// Mounts `m` again at its mount point, with its options and log, after its client
+    /// process died (a `kill -9` of [`Mount::pid`], as a crash of the client node; it is
+    /// killed here if it still runs): the dead mount, on which every call fails with
+    /// ENOTCONN, is detached first, lazily, as files still open on it would keep it
+    /// busy. The new client is another client for the servers: nothing of the dead
+    /// one's state (open files, locks) carries over.
+    pub fn remount(&self, m: &mut Mount) {
+        if let Some(mut c) = m.child.take() {
+            let _ = c.kill();
+            abort_fuse(&m.path);
+            let _ = c.wait();
+        }
+        if is_mounted(&m.path) {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&m.path)
+                .status();
+        }
+        wait_for(
+            &format!("the dead mount on {} to go", m.path.display()),
+            Duration::from_secs(10),
+            || !is_mounted(&m.path),
+        );
+        self.start_mount(m);
+    }
+
+    /// Starts `m`'s client process and waits until it is mounted.
+    fn start_mount(&self, m: &mut Mount) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.path().join(format!("mount{n}.log")))
+            .open(&m.log)
             .expect("log file");
         let child = self
             .lode()
-            .args(["mount", "--foreground", "-o", &o.join(",")])
+            .args(["mount", "--foreground", "-o", &m.options])
             .arg(format!("{}:/{}", self.mgs_addr, self.fsname))
-            .arg(&path)
+            .arg(&m.path)
             .env("LODE_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start lode mount");
-        let m = Mount {
-            path: path.clone(),
-            child: Some(child),
-        };
+        m.child = Some(child);
+        let path = m.path.clone();
         wait_for(
             &format!("{} to be mounted", path.display()),
             Duration::from_secs(30),
             || is_mounted(&path),
         );
-        m
     }
 }
 
@@ -403,6 +442,11 @@ impl Mount {
     /// The mount process's pid (to stop and resume it).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
+    }
+
+    /// The mount's log (all its lives, if it was mounted again).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Unmounts (flushing everything) and waits for the client to exit.
@@ -429,9 +473,37 @@ impl Mount {
                 std::thread::sleep(Duration::from_millis(20));
             }
             let _ = c.kill();
+            abort_fuse(&self.path);
             let _ = c.wait();
         }
     }
+}
+
+/// Aborts the FUSE connection mounted on `path`, as `fusectl` allows: a killed mount
+/// daemon whose thread is inside a kernel invalidation (which waits for a directory
+/// lock that a request to the dead daemon holds) can never exit otherwise, and every
+/// request on its mount waits forever.
+pub fn abort_fuse(path: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let want = path.to_string_lossy();
+    let minor = info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let fuse = l.split(" - ").nth(1).is_some_and(|t| t.starts_with("fuse"));
+        (fuse && f.get(4) == Some(&want.as_ref()))
+            .then(|| f.get(2)?.split(':').nth(1).map(str::to_string))
+            .flatten()
+    });
+    let Some(minor) = minor else { return };
+    let conns = Path::new("/sys/fs/fuse/connections");
+    if !conns.join(&minor).exists() {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "none"])
+            .arg(conns)
+            .status();
+    }
+    let _ = std::fs::write(conns.join(&minor).join("abort"), b"1");
 }
 
 impl Drop for Mount {
