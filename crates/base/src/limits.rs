@@ -22,8 +22,9 @@ pub const RPC_SIZE_MAX: usize = BULK_MAX + (64 << 10);
 pub const READDIR_PAGE_BYTES: usize = 64 << 10;
 /// Entries in one readdir page, a second bound next to the byte count.
 pub const READDIR_PAGE_ENTRIES: usize = 1024;
-/// Names in one hash group that the server will put in a page even past the page size.
-pub const READDIR_GROUP_MAX: usize = 64;
+/// Bytes a readdir page may grow to so as not to split a hash group (names whose
+/// 63-bit hashes collide): far beyond any group a real directory has, below a frame.
+pub const READDIR_GROUP_BYTES_MAX: usize = 2 << 20;
 /// Supplementary groups carried per request (Linux NGROUPS_MAX is 65536; NFS carries 16).
 pub const GROUPS_MAX: usize = 64;
 /// Default modify RPC slots per client (client side), Lustre's default.

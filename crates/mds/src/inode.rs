@@ -15,6 +15,16 @@ pub(crate) fn now_ns() -> i64 {
         .map_or(0, |d| d.as_nanos() as i64)
 }
 
+/// Checks the name of an entry to make: `.` and `..` always exist (Linux answers
+/// EEXIST), and an entry by either name would be unreachable and make its directory
+/// impossible to remove.
+pub(crate) fn check_new_name(name: &[u8]) -> Result<(), Errno> {
+    if name == b"." || name == b".." {
+        return Err(Errno::EEXIST);
+    }
+    check_name(name)
+}
+
 /// Checks a name for a new or looked-up entry: 1..=255 bytes, no `/` or NUL.
 pub(crate) fn check_name(name: &[u8]) -> Result<(), Errno> {
     if name.len() > NAME_MAX {
@@ -199,5 +209,8 @@ mod tests {
         assert_eq!(check_name(b"a/b"), Err(Errno::EINVAL));
         assert_eq!(check_name(b""), Err(Errno::EINVAL));
         assert_eq!(check_name(b"a\0"), Err(Errno::EINVAL));
+        assert_eq!(check_new_name(b"."), Err(Errno::EEXIST));
+        assert_eq!(check_new_name(b".."), Err(Errno::EEXIST));
+        assert!(check_new_name(b"...").is_ok());
     }
 }

@@ -378,4 +378,64 @@ mod tests {
         change(Some(b), chmod(&ns, f, 0o640)).0.expect("b's replay");
         assert_eq!(ns.getattr(f).expect("getattr").attr.mode & 0o7777, 0o640);
     }
+
+    #[test]
+    fn a_hash_group_larger_than_a_page_is_listed_whole_and_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ns = namespace(dir.path());
+        let d = ns
+            .create(&Ctx::default(), 0, create_req(b"d", 1))
+            .expect("mkdir")
+            .0
+            .body
+            .attr
+            .fid;
+        // 1,500 names with hashes of their own, and 200 more that share the hash of the
+        // 1,024th, where the first page fills up (names whose hashes collide, as a
+        // test build's hash would make them).
+        let hash = |i: u64| 10 + 10 * i;
+        let mut b = Batch::new();
+        let mut want = std::collections::BTreeSet::new();
+        let mut put = |h: u64, name: String| {
+            let rec = lode_store::records::DirentRec {
+                fid: Fid::new(FIRST_NORMAL_SEQ, 1000, 0),
+                dtype: libc::DT_REG,
+            };
+            b.put(
+                Cf::Dirent,
+                lode_store::records::dirent_key(d, h, name.as_bytes()),
+                inode::encode_dirent(&rec),
+            );
+            want.insert(name);
+        };
+        for i in 0..1500 {
+            put(hash(i), format!("n{i}"));
+        }
+        for i in 0..200 {
+            put(hash(1023), format!("group{i}"));
+        }
+        ns.store.apply(b, None).expect("apply");
+        let mut got = Vec::new();
+        let mut cookie = 0;
+        let mut pages = 0;
+        while cookie != lode_base::hash::END_COOKIE {
+            let page = ns
+                .readdir(&Cred::root(), d, cookie, false)
+                .expect("readdir");
+            got.extend(
+                page.entries
+                    .into_iter()
+                    .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+                    .filter(|n| n != "." && n != ".."),
+            );
+            cookie = page.next;
+            pages += 1;
+        }
+        assert!(pages > 1, "the listing takes more than one page");
+        assert_eq!(got.len(), want.len(), "every name once");
+        assert_eq!(
+            got.into_iter().collect::<std::collections::BTreeSet<_>>(),
+            want
+        );
+    }
 }

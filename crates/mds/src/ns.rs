@@ -1,11 +1,13 @@
 //! Namespace reads (getattr, lookup, readdir) and create / open / close.
 
-use crate::inode::{check_name, del_dirent, dtype_of, is_dir, now_ns, put_dirent, put_inode};
+use crate::inode::{
+    check_name, check_new_name, del_dirent, dtype_of, is_dir, now_ns, put_dirent, put_inode,
+};
 use crate::pdo::Mode;
-use crate::{Ctx, Namespace, OpResult, OpenHandle};
+use crate::{Ctx, Namespace, OpError, OpResult, OpenHandle};
 use lode_base::hash::{name_hash, DOTDOT_COOKIE, DOT_COOKIE, END_COOKIE};
 use lode_base::limits::{
-    LINK_MAX, READDIR_GROUP_MAX, READDIR_PAGE_BYTES, READDIR_PAGE_ENTRIES, SYMLINK_MAX,
+    LINK_MAX, READDIR_GROUP_BYTES_MAX, READDIR_PAGE_BYTES, READDIR_PAGE_ENTRIES, SYMLINK_MAX,
 };
 use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, FileType};
@@ -16,7 +18,7 @@ use lode_store::records::{
     self, destroy_key, parse_dirent_key, DestroyRec, InodeRec, INODE_DATA, INODE_NO_XATTRS,
 };
 use lode_store::{Batch, Cf};
-use tracing::info;
+use tracing::{info, warn};
 
 /// What an open does to the "data on OSTs" mark (see `Opens::clean`).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -223,7 +225,6 @@ impl Namespace {
         start.extend_from_slice(&cookie.max(2).to_be_bytes());
         let mut bytes = 0usize;
         let mut last_hash = None;
-        let mut group = 0usize;
         let mut cut = false;
         let mut bad = None;
         self.store
@@ -235,16 +236,16 @@ impl Namespace {
                 let full = bytes >= READDIR_PAGE_BYTES || entries.len() >= READDIR_PAGE_ENTRIES;
                 if full {
                     // Never split a hash group across pages: a resumed readdir starts at a
-                    // hash, so a split group would be skipped or repeated.
-                    if last_hash != Some(hash) || group >= READDIR_GROUP_MAX {
+                    // hash, so a split group would be skipped or repeated. The page grows
+                    // for a group instead, up to a bound no real group reaches.
+                    if last_hash != Some(hash) {
                         cut = true;
                         return false;
                     }
-                }
-                if last_hash == Some(hash) {
-                    group += 1;
-                } else {
-                    group = 0;
+                    if bytes >= READDIR_GROUP_BYTES_MAX {
+                        bad = Some(OpError::Errno(Errno::EOVERFLOW));
+                        return false;
+                    }
                 }
                 match crate::inode::decode_dirent(v) {
                     Ok(d) => {
@@ -259,14 +260,17 @@ impl Namespace {
                         });
                     }
                     Err(e) => {
-                        bad = Some(e);
+                        bad = Some(e.into());
                         return false;
                     }
                 }
                 true
             })?;
         if let Some(e) = bad {
-            return Err(e.into());
+            if matches!(e, OpError::Errno(Errno::EOVERFLOW)) {
+                warn!(dir = %fid, "readdir: a hash group larger than {READDIR_GROUP_BYTES_MAX} bytes cannot be listed");
+            }
+            return Err(e);
         }
         if plus {
             for e in entries.iter_mut().filter(|e| e.body.is_none()) {
@@ -281,7 +285,7 @@ impl Namespace {
     }
 
     pub(crate) fn create(&self, ctx: &Ctx, slot: u32, r: CreateReq) -> OpResult<(CreateRep, u64)> {
-        check_name(&r.name)?;
+        check_new_name(&r.name)?;
         if r.open_flags.is_some() {
             self.check_open_cap(ctx, slot)?;
         }

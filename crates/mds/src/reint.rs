@@ -1,6 +1,6 @@
 //! Namespace changes: unlink/rmdir, rename, link, setattr.
 
-use crate::inode::{check_name, dtype_of, is_dir, now_ns, put_dirent, put_inode};
+use crate::inode::{check_name, check_new_name, dtype_of, is_dir, now_ns, put_dirent, put_inode};
 use crate::pdo::Mode;
 use crate::{Ctx, Namespace, OpResult};
 use lode_base::hash::name_hash;
@@ -88,7 +88,7 @@ impl Namespace {
         parent: Fid,
         name: &[u8],
     ) -> OpResult<(MdtBody, u64)> {
-        check_name(name)?;
+        check_new_name(name)?;
         self.check_space()?;
         let hash = name_hash(name);
         let mut held = self.pdo.lock(&[(parent, Mode::Shared)], &[(parent, hash)]);
