@@ -144,6 +144,9 @@ impl TargetConfig {
             Err(e) => return Err(ConfigError::Bad(d, e.to_string())),
         };
         let c = TargetConfig::parse(&text, &d)?;
+        if !c.key_hex.is_empty() {
+            check_secret(&dir.join(CONFIG_FILE)).map_err(|e| ConfigError::Bad(d.clone(), e))?;
+        }
         if c.role != role {
             return Err(ConfigError::Foreign(
                 d,
@@ -152,6 +155,55 @@ impl TargetConfig {
         }
         Ok(c)
     }
+}
+
+/// Refuses a file holding a secret (a key, or a CONFIG with one) that users other than
+/// its owner may read or change: anyone who can read it can join the file system.
+pub fn check_secret(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mode = m.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} holds a key and others may read it (mode {mode:o}): chmod 600 it",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a key file, refusing one others may read (see [`check_secret`]) or an empty
+/// one.
+pub fn read_key_file(path: &Path) -> Result<Vec<u8>, String> {
+    check_secret(path)?;
+    let k = std::fs::read(path).map_err(|e| format!("key file {}: {e}", path.display()))?;
+    if k.is_empty() {
+        return Err(format!("key file {} is empty", path.display()));
+    }
+    Ok(k)
+}
+
+/// Writes a file holding a secret: mode 0600 from its creation, synced, and renamed
+/// into place so a crash leaves the old one or the new one.
+pub fn write_secret(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(d) = path.parent() {
+        std::fs::File::open(d)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Checks a file system name: 1..=8 characters of `[A-Za-z0-9_]`.
@@ -173,6 +225,21 @@ pub fn check_fsname(s: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_are_written_0600_and_a_key_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().expect("tempdir");
+        let k = d.path().join("key");
+        write_secret(&k, b"sekrit").expect("write");
+        let mode = std::fs::metadata(&k).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(read_key_file(&k), Ok(b"sekrit".to_vec()));
+        std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        assert!(read_key_file(&k).unwrap_err().contains("chmod 600"));
+        write_secret(&k, b"").expect("write");
+        assert!(read_key_file(&k).unwrap_err().contains("empty"));
+    }
 
     #[test]
     fn record_round_trips() {

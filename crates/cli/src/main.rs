@@ -126,10 +126,8 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     std::fs::create_dir_all(&a.dir).with_context(|| format!("mkfs: {d}: cannot create"))?;
     let key_hex = match &a.key_file {
         Some(f) => {
-            let k = std::fs::read(f).with_context(|| format!("mkfs: key file {}", f.display()))?;
-            if k.is_empty() {
-                bail!("mkfs: key file {} is empty", f.display());
-            }
+            let k =
+                lode_base::config::read_key_file(f).map_err(|e| anyhow::anyhow!("mkfs: {e}"))?;
             k.iter().map(|b| format!("{b:02x}")).collect()
         }
         None => String::new(),
@@ -147,12 +145,9 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
         },
         key_hex,
     };
-    let tmp = a.dir.join(format!("{CONFIG_FILE}.tmp"));
-    std::fs::write(&tmp, c.render()).with_context(|| format!("mkfs: {d}"))?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
+    // 0600: it may hold the key.
+    lode_base::config::write_secret(&a.dir.join(CONFIG_FILE), c.render().as_bytes())
         .with_context(|| format!("mkfs: {d}"))?;
-    std::fs::rename(&tmp, a.dir.join(CONFIG_FILE)).with_context(|| format!("mkfs: {d}"))?;
     println!("formatted {} as {} ({})", d, c.name(), c.uuid);
     Ok(())
 }

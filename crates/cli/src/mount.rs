@@ -79,7 +79,8 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
                     .ok_or_else(|| anyhow!("mount: threads={v:?} must be 1..64"))?
             }
             "key_file" => {
-                o.key = std::fs::read(v).with_context(|| format!("mount: key file {v}"))?
+                o.key = lode_base::config::read_key_file(Path::new(v))
+                    .map_err(|e| anyhow!("mount: {e}"))?
             }
             "rw" | "defaults" | "noatime" | "relatime" | "nodev" | "nosuid" | "dev" | "suid"
             | "exec" | "noexec" => {}

@@ -239,7 +239,12 @@ pub fn glob_match(pat: &str, s: &str) -> bool {
     pi == p.len()
 }
 
-fn answer(params: &dyn Params, line: &str) -> String {
+/// A peer that may not change parameters (`may_set` false) is refused every `set`,
+/// with nothing changed.
+fn answer(params: &dyn Params, line: &str, may_set: bool) -> String {
+    if !may_set && (line.starts_with("set ") || line.starts_with("setp ")) {
+        return "error: set_param: Permission denied (only root, or the server's own user, may set parameters)\n.\n".into();
+    }
     let mut out = String::new();
     let (verb, arg) = line.split_once(' ').unwrap_or((line, ""));
     match verb {
@@ -333,10 +338,22 @@ pub async fn serve_admin(path: PathBuf, params: Arc<dyn Params>) {
             return;
         }
     };
+    // Anyone on the node may read parameters (as Lustre's get_param); only root and
+    // the server's own user may change them, which the peer's credentials decide.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)) {
+            warn!("admin socket {}: {e}", path.display());
+        }
+    }
+    let me = nix::unistd::geteuid().as_raw();
     loop {
         let Ok((sock, _)) = listener.accept().await else {
             continue;
         };
+        let may_set = sock
+            .peer_cred()
+            .is_ok_and(|c| c.uid() == 0 || c.uid() == me);
         let params = params.clone();
         tokio::spawn(async move {
             let (rd, mut wr) = sock.into_split();
@@ -345,7 +362,7 @@ pub async fn serve_admin(path: PathBuf, params: Arc<dyn Params>) {
             if rd.read_line(&mut line).await.is_err() {
                 return;
             }
-            let reply = answer(&*params, line.trim_end());
+            let reply = answer(&*params, line.trim_end(), may_set);
             let _ = wr.write_all(reply.as_bytes()).await;
         });
     }
@@ -465,26 +482,35 @@ mod tests {
             r.names(),
             ["thing.T0.size", "thing.T0.stats", "thing.T0.uuid"]
         );
-        assert_eq!(answer(&r, "get thing.*.size"), "thing.T0.size=3\n.\n");
-        assert_eq!(answer(&r, "get *.stats"), "thing.T0.stats=\nx\ny\n.\n");
-        let e = answer(&r, "set thing.T0.size=11");
+        assert_eq!(answer(&r, "get thing.*.size", true), "thing.T0.size=3\n.\n");
+        assert_eq!(
+            answer(&r, "get *.stats", true),
+            "thing.T0.stats=\nx\ny\n.\n"
+        );
+        let e = answer(&r, "set thing.T0.size=11", true);
         assert!(
             e.contains("Numerical result out of range: size must be 1..10"),
             "{e}"
         );
-        assert!(answer(&r, "set thing.T0.size=x").contains("Invalid argument"));
-        assert!(answer(&r, "set thing.T0.size=7").contains("not seven"));
-        assert!(answer(&r, "set thing.T0.uuid=v").contains("read-only"));
+        assert!(answer(&r, "set thing.T0.size=x", true).contains("Invalid argument"));
+        assert!(answer(&r, "set thing.T0.size=7", true).contains("not seven"));
+        assert!(answer(&r, "set thing.T0.uuid=v", true).contains("read-only"));
+        assert!(answer(&r, "set thing.T0.size=4", false).contains("Permission denied"));
+        assert!(answer(&r, "setp thing.T0.size=4", false).contains("Permission denied"));
+        assert_eq!(
+            answer(&r, "get thing.*.size", false),
+            "thing.T0.size=3\n.\n"
+        );
         assert_eq!(r.get("thing.T0.size").as_deref(), Some("3"), "kept");
         assert_eq!(
-            answer(&r, "set thing.T0.size=0x5"),
+            answer(&r, "set thing.T0.size=0x5", true),
             "thing.T0.size=0x5\n.\n"
         );
         assert_eq!(r.get("thing.T0.size").as_deref(), Some("5"));
-        answer(&r, "set thing.T0.stats=clear");
+        answer(&r, "set thing.T0.stats=clear", true);
         assert_eq!(r.get("thing.T0.size").as_deref(), Some("0"), "cleared");
         assert_eq!(
-            answer(&r, "help thing.T0.*"),
+            answer(&r, "help thing.T0.*", true),
             "thing.T0.size (rw, 1..10) how big\n\
              thing.T0.stats (rw, a write clears) counts\n\
              thing.T0.uuid (ro) who\n.\n"

@@ -87,7 +87,11 @@ impl Cluster {
             server_args: BTreeMap::new(),
         };
         if let Some(k) = key {
-            std::fs::write(c.dir.path().join("key"), k).expect("key file");
+            // 0600, or servers and mounts refuse it.
+            let f = c.dir.path().join("key");
+            std::fs::write(&f, k).expect("key file");
+            std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("chmod key file");
         }
         c.mkfs("--mgs", 0, "mgs");
         c.mkfs("--mdt", 0, "mdt0");
