@@ -13,7 +13,11 @@ pub const XATTR_NAME_MAX: usize = 255;
 /// Largest xattr value (Linux XATTR_SIZE_MAX).
 pub const XATTR_SIZE_MAX: usize = 65536;
 /// Most xattrs listed in one LISTXATTR reply (Linux XATTR_LIST_MAX is 64 KiB of names).
+/// Also the most name bytes (each with its NUL) one inode's xattrs may have, so that
+/// they can always be listed.
 pub const XATTR_LIST_MAX: usize = 65536;
+/// Most value bytes one inode's xattrs may hold together.
+pub const XATTR_INODE_VALUES_MAX: usize = 1 << 20;
 /// Largest bulk payload of one READ/WRITE RPC (Lustre's 4 MiB brw).
 pub const BULK_MAX: usize = 4 << 20;
 /// Largest frame accepted, checked before allocating: a bulk plus headroom for the body.

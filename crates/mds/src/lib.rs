@@ -273,6 +273,19 @@ mod tests {
         Namespace::open(cfg, store).expect("namespace")
     }
 
+    /// A namespace over `dir` holding a directory `/d`.
+    fn with_dir(dir: &std::path::Path) -> (Arc<Namespace>, Fid) {
+        let ns = namespace(dir);
+        let d = ns
+            .create(&Ctx::default(), 0, create_req(b"d", 1))
+            .expect("mkdir")
+            .0
+            .body
+            .attr
+            .fid;
+        (ns, d)
+    }
+
     fn create_req(name: &[u8], oid: u32) -> CreateReq {
         CreateReq {
             cred: Cred::root(),
@@ -382,14 +395,7 @@ mod tests {
     #[test]
     fn a_hash_group_larger_than_a_page_is_listed_whole_and_once() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let ns = namespace(dir.path());
-        let d = ns
-            .create(&Ctx::default(), 0, create_req(b"d", 1))
-            .expect("mkdir")
-            .0
-            .body
-            .attr
-            .fid;
+        let (ns, d) = with_dir(dir.path());
         // 1,500 names with hashes of their own, and 200 more that share the hash of the
         // 1,024th, where the first page fills up (names whose hashes collide, as a
         // test build's hash would make them).
@@ -437,5 +443,102 @@ mod tests {
             got.into_iter().collect::<std::collections::BTreeSet<_>>(),
             want
         );
+    }
+
+    #[test]
+    fn a_rename_over_an_empty_directory_never_loses_a_create_racing_into_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ns = namespace(dir.path());
+        let mut oid = 10;
+        let mut next = || {
+            oid += 1;
+            oid
+        };
+        let (mut renamed, mut created) = (0, 0);
+        for round in 0..1000 {
+            let src = format!("s{round}");
+            let victim = format!("v{round}");
+            ns.create(&Ctx::default(), 0, create_req(src.as_bytes(), next()))
+                .expect("mkdir src");
+            let v = ns
+                .create(&Ctx::default(), 0, create_req(victim.as_bytes(), next()))
+                .expect("mkdir victim")
+                .0
+                .body
+                .attr
+                .fid;
+            let inside = CreateReq {
+                parent: v,
+                mode: libc::S_IFIFO | 0o644,
+                ..create_req(b"x", next())
+            };
+            let rename = lode_proto::RenameReq {
+                cred: Cred::root(),
+                src_parent: Fid::ROOT,
+                src_name: src.into_bytes(),
+                dst_parent: Fid::ROOT,
+                dst_name: victim.into_bytes(),
+                flags: 0,
+            };
+            let (r, c) = std::thread::scope(|sc| {
+                let r = sc.spawn(|| ns.rename(&Ctx::default(), &rename));
+                let c = sc.spawn(|| ns.create(&Ctx::default(), 0, inside));
+                (r.join().expect("rename"), c.join().expect("create"))
+            });
+            // One of them wins: a create into the directory makes the rename find it
+            // not empty, or the rename removes the directory first.
+            match (&r, &c) {
+                (Ok(_), Err(OpError::Errno(Errno::ENOENT))) => renamed += 1,
+                (Err(OpError::Errno(Errno::ENOTEMPTY)), Ok(_)) => created += 1,
+                _ => panic!(
+                    "round {round}: rename {:?}, create inside {:?}",
+                    r.as_ref().err(),
+                    c.as_ref().err()
+                ),
+            }
+        }
+        assert_eq!(renamed + created, 1000);
+    }
+
+    #[test]
+    fn an_inodes_xattrs_are_bounded_so_they_can_always_be_listed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ns, d) = with_dir(dir.path());
+        let set = |name: &[u8], len: usize| {
+            ns.setxattr(
+                &Ctx::default(),
+                &Cred::root(),
+                d,
+                name,
+                Some(vec![7; len]),
+                0,
+            )
+        };
+        // Values: 1 MiB in all.
+        for i in 0..16 {
+            set(format!("user.v{i}").as_bytes(), 65536).expect("within the bound");
+        }
+        assert!(matches!(
+            set(b"user.more", 1),
+            Err(OpError::Errno(Errno::ENOSPC))
+        ));
+        // A replacement that does not grow is still allowed; a removal makes room.
+        set(b"user.v3", 65536).expect("replace");
+        ns.setxattr(&Ctx::default(), &Cred::root(), d, b"user.v3", None, 0)
+            .expect("remove");
+        set(b"user.more", 1).expect("room again");
+        // Names: as many as one listing holds.
+        let mut made = 17;
+        let err = loop {
+            let name = format!("user.{made:0>240}");
+            match set(name.as_bytes(), 0) {
+                Ok(_) => made += 1,
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(err, OpError::Errno(Errno::ENOSPC)), "{err:?}");
+        assert!(made < 300);
+        ns.listxattr(&Cred::root(), d, 1 << 20)
+            .expect("still listed");
     }
 }

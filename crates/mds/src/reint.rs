@@ -162,9 +162,28 @@ impl Namespace {
         let _rename_guard = cross.then(|| self.pdo.rename.lock());
         let mode = if cross { Mode::Exclusive } else { Mode::Shared };
         let (sh, dh) = (name_hash(&r.src_name), name_hash(&r.dst_name));
-        let mut held = self
-            .pdo
-            .lock(&[(sp, mode), (dp, mode)], &[(sp, sh), (dp, dh)]);
+        // A directory the rename may replace is locked exclusively too, as rmdir locks
+        // it: a create inside it between the emptiness check and the rename would be
+        // lost with it. Which directory that is shows only at a peek before the locks;
+        // if the name changed meanwhile, peek and lock again.
+        let mut tries = 0;
+        let (mut held, dst) = loop {
+            let peek = self.dirent(dp, &r.dst_name)?;
+            let mut dirs = vec![(sp, mode), (dp, mode)];
+            if let Some(p) = peek.as_ref().filter(|p| p.dtype == libc::DT_DIR) {
+                dirs.push((p.fid, Mode::Exclusive));
+            }
+            let held = self.pdo.lock(&dirs, &[(sp, sh), (dp, dh)]);
+            let dst = self.dirent(dp, &r.dst_name)?;
+            if dst.as_ref().map(|d| d.fid) == peek.as_ref().map(|p| p.fid) {
+                break (held, dst);
+            }
+            drop(held);
+            tries += 1;
+            if tries >= 64 {
+                return Err(Errno::EBUSY.into());
+            }
+        };
         let sdir = self.dir_inode(sp)?;
         let ddir = self.dir_inode(dp)?;
         if ddir.nlink == 0 {
@@ -176,7 +195,6 @@ impl Namespace {
             }
         }
         let src = self.dirent(sp, &r.src_name)?.ok_or(Errno::ENOENT)?;
-        let dst = self.dirent(dp, &r.dst_name)?;
         if exchange && dst.is_none() {
             return Err(Errno::ENOENT.into());
         }

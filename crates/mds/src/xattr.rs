@@ -3,7 +3,7 @@
 
 use crate::inode::{is_dir, now_ns, put_inode};
 use crate::{Ctx, Namespace, OpResult};
-use lode_base::limits::{XATTR_LIST_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use lode_base::limits::{XATTR_INODE_VALUES_MAX, XATTR_LIST_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 use lode_base::perm::{is_owner_or_root, may_access, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, Layout};
 use lode_proto::{Empty, Reply, XattrRep};
@@ -203,7 +203,11 @@ impl Namespace {
             self.set_layout_xattr(&mut rec, value)?;
         } else {
             let key = xattr_key(fid, name);
-            let exists = self.store.engine().get(Cf::Xattr, &key)?.is_some();
+            let old = self.store.engine().get(Cf::Xattr, &key)?.map(|v| v.len());
+            let exists = old.is_some();
+            if let Some(v) = &value {
+                self.check_xattr_room(fid, name, v.len(), old)?;
+            }
             if flags & XATTR_CREATE != 0 && exists {
                 return Err(Errno::EEXIST.into());
             }
@@ -221,6 +225,36 @@ impl Namespace {
         rec.ctime = now;
         put_inode(&mut b, fid, &rec);
         self.commit(ctx, b, &Reply::Setxattr(Empty {}))
+    }
+
+    /// ENOSPC, as a file system out of xattr room answers, if setting `name` to
+    /// `len` bytes (replacing `old` bytes, if set) would take the inode's xattrs past
+    /// what can be listed ([`XATTR_LIST_MAX`] of names) or past
+    /// [`XATTR_INODE_VALUES_MAX`] of values: without a bound, one client could grow an
+    /// inode without limit and make every listing of it fail.
+    fn check_xattr_room(
+        &self,
+        fid: Fid,
+        name: &[u8],
+        len: usize,
+        old: Option<usize>,
+    ) -> OpResult<()> {
+        let (mut names, mut values) = (0usize, 0usize);
+        self.store
+            .engine()
+            .scan(Cf::Xattr, &fid.to_bytes(), b"", &mut |k, v| {
+                names += k.len() - 16 + 1;
+                values += v.len();
+                true
+            })?;
+        if old.is_none() {
+            names += name.len() + 1;
+        }
+        values = values - old.unwrap_or(0) + len;
+        if names > XATTR_LIST_MAX || values > XATTR_INODE_VALUES_MAX {
+            return Err(Errno::ENOSPC.into());
+        }
+        Ok(())
     }
 
     /// setstripe through the xattr: a directory's default layout (removed with an
