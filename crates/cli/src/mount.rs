@@ -39,6 +39,8 @@ struct Opts {
     timeout: Duration,
     key: Vec<u8>,
     locks: bool,
+    /// mount(8)'s generic options given (suid, nodev, noexec, ro, ...), for the kernel.
+    kernel: Vec<fuser::MountOption>,
 }
 
 fn secs(v: &str, what: &str) -> Result<Duration> {
@@ -61,6 +63,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         timeout: Duration::from_secs(100),
         key: Vec::new(),
         locks: true,
+        kernel: Vec::new(),
     };
     for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {
         let (k, v) = opt.split_once('=').unwrap_or((opt, ""));
@@ -82,8 +85,16 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
                 o.key = lode_base::config::read_key_file(Path::new(v))
                     .map_err(|e| anyhow!("mount: {e}"))?
             }
-            "rw" | "defaults" | "noatime" | "relatime" | "nodev" | "nosuid" | "dev" | "suid"
-            | "exec" | "noexec" => {}
+            // As mount(8) says; unless given, a FUSE mount is nosuid and nodev.
+            "suid" => o.kernel.push(fuser::MountOption::Suid),
+            "nosuid" => o.kernel.retain(|m| *m != fuser::MountOption::Suid),
+            "dev" => o.kernel.push(fuser::MountOption::Dev),
+            "nodev" => o.kernel.retain(|m| *m != fuser::MountOption::Dev),
+            "noexec" => o.kernel.push(fuser::MountOption::NoExec),
+            "exec" => o.kernel.retain(|m| *m != fuser::MountOption::NoExec),
+            "ro" => o.kernel.push(fuser::MountOption::RO),
+            "noatime" => o.kernel.push(fuser::MountOption::NoAtime),
+            "rw" | "defaults" | "relatime" => {}
             _ => bail!("mount: unknown option {opt:?}"),
         }
     }
@@ -174,6 +185,7 @@ pub fn run(a: MountArgs) -> Result<()> {
         // without asking anyone.
         fuser::MountOption::DefaultPermissions,
     ];
+    config.mount_options.extend(opts.kernel.iter().cloned());
     if opts.allow_other {
         config.acl = fuser::SessionACL::All;
     }

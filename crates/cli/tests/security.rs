@@ -150,3 +150,85 @@ fn dot_and_dotdot_are_refused_as_names_as_linux_does() {
     s.run(cl.unlink(&r, d, b"f")).expect("unlink");
     s.run(cl.rmdir(&r, Fid::ROOT, b"d")).expect("rmdir");
 }
+
+/// `op` on `path`: 0, or the errno.
+fn errno_of(r: i32) -> i32 {
+    if r == 0 {
+        0
+    } else {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+}
+
+#[test]
+fn root_on_a_squashed_client_is_the_squash_user_and_a_listed_address_keeps_root() {
+    use std::os::unix::fs::MetadataExt;
+    let c = cluster(1);
+    let m = c.mount();
+    let public = m.path().join("public");
+    std::fs::create_dir(&public).expect("mkdir");
+    chmod(&public, 0o777);
+    c.set_param(&format!("mdt.*.root_squash={UID}:{UID}"));
+    assert_eq!(c.get_param("mdt.*.nosquash_nids"), "NONE");
+    // Squashed, root may not write where only root may.
+    let denied = std::fs::write(m.path().join("top"), b"x").map_err(|e| e.raw_os_error());
+    assert_eq!(denied, Err(Some(libc::EACCES)));
+    let f = public.join("squashed");
+    std::fs::write(&f, b"x").expect("root creates where anyone may");
+    let md = std::fs::metadata(&f).expect("stat");
+    assert_eq!((md.uid(), md.gid()), (UID, UID), "owned by the squash user");
+    // SAFETY: libc calls on NUL-terminated paths.
+    let chown = unsafe { libc::chown(cs(&f).as_ptr(), 0, 0) };
+    assert_eq!(errno_of(chown), libc::EPERM, "chown");
+    let dev = libc::makedev(1, 3);
+    let mknod =
+        unsafe { libc::mknod(cs(public.join("null")).as_ptr(), libc::S_IFCHR | 0o666, dev) };
+    assert_eq!(errno_of(mknod), libc::EPERM, "mknod of a device");
+    let set = |name: &str| unsafe {
+        libc::setxattr(
+            cs(&f).as_ptr(),
+            cs(name).as_ptr(),
+            b"v".as_ptr().cast(),
+            1,
+            0,
+        )
+    };
+    assert_eq!(errno_of(set("trusted.t")), libc::EPERM, "trusted.*");
+    assert_eq!(errno_of(set("security.s")), libc::EPERM, "security.*");
+
+    // This client's address listed: root is root again.
+    c.set_param("mdt.*.nosquash_nids=127.0.0.[1-2]@tcp");
+    let g = m.path().join("root");
+    std::fs::write(&g, b"x").expect("root creates");
+    assert_eq!(std::fs::metadata(&g).expect("stat").uid(), 0);
+    let chown = unsafe { libc::chown(cs(&f).as_ptr(), 0, 0) };
+    assert_eq!(errno_of(chown), 0, "chown as root");
+    assert_eq!(errno_of(set("trusted.t")), 0, "trusted.* as root");
+}
+
+#[test]
+fn a_setuid_program_runs_setuid_only_from_a_suid_mount() {
+    let c = cluster(1);
+    let (with, without) = (c.mount_with(&["suid"]), c.mount());
+    chmod(&c.run_dir().join(".."), 0o755);
+    // A copy of id(1), owned by root, set-user-ID.
+    let prog = with.path().join("id");
+    std::fs::copy("/usr/bin/id", &prog).expect("copy id");
+    chmod(&prog, 0o4755);
+    let euid = |dir: &Path| {
+        let out = std::process::Command::new(dir.join("id"))
+            .arg("-u")
+            .uid(UID)
+            .gid(UID)
+            .output()
+            .expect("run id");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(euid(with.path()), "0", "suid mount: runs as its owner");
+    assert_eq!(
+        euid(without.path()),
+        UID.to_string(),
+        "nosuid (the default): runs as its caller"
+    );
+}

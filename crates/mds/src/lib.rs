@@ -12,6 +12,7 @@ pub mod params;
 pub mod pdo;
 mod recovery;
 mod reint;
+pub mod squash;
 mod target;
 mod xattr;
 

@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 21] = {
+static MDT: [Param<Mdt>; 23] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -156,6 +156,18 @@ static MDT: [Param<Mdt>; 21] = {
                     Ok(())
                 },
             },
+        },
+        Param {
+            name: "root_squash",
+            help: "UID:GID that root's requests run as, from clients not in nosquash_nids (0:0: off)",
+            get: |m| m.squash.read().root(),
+            set: Set::Text(|m, v| m.squash.write().set_root(v)),
+        },
+        Param {
+            name: "nosquash_nids",
+            help: "client addresses whose root stays root, as 10.0.[2-10].*@tcp, space-separated (NONE: none)",
+            get: |m| m.squash.read().nids(),
+            set: Set::Text(|m, v| m.squash.write().set_nids(v)),
         },
         Param {
             name: "evict_client",

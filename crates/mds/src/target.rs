@@ -60,6 +60,9 @@ pub struct Mdt {
     stats: OpStats,
     /// The lock manager.
     ldlm: Arc<Ldlm>,
+    /// Root squash (`root_squash`, `nosquash_nids`), applied to every request's
+    /// credentials as it arrives.
+    pub(crate) squash: RwLock<crate::squash::Squash>,
     /// File locks (fcntl, flock).
     flocks: crate::flock::Flocks,
     /// Each client's callback channel, by slot: only a client with one gets locks.
@@ -195,6 +198,7 @@ impl Mdt {
             tags: Mutex::new(HashMap::new()),
             stats: OpStats::default(),
             ldlm: Ldlm::new(lode_base::limits::LOCKS_PER_CLIENT_MAX),
+            squash: RwLock::new(crate::squash::Squash::default()),
             flocks: crate::flock::Flocks::default(),
             channels: Mutex::new(HashMap::new()),
             ldlm_timeout_s: AtomicU64::new(lode_base::limits::LDLM_TIMEOUT_DEFAULT_S),
@@ -1230,7 +1234,7 @@ impl Service for Mdt {
                 ..Default::default()
             };
         }
-        let req = match inc.decode(MdtRequest::decode) {
+        let mut req = match inc.decode(MdtRequest::decode) {
             Ok(r) => r,
             Err(e) => {
                 return Outgoing {
@@ -1240,6 +1244,9 @@ impl Service for Mdt {
                 };
             }
         };
+        if let Some(cred) = req.cred_mut() {
+            self.squash.read().apply(inc.peer.ip(), cred);
+        }
         if let MdtRequest::Connect(c) = req {
             if lode_rpc::fail::check(lode_rpc::fail::MDS_DROP_CONNECT) {
                 warn!(peer = %inc.peer, "fail_loc: CONNECT dropped");

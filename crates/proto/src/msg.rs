@@ -892,6 +892,28 @@ service_requests! {
     MgsRequest, Mgs: Connect, Ping, MgsRegister, MgsConfig,
 }
 
+impl MdtRequest {
+    /// The caller's credentials, for the requests that carry them (root squash
+    /// rewrites them before the request runs).
+    pub fn cred_mut(&mut self) -> Option<&mut Cred> {
+        match self {
+            MdtRequest::Getattr(r) => Some(&mut r.cred),
+            MdtRequest::Lookup(r) => Some(&mut r.cred),
+            MdtRequest::Readdir(r) => Some(&mut r.cred),
+            MdtRequest::BatchGetattr(r) => Some(&mut r.cred),
+            MdtRequest::Create(r) => Some(&mut r.cred),
+            MdtRequest::Open(r) => Some(&mut r.cred),
+            MdtRequest::Unlink(r) => Some(&mut r.cred),
+            MdtRequest::Rename(r) => Some(&mut r.cred),
+            MdtRequest::Link(r) => Some(&mut r.cred),
+            MdtRequest::Setattr(r) => Some(&mut r.cred),
+            MdtRequest::Getxattr(r) | MdtRequest::Listxattr(r) => Some(&mut r.cred),
+            MdtRequest::Setxattr(r) => Some(&mut r.cred),
+            _ => None,
+        }
+    }
+}
+
 /// A body that does not decode.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
