@@ -161,13 +161,13 @@ static MDT: [Param<Mdt>; 23] = {
             name: "root_squash",
             help: "UID:GID that root's requests run as, from clients not in nosquash_nids (0:0: off)",
             get: |m| m.squash.read().root(),
-            set: Set::Text(|m, v| m.squash.write().set_root(v)),
+            set: Set::Text(|m, v| m.set_squash(|s| s.set_root(v))),
         },
         Param {
             name: "nosquash_nids",
             help: "client addresses whose root stays root, as 10.0.[2-10].*@tcp, space-separated (NONE: none)",
             get: |m| m.squash.read().nids(),
-            set: Set::Text(|m, v| m.squash.write().set_nids(v)),
+            set: Set::Text(|m, v| m.set_squash(|s| s.set_nids(v))),
         },
         Param {
             name: "evict_client",

@@ -72,6 +72,11 @@ pub struct Squash {
 }
 
 impl Squash {
+    /// Whether root is squashed at all (`root_squash` not `0:0`).
+    pub fn on(&self) -> bool {
+        self.uid != 0 || self.gid != 0
+    }
+
     /// `root_squash` as Lustre prints it.
     pub fn root(&self) -> String {
         format!("{}:{}", self.uid, self.gid)
@@ -135,7 +140,7 @@ impl Squash {
     /// among its groups) becomes the squash identity, unless squash is off or the
     /// peer is listed.
     pub fn apply(&self, peer: IpAddr, cred: &mut Cred) {
-        if self.uid == 0 && self.gid == 0 {
+        if !self.on() {
             return;
         }
         if cred.uid != 0 && cred.gid != 0 && !cred.groups.contains(&0) {

@@ -63,6 +63,8 @@ pub struct Mdt {
     /// Root squash (`root_squash`, `nosquash_nids`), applied to every request's
     /// credentials as it arrives.
     pub(crate) squash: RwLock<crate::squash::Squash>,
+    /// `squash.on()`, read by every request without taking the lock.
+    squash_on: AtomicBool,
     /// File locks (fcntl, flock).
     flocks: crate::flock::Flocks,
     /// Each client's callback channel, by slot: only a client with one gets locks.
@@ -199,6 +201,7 @@ impl Mdt {
             stats: OpStats::default(),
             ldlm: Ldlm::new(lode_base::limits::LOCKS_PER_CLIENT_MAX),
             squash: RwLock::new(crate::squash::Squash::default()),
+            squash_on: AtomicBool::new(false),
             flocks: crate::flock::Flocks::default(),
             channels: Mutex::new(HashMap::new()),
             ldlm_timeout_s: AtomicU64::new(lode_base::limits::LDLM_TIMEOUT_DEFAULT_S),
@@ -1124,6 +1127,17 @@ impl Mdt {
         }
     }
 
+    /// Changes the squash policy with `f`.
+    pub(crate) fn set_squash(
+        &self,
+        f: impl FnOnce(&mut crate::squash::Squash) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let mut s = self.squash.write();
+        let r = f(&mut s);
+        self.squash_on.store(s.on(), Ordering::Relaxed);
+        r
+    }
+
     /// A clean stop (SIGTERM): from now on no reply leaves (a request that runs on is
     /// resent after the restart and answered from its reply record if it committed),
     /// and everything is committed. The clients still connected stay known, as
@@ -1244,8 +1258,10 @@ impl Service for Mdt {
                 };
             }
         };
-        if let Some(cred) = req.cred_mut() {
-            self.squash.read().apply(inc.peer.ip(), cred);
+        if self.squash_on.load(Ordering::Relaxed) {
+            if let Some(cred) = req.cred_mut() {
+                self.squash.read().apply(inc.peer.ip(), cred);
+            }
         }
         if let MdtRequest::Connect(c) = req {
             if lode_rpc::fail::check(lode_rpc::fail::MDS_DROP_CONNECT) {
