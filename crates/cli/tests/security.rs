@@ -232,3 +232,74 @@ fn a_setuid_program_runs_setuid_only_from_a_suid_mount() {
         "nosuid (the default): runs as its caller"
     );
 }
+
+/// Object files under an OST's directory.
+fn objects_on(c: &lode_testkit::Cluster, ost: &str) -> usize {
+    fn count(d: &Path) -> usize {
+        std::fs::read_dir(d).map_or(0, |it| {
+            it.filter_map(Result::ok)
+                .map(|e| match e.file_type() {
+                    Ok(t) if t.is_dir() => count(&e.path()),
+                    Ok(t) if t.is_file() => 1,
+                    _ => 0,
+                })
+                .sum()
+        })
+    }
+    count(&c.target_dir(ost).join("O"))
+}
+
+#[test]
+fn a_dead_ost_does_not_stop_space_reclaim_on_the_others() {
+    let mut c = cluster(2);
+    let s = c.client();
+    let cl = &s.client;
+    let r = root();
+    // Files on OST 1 first: a reclaim that waited for each of them in turn would hold
+    // up those on OST 0 behind them.
+    let mut names = Vec::new();
+    for ost in [1, 0] {
+        for i in 0..20 {
+            let name = format!("o{ost}-{i}");
+            let layout = lode_base::Layout::plain(1, 1 << 20, ost);
+            let fh = s
+                .run(cl.create_open(
+                    &r,
+                    Fid::ROOT,
+                    name.as_bytes(),
+                    0o644,
+                    libc::O_RDWR,
+                    Some(layout),
+                ))
+                .expect("create");
+            s.run(cl.write(&fh, 0, b"data")).expect("write");
+            s.run(cl.close(&fh)).expect("close");
+            names.push(name);
+        }
+    }
+    assert_eq!((objects_on(&c, "ost0"), objects_on(&c, "ost1")), (20, 20));
+    c.kill9("ost1");
+    for n in &names {
+        s.run(cl.unlink(&r, Fid::ROOT, n.as_bytes()))
+            .expect("unlink");
+    }
+    lode_testkit::wait_for(
+        "OST 0's objects to be destroyed while OST 1 is down",
+        std::time::Duration::from_secs(30),
+        || objects_on(&c, "ost0") == 0,
+    );
+    assert_eq!(objects_on(&c, "ost1"), 20, "the dead OST's objects wait");
+    c.start_target("ost1");
+    lode_testkit::wait_for(
+        "OST 1's objects to be destroyed once it is back",
+        std::time::Duration::from_secs(60),
+        || objects_on(&c, "ost1") == 0,
+    );
+    let destroys = c.get_param("mdt.*.destroys");
+    let destroyed: u64 = destroys
+        .lines()
+        .find_map(|l| l.strip_prefix("destroyed: "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {destroys:?}"));
+    assert!(destroyed >= 40, "{destroys}");
+}

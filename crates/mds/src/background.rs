@@ -18,6 +18,13 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
+/// Destroy records handled per round.
+const DESTROY_BATCH: usize = 4096;
+/// Objects per DESTROY request (the OSS takes at most 4,096).
+const DESTROY_OBJS: usize = 1024;
+/// How long one DESTROY may take before its OST is skipped for the round.
+const DESTROY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Cached "is the disk nearly full" answer, refreshed at most every 500 ms.
 #[derive(Default)]
 pub(crate) struct SpaceCheck {
@@ -73,7 +80,8 @@ impl Namespace {
         rt.spawn(async move {
             loop {
                 me.refresh(&links).await;
-                me.destroy_round(&links).await;
+                // A full round means more is waiting: go on at once.
+                while me.destroy_round(&links).await {}
                 tokio::time::sleep(Duration::from_millis(1000)).await;
             }
         });
@@ -171,20 +179,41 @@ impl Namespace {
         self.osts.set(osts);
     }
 
-    /// Destroys the OST objects of unlinked files whose unlink is committed.
-    async fn destroy_round(&self, links: &Arc<Links>) {
+    /// Destroys the OST objects of unlinked files whose unlink is committed: up to
+    /// [`DESTROY_BATCH`] records a round, from where the last round stopped (so records
+    /// that cannot be finished, such as those with objects on a dead OST, never hold
+    /// up the others), each OST's objects in one request per [`DESTROY_OBJS`],
+    /// all OSTs at once. An OST that is inactive or does not answer within
+    /// [`DESTROY_TIMEOUT`] is skipped until a later round; a record goes only when
+    /// every OST holding its objects has destroyed them. True if the round was full
+    /// and made progress (more may be waiting).
+    async fn destroy_round(&self, links: &Arc<Links>) -> bool {
+        let cursor = self.destroy_cursor.lock().clone();
         let mut recs: Vec<(Vec<u8>, DestroyRec)> = Vec::new();
         let scan = self
             .store
             .engine()
-            .scan(Cf::Destroy, b"", b"", &mut |k, v| {
+            .scan(Cf::Destroy, b"", &cursor, &mut |k, v| {
                 if let Ok(r) = records::decode::<DestroyRec>("destroy", v) {
                     recs.push((k.to_vec(), r));
                 }
-                recs.len() < 1000
+                recs.len() < DESTROY_BATCH
             });
-        if scan.is_err() || recs.is_empty() {
-            return;
+        if scan.is_err() {
+            return false;
+        }
+        let full = recs.len() == DESTROY_BATCH;
+        // The end of the keyspace: the next round starts again from the beginning.
+        *self.destroy_cursor.lock() = match recs.last() {
+            Some((k, _)) if recs.len() == DESTROY_BATCH => {
+                let mut next = k.clone();
+                next.push(0);
+                next
+            }
+            _ => Vec::new(),
+        };
+        if recs.is_empty() {
+            return false;
         }
         // Every record seen was written at or before this transno; act once it is durable.
         let upto = self.store.last_transno();
@@ -194,48 +223,82 @@ impl Namespace {
                 .await
                 .is_err()
             {
-                return;
+                return false;
             }
             if self.store.last_committed() < upto {
-                return;
+                return false;
             }
         }
-        for (key, rec) in recs {
-            let Some(fid) = lode_base::Fid::from_bytes(&key) else {
-                continue;
-            };
-            let mut per_ost: HashMap<u32, Vec<ObjId>> = HashMap::new();
-            for c in &rec.layout.components {
-                if let lode_base::Pattern::Raid0 { osts, .. } = &c.pattern {
-                    for (i, o) in osts.iter().enumerate() {
-                        per_ost.entry(*o).or_default().push(ObjId {
-                            fid,
-                            comp: c.id,
-                            stripe: i as u32,
-                        });
+        let active: HashMap<u32, bool> = self
+            .osts
+            .get()
+            .into_iter()
+            .map(|o| (o.index, o.active))
+            .collect();
+        let mut per_ost: HashMap<u32, Vec<ObjId>> = HashMap::new();
+        let mut rec_osts: Vec<Vec<u32>> = Vec::with_capacity(recs.len());
+        for (key, rec) in &recs {
+            let mut osts = Vec::new();
+            if let Some(fid) = lode_base::Fid::from_bytes(key) {
+                for c in &rec.layout.components {
+                    if let lode_base::Pattern::Raid0 { osts: on, .. } = &c.pattern {
+                        for (i, o) in on.iter().enumerate() {
+                            per_ost.entry(*o).or_default().push(ObjId {
+                                fid,
+                                comp: c.id,
+                                stripe: i as u32,
+                            });
+                            osts.push(*o);
+                        }
                     }
                 }
             }
-            let mut ok = true;
-            for (ost, objs) in per_ost {
-                let imp = links.osts.lock().get(&ost).cloned();
-                let Some(imp) = imp else {
-                    ok = false;
-                    continue;
+            rec_osts.push(osts);
+        }
+        let calls = per_ost.into_iter().map(|(ost, objs)| {
+            let imp = links.osts.lock().get(&ost).cloned();
+            let up = active.get(&ost).copied().unwrap_or(false);
+            async move {
+                let Some(imp) = imp.filter(|_| up) else {
+                    return (ost, 0, false);
                 };
-                if let Err(e) = imp.call(Request::Destroy(ObjsReq { objs })).await {
-                    debug!(%fid, ost, "destroy failed, will retry: {e}");
-                    ok = false;
+                let mut done = 0;
+                for chunk in objs.chunks(DESTROY_OBJS) {
+                    let req = Request::Destroy(ObjsReq {
+                        objs: chunk.to_vec(),
+                    });
+                    match tokio::time::timeout(DESTROY_TIMEOUT, imp.call(req)).await {
+                        Ok(Ok(_)) => done += chunk.len() as u64,
+                        Ok(Err(e)) => {
+                            debug!(ost, "destroy failed, will retry: {e}");
+                            return (ost, done, false);
+                        }
+                        Err(_) => {
+                            debug!(ost, "destroy timed out, will retry");
+                            return (ost, done, false);
+                        }
+                    }
                 }
+                (ost, done, true)
             }
-            if ok {
-                let mut b = Batch::new();
+        });
+        let mut ok: HashMap<u32, bool> = HashMap::new();
+        for (ost, done, all) in futures::future::join_all(calls).await {
+            self.destroyed.fetch_add(done, Ordering::Relaxed);
+            ok.insert(ost, all);
+        }
+        let mut b = Batch::new();
+        let mut cleared = 0;
+        for ((key, _), osts) in recs.into_iter().zip(rec_osts) {
+            if osts.iter().all(|o| ok.get(o).copied().unwrap_or(false)) {
                 b.delete(Cf::Destroy, key);
-                if let Err(e) = self.store.apply_untracked(&b) {
-                    warn!("clearing destroy record: {e}");
-                    return;
-                }
+                cleared += 1;
             }
         }
+        if let Err(e) = self.store.apply_untracked(&b) {
+            warn!("clearing destroy records: {e}");
+            return false;
+        }
+        full && cleared > 0
     }
 }

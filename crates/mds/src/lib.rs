@@ -96,6 +96,10 @@ pub struct Namespace {
     pub(crate) osts: layout::Osts,
     pub(crate) space: background::SpaceCheck,
     pub(crate) links: std::sync::OnceLock<Arc<background::Links>>,
+    /// Where the next round of OST object destroys starts (see `destroy_round`).
+    pub(crate) destroy_cursor: Mutex<Vec<u8>>,
+    /// Objects destroyed on the OSTs since the start (`destroys` parameter).
+    pub(crate) destroyed: std::sync::atomic::AtomicU64,
     /// Tunables.
     pub tun: Tunables,
 }
@@ -160,6 +164,8 @@ impl Namespace {
             seq_lock: Mutex::new(()),
             osts: layout::Osts::default(),
             space: background::SpaceCheck::default(),
+            destroy_cursor: Mutex::new(Vec::new()),
+            destroyed: std::sync::atomic::AtomicU64::new(0),
             links: std::sync::OnceLock::new(),
             tun: Tunables {
                 max_mod_rpcs: AtomicU32::new(u32::from(lode_base::limits::MAX_MOD_RPCS_PER_CLIENT)),

@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 23] = {
+static MDT: [Param<Mdt>; 24] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -156,6 +156,19 @@ static MDT: [Param<Mdt>; 23] = {
                     Ok(())
                 },
             },
+        },
+        Param {
+            name: "destroys",
+            help: "OST objects of unlinked files: destroyed since start, and files whose objects await destruction (estimate)",
+            get: |m| {
+                let ns = m.ns();
+                format!(
+                    "destroyed: {}\npending_files: {}\n",
+                    ns.destroyed.load(std::sync::atomic::Ordering::Relaxed),
+                    ns.store.engine().estimate_keys(lode_store::Cf::Destroy)
+                )
+            },
+            set: Set::No,
         },
         Param {
             name: "root_squash",
