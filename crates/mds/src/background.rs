@@ -186,9 +186,8 @@ impl Namespace {
     /// up the others), each OST's objects in one request per [`DESTROY_OBJS`],
     /// all OSTs at once. An OST that is inactive or does not answer within
     /// [`DESTROY_TIMEOUT`] is skipped until a later round; a record goes only when
-    /// every OST holding its objects has destroyed them. True if the round was full
-    /// and made progress (more may be waiting).
-    async fn destroy_round(&self, links: &Arc<Links>) -> bool {
+    /// every OST holding its objects has destroyed them.
+    async fn destroy_round(&self, links: &Arc<Links>) {
         let cursor = self.destroy_cursor.lock().clone();
         let mut recs: Vec<(Vec<u8>, DestroyRec)> = Vec::new();
         let scan = self
@@ -201,9 +200,8 @@ impl Namespace {
                 recs.len() < DESTROY_BATCH
             });
         if scan.is_err() {
-            return false;
+            return;
         }
-        let full = recs.len() == DESTROY_BATCH;
         // The end of the keyspace: the next round starts again from the beginning.
         *self.destroy_cursor.lock() = match recs.last() {
             Some((k, _)) if recs.len() == DESTROY_BATCH => {
@@ -214,7 +212,7 @@ impl Namespace {
             _ => Vec::new(),
         };
         if recs.is_empty() {
-            return false;
+            return;
         }
         // Every record seen was written at or before this transno; act once it is durable.
         let upto = self.store.last_transno();
@@ -224,10 +222,10 @@ impl Namespace {
                 .await
                 .is_err()
             {
-                return false;
+                return;
             }
             if self.store.last_committed() < upto {
-                return false;
+                return;
             }
         }
         let active: HashMap<u32, bool> = self
@@ -289,17 +287,13 @@ impl Namespace {
             ok.insert(ost, all);
         }
         let mut b = Batch::new();
-        let mut cleared = 0;
         for ((key, _), osts) in recs.into_iter().zip(rec_osts) {
             if osts.iter().all(|o| ok.get(o).copied().unwrap_or(false)) {
                 b.delete(Cf::Destroy, key);
-                cleared += 1;
             }
         }
         if let Err(e) = self.store.apply_untracked(&b) {
             warn!("clearing destroy records: {e}");
-            return false;
         }
-        full && cleared > 0
     }
 }
