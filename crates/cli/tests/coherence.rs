@@ -371,6 +371,49 @@ fn a_creator_still_holding_its_new_file_open_sees_another_mounts_write() {
     assert_eq!(fs::read(a.path().join("new")).expect("read"), b"hello");
 }
 
+/// An open for write hands the mount's lock on the file back early (so the MDT does not
+/// call it back for its own open); the attributes its kernel kept under that lock must
+/// go too, or a later truncate by another client is never seen there.
+#[test]
+fn a_mount_that_opened_a_file_for_writing_sees_another_clients_later_truncate() {
+    let c = cluster(2);
+    let (a, b) = (c.mount(), c.mount());
+    let s = c.client();
+    fs::write(b.path().join("f"), b"").expect("create on B");
+    for (name, len) in [("append", 5), ("write", 9)] {
+        let mut o = fs::OpenOptions::new();
+        match name {
+            "append" => o.append(true),
+            _ => o.write(true),
+        };
+        // Looked up (its attributes cached under a lock), opened, nothing written.
+        assert!(fs::metadata(a.path().join("f")).expect("stat").len() < len);
+        o.open(a.path().join("f"))
+            .and_then(|mut h| h.write_all(b""))
+            .expect("open on A");
+        let fid = s
+            .run(s.client.resolve(&root(), "/f", false))
+            .expect("resolve")
+            .attr
+            .fid;
+        let sa = lode_base::SetAttr {
+            size: Some(len),
+            ..Default::default()
+        };
+        s.run(s.client.setattr(&root(), fid, sa)).expect("truncate");
+        assert_eq!(
+            fs::metadata(a.path().join("f")).expect("stat").len(),
+            len,
+            "{name}: stat"
+        );
+        assert_eq!(
+            fs::read(a.path().join("f")).expect("read"),
+            vec![0u8; len as usize],
+            "{name}: read"
+        );
+    }
+}
+
 #[test]
 fn a_stopped_mount_is_evicted_the_others_go_on_and_it_recovers_with_eio_on_stale_handles() {
     let c = cluster(1);

@@ -667,8 +667,11 @@ impl Client {
     /// that succeeded, but not for one that failed, so what the change's early cancel
     /// forgot (`invals`) is forgotten there too; and a rename leaves the moved entry
     /// under its new name, which no lock of this client covers.
+    /// An open is never such an update: the attributes the kernel keeps from before
+    /// it must go with their lock, or another client's later change (a truncate)
+    /// would go unseen for as long as the kernel liked.
     pub(crate) fn after_change(&self, req: &Request, ok: bool, mut invals: Vec<Inval>) {
-        if ok {
+        if ok && !matches!(req, Request::Open(_)) {
             invals.clear();
             if let Request::Rename(r) = req {
                 invals.push(Inval::Name(r.dst_parent, r.dst_name.clone()));

@@ -196,7 +196,7 @@ impl Cluster {
             .args(threads)
             .args(extra)
             .arg(self.target_dir(name))
-            .env("LODE_LOG", "info")
+            .env("LODE_LOG", log_level())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -422,7 +422,7 @@ impl Cluster {
             .args(["mount", "--foreground", "-o", &m.options])
             .arg(format!("{}:/{}", self.mgs_addr, self.fsname))
             .arg(&m.path)
-            .env("LODE_LOG", "info")
+            .env("LODE_LOG", log_level())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -514,4 +514,10 @@ impl Drop for Mount {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The log level of the servers and mounts a test starts: `LODE_TEST_LOG` (e.g.
+/// `debug`, to follow a failure request by request), else `info`.
+fn log_level() -> String {
+    std::env::var("LODE_TEST_LOG").unwrap_or_else(|_| "info".into())
 }
