@@ -376,5 +376,5 @@ fn a_file_system_key_refuses_clients_without_it() {
         let e = Session::connect(cfg).err().expect("refused");
         assert!(e.to_string().contains("wrong or missing key"), "{e}");
     }
-    assert!(c.log("mgs").contains("bad key"));
+    assert!(c.log("mgs").contains("refusing connect"));
 }

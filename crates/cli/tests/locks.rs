@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use lode_base::{Errno, SetAttr};
 use lode_client::Session;
-use lode_proto::{Empty, LdlmCancelReq, LdlmEnqueueReq, Reply, Request};
+use lode_proto::{LdlmCancelReq, LdlmEnqueueReq, Reply, Request};
 use lode_testkit::wait_for;
 use std::time::{Duration, Instant};
 
@@ -139,7 +139,7 @@ fn a_client_that_keeps_a_called_back_lock_is_evicted_and_the_change_goes_ahead()
         .handle;
     let mut chan = RawPeer::connect(&c.addr("mdt0"));
     let rep = chan
-        .call(&Request::LdlmCallbackChannel(Empty {}), handle)
+        .call(&Request::LdlmCallbackChannel(Default::default()), handle)
         .expect("channel registered");
     assert_eq!(rep.header.status, 0);
     let granted = raw_enqueue(&mut peer, handle, pr_lock(f)).expect("granted");

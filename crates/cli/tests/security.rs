@@ -9,6 +9,10 @@ use lode_base::{Errno, Fid};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
+use std::time::Duration;
+
+use lode_proto::{Reply, Request};
+use lode_rpc::auth::{Opener, Sealer};
 
 fn chmod(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
@@ -302,4 +306,256 @@ fn a_dead_ost_does_not_stop_space_reclaim_on_the_others() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no count in {destroys:?}"));
     assert!(destroyed >= 40, "{destroys}");
+}
+
+/// One whole frame from `p` as it came after its length field (sealed or not), or
+/// `None` if the connection closed or nothing came within 10 s.
+fn raw_next(p: &mut RawPeer) -> Option<Vec<u8>> {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if p.received.len() >= 4 {
+            let mut len = [0u8; 4];
+            len.copy_from_slice(&p.received[..4]);
+            let len = u32::from_le_bytes(len) as usize;
+            if p.received.len() >= 4 + len {
+                let rest = p.received[4..4 + len].to_vec();
+                p.received.drain(..4 + len);
+                return Some(rest);
+            }
+        }
+        let left = end.checked_duration_since(std::time::Instant::now())?;
+        if !p.read_some(left).ok()? {
+            return None;
+        }
+    }
+}
+
+/// An unsealed reply's status.
+fn plain_status(p: &mut RawPeer) -> i32 {
+    let rest = raw_next(p).expect("a reply");
+    lode_proto::Frame::decode_rest(rest)
+        .expect("an unsealed reply")
+        .header
+        .status
+}
+
+/// The AUTH_NONCE step by hand: the target's nonce for `mine`.
+fn nonce_step(p: &mut RawPeer, mine: &[u8]) -> Vec<u8> {
+    let req = Request::AuthNonce(lode_proto::NonceMsg {
+        nonce: mine.to_vec(),
+    });
+    p.send(&request_frame(&req, 1, 0));
+    let f = lode_proto::Frame::decode_rest(raw_next(p).expect("nonce reply")).expect("plain");
+    match Reply::decode(f.header.opcode, &f.body) {
+        Ok(Reply::AuthNonce(n)) => n.nonce,
+        other => panic!("AUTH_NONCE reply: {other:?}"),
+    }
+}
+
+fn connect_req(fsname: &str, target: &str, uuid: &str, auth: Vec<u8>) -> Request {
+    Request::Connect(lode_proto::ConnectReq {
+        fsname: fsname.into(),
+        target: target.into(),
+        client_uuid: uuid.into(),
+        flags: lode_proto::CONNECT_SUPPORTED,
+        max_mod_rpcs: 1,
+        auth,
+    })
+}
+
+/// A hand-made client that holds `key`: the handshake, then a sealed CONNECT reply.
+/// Returns the peer, its session, the CONNECT frame as sent and the export handle.
+fn keyed_peer(
+    addr: &str,
+    fsname: &str,
+    target: &str,
+    key: &[u8],
+) -> (RawPeer, Sealer, Opener, Vec<u8>, u64) {
+    let mut p = RawPeer::connect(addr);
+    let mine = lode_rpc::auth::nonce();
+    let theirs = nonce_step(&mut p, &mine);
+    let hs = lode_rpc::auth::Handshake {
+        server: &theirs,
+        client: &mine,
+        uuid: "hand-made",
+        target,
+    };
+    let (sealer, mut opener) = hs.client_session(key).expect("session");
+    let connect = request_frame(
+        &connect_req(fsname, target, "hand-made", hs.proof(key)),
+        2,
+        0,
+    );
+    p.send(&connect);
+    let mut rest = raw_next(&mut p).expect("CONNECT reply");
+    opener
+        .open(&mut rest)
+        .expect("the target proves the key: a sealed reply");
+    let f = lode_proto::Frame::decode_rest(rest).expect("decodes");
+    assert_eq!(f.header.status, 0, "CONNECT with the key accepted");
+    let handle = match Reply::decode(f.header.opcode, &f.body) {
+        Ok(Reply::Connect(r)) => r.handle,
+        other => panic!("CONNECT reply: {other:?}"),
+    };
+    (p, sealer, opener, connect, handle)
+}
+
+#[test]
+fn a_keyed_file_system_admits_only_key_holders_and_no_captured_frame_works_twice() {
+    let key = b"s3cret";
+    let c = lode_testkit::Cluster::start_with_key(
+        std::path::Path::new(env!("CARGO_BIN_EXE_lode")),
+        1,
+        Some(key),
+    );
+    let (fs, mdt) = (c.fsname.clone(), format!("{}-MDT0000", c.fsname));
+    let addr = c.addr("mdt0");
+    let statfs = Request::Statfs(lode_proto::Empty {});
+    let eacces = Errno::EACCES.status();
+
+    // Without the key: a CONNECT is refused, and so is any request before one.
+    let mut p = RawPeer::connect(&addr);
+    p.send(&request_frame(
+        &connect_req(&fs, &mdt, "nokey", Vec::new()),
+        1,
+        0,
+    ));
+    assert_eq!(plain_status(&mut p), eacces, "CONNECT without the key");
+    p.send(&request_frame(&statfs, 2, 0));
+    assert_eq!(plain_status(&mut p), eacces, "a request before any CONNECT");
+
+    // A wrong key: the handshake runs, its proof fails.
+    let mut p = RawPeer::connect(&addr);
+    let mine = lode_rpc::auth::nonce();
+    let theirs = nonce_step(&mut p, &mine);
+    let hs = lode_rpc::auth::Handshake {
+        server: &theirs,
+        client: &mine,
+        uuid: "wrongkey",
+        target: &mdt,
+    };
+    p.send(&request_frame(
+        &connect_req(&fs, &mdt, "wrongkey", hs.proof(b"wrong")),
+        2,
+        0,
+    ));
+    assert_eq!(plain_status(&mut p), eacces, "CONNECT with a wrong key");
+
+    // With the key: connected, and a sealed request is answered, sealed.
+    let (mut good, mut sealer, mut opener, captured_connect, handle) =
+        keyed_peer(&addr, &fs, &mdt, key);
+    let captured_req = sealer.seal(&request_frame(&statfs, 3, handle));
+    good.send(&captured_req);
+    let mut rest = raw_next(&mut good).expect("STATFS reply");
+    opener.open(&mut rest).expect("sealed reply");
+    assert_eq!(
+        lode_proto::Frame::decode_rest(rest)
+            .expect("decodes")
+            .header
+            .status,
+        0
+    );
+
+    // A captured CONNECT replayed on another connection: bound to the nonces of the
+    // first, it proves nothing, with or without a fresh handshake.
+    let mut p = RawPeer::connect(&addr);
+    p.send(&captured_connect);
+    assert_eq!(
+        plain_status(&mut p),
+        eacces,
+        "replayed CONNECT, no handshake"
+    );
+    let mut p = RawPeer::connect(&addr);
+    nonce_step(&mut p, &lode_rpc::auth::nonce());
+    p.send(&captured_connect);
+    assert_eq!(
+        plain_status(&mut p),
+        eacces,
+        "replayed CONNECT after a handshake"
+    );
+
+    // A captured request frame replayed: on its own connection (out of sequence), on
+    // another key holder's connection, or a request sent unsealed there: the target
+    // closes the connection and answers nothing.
+    good.send(&captured_req);
+    assert!(
+        raw_next(&mut good).is_none() && good.is_closed(),
+        "replayed on its own connection"
+    );
+    let (mut other, _, _, _, _) = keyed_peer(&addr, &fs, &mdt, key);
+    other.send(&captured_req);
+    assert!(
+        raw_next(&mut other).is_none() && other.is_closed(),
+        "replayed on another connection"
+    );
+    let (mut other, _, _, _, h) = keyed_peer(&addr, &fs, &mdt, key);
+    other.send(&request_frame(&statfs, 3, h));
+    assert!(
+        raw_next(&mut other).is_none() && other.is_closed(),
+        "unsealed after the handshake"
+    );
+
+    // Each refusal is one line naming the peer and the reason.
+    let log = c.log("mdt0");
+    for why in [
+        "refusing connect: no handshake",
+        "refusing connect: wrong key",
+        "not proved the file system key",
+        "frame not authenticated",
+    ] {
+        assert!(log.contains(why), "the MDT log says {why:?}:\n{log}");
+    }
+
+    // The MGS too: a peer without the key cannot register, move or add a target.
+    let targets = c.get_param("mgs.MGS.targets");
+    let mut p = RawPeer::connect(&c.mgs_addr);
+    let reg = Request::MgsRegister(lode_proto::MgsRegisterReq {
+        fsname: fs.clone(),
+        target: lode_proto::TargetInfo {
+            kind: lode_proto::TargetKind::Ost,
+            index: 9,
+            name: format!("{fs}-OST0009"),
+            addr: "127.0.0.1:1".into(),
+            uuid: "intruder".into(),
+        },
+    });
+    p.send(&request_frame(&reg, 1, 0));
+    assert_eq!(plain_status(&mut p), eacces, "MGS_REGISTER without the key");
+    let moved = Request::MgsRegister(lode_proto::MgsRegisterReq {
+        fsname: fs.clone(),
+        target: lode_proto::TargetInfo {
+            kind: lode_proto::TargetKind::Mdt,
+            index: 0,
+            name: mdt.clone(),
+            addr: "127.0.0.1:1".into(),
+            uuid: "intruder".into(),
+        },
+    });
+    p.send(&request_frame(&moved, 2, 0));
+    assert_eq!(plain_status(&mut p), eacces, "moving MDT0 without the key");
+    assert_eq!(c.get_param("mgs.MGS.targets"), targets, "no target changed");
+
+    // Key holders work as ever, callbacks included (that channel does the handshake
+    // too): a mount sees another client's change at once.
+    let m = c.mount();
+    std::fs::write(m.path().join("f"), b"x").expect("write through a keyed mount");
+    let s = c.client();
+    lode_testkit::wait_for("the callback channel", Duration::from_secs(10), || {
+        s.client.callback_channel_up()
+    });
+    let f = fid(&s, "/f").expect("resolve");
+    let _ = std::fs::metadata(m.path().join("f"));
+    let sa = lode_base::SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    s.run(s.client.setattr(&root(), f, sa)).expect("chmod");
+    assert_eq!(
+        std::fs::metadata(m.path().join("f"))
+            .expect("stat")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
 }

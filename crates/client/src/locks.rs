@@ -774,9 +774,14 @@ pub(crate) async fn callback_channel(client: Weak<Client>) {
         let Some(c) = client.upgrade() else { return };
         let target = c.mdc.target().to_string();
         let (addr, handle) = (c.mdc.addr(), c.mdc.granted().map(|g| g.handle));
+        let who = Who {
+            key: c.cfg.key.clone(),
+            uuid: c.mdc.client_uuid().to_string(),
+            target: target.clone(),
+        };
         drop(c);
         if let Some(handle) = handle {
-            match run_channel(&client, &addr, handle).await {
+            match run_channel(&client, &addr, handle, &who).await {
                 Ok(()) => return,
                 Err(e) => debug!(%target, "callback channel: {e}"),
             }
@@ -791,7 +796,14 @@ pub(crate) async fn callback_channel(client: Weak<Client>) {
     }
 }
 
-fn frame(opcode: Opcode, handle: u64, xid: u64) -> Vec<u8> {
+/// Who the callback channel is for: the key's handshake names the client and target.
+struct Who {
+    key: Vec<u8>,
+    uuid: String,
+    target: String,
+}
+
+fn frame(opcode: Opcode, handle: u64, xid: u64, auth: Vec<u8>) -> Vec<u8> {
     let header = Header {
         opcode: opcode as u16,
         handle,
@@ -800,25 +812,43 @@ fn frame(opcode: Opcode, handle: u64, xid: u64) -> Vec<u8> {
     };
     let body = match opcode {
         Opcode::Ping => Request::Ping(Empty {}),
-        _ => Request::LdlmCallbackChannel(Empty {}),
+        _ => Request::LdlmCallbackChannel(lode_proto::CallbackChannelReq { auth }),
     };
     Frame::encode(&header, &body.encode())
 }
 
 /// Registers one connection as the channel and serves it; `Ok` when the client is
-/// gone.
-async fn run_channel(client: &Weak<Client>, addr: &str, handle: u64) -> Result<(), String> {
-    let sock = tokio::net::TcpStream::connect(addr)
+/// gone. On a keyed file system the connection does the key's handshake first and is
+/// sealed from the registration's reply on, both ways.
+async fn run_channel(
+    client: &Weak<Client>,
+    addr: &str,
+    handle: u64,
+    who: &Who,
+) -> Result<(), String> {
+    let mut sock = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
     let _ = sock.set_nodelay(true);
+    let hs = lode_rpc::client_handshake(&mut sock, &who.key, &who.uuid, &who.target, 1)
+        .await
+        .map_err(|e| format!("handshake failed ({e:?})"))?;
+    let (auth, session) = match hs {
+        Some((proof, sealer, opener)) => (proof, Some((sealer, opener))),
+        None => (Vec::new(), None),
+    };
+    let (mut sealer, mut opener) = match session {
+        Some((s, o)) => (Some(s), Some(o)),
+        None => (None, None),
+    };
     let (mut rd, mut wr) = sock.into_split();
-    wr.write_all(&frame(Opcode::LdlmCallbackChannel, handle, 1))
+    wr.write_all(&frame(Opcode::LdlmCallbackChannel, handle, 2, auth))
         .await
         .map_err(|e| e.to_string())?;
-    let rep = lode_rpc::read_frame(&mut rd)
+    let rest = lode_rpc::read_raw(&mut rd)
         .await
         .map_err(|e| e.to_string())?;
+    let rep = lode_rpc::handshake_reply(rest, opener.as_mut())?;
     if rep.header.flags & FLAG_REPLY == 0 || rep.header.status != 0 {
         return Err(format!("refused (status {})", rep.header.status));
     }
@@ -832,16 +862,15 @@ async fn run_channel(client: &Weak<Client>, addr: &str, handle: u64) -> Result<(
     let pinger = {
         let client = client.clone();
         tokio::spawn(async move {
-            let mut xid = 1;
+            let mut xid = 2;
             loop {
                 tokio::time::sleep(CHANNEL_PING).await;
                 xid += 1;
-                if client.strong_count() == 0
-                    || wr
-                        .write_all(&frame(Opcode::Ping, handle, xid))
-                        .await
-                        .is_err()
-                {
+                let mut f = frame(Opcode::Ping, handle, xid, Vec::new());
+                if let Some(s) = sealer.as_mut() {
+                    f = s.seal(&f);
+                }
+                if client.strong_count() == 0 || wr.write_all(&f).await.is_err() {
                     return;
                 }
             }
@@ -849,7 +878,7 @@ async fn run_channel(client: &Weak<Client>, addr: &str, handle: u64) -> Result<(
     };
     // The pinger holds the write half: it goes with this future, however that ends.
     let _pinger = AbortOnDrop(pinger);
-    serve_channel(client, &mut rd).await
+    serve_channel(client, &mut rd, opener.as_mut()).await
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -863,9 +892,12 @@ impl Drop for AbortOnDrop {
 async fn serve_channel(
     client: &Weak<Client>,
     rd: &mut tokio::net::tcp::OwnedReadHalf,
+    mut opener: Option<&mut lode_rpc::auth::Opener>,
 ) -> Result<(), String> {
     loop {
-        let f = lode_rpc::read_frame(rd).await.map_err(|e| e.to_string())?;
+        let f = lode_rpc::read_sealed(rd, opener.as_deref_mut())
+            .await
+            .map_err(|e| e.to_string())?;
         let Some(c) = client.upgrade() else {
             return Ok(());
         };

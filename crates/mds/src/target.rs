@@ -514,8 +514,7 @@ impl Mdt {
             warn!(peer = %inc.peer, "refusing connect for target {:?}", req.target);
             return Err(Errno::ENODEV.into());
         }
-        if !lode_rpc::auth::verify(&self.ns.cfg.key, &req.client_uuid, &req.target, &req.auth) {
-            warn!(peer = %inc.peer, client = %req.client_uuid, "refusing connect: bad key");
+        if !inc.verify_handshake(&self.ns.cfg.key, &req.client_uuid, &req.target, &req.auth) {
             return Err(Errno::EACCES.into());
         }
         if req.client_uuid.is_empty() || req.client_uuid.len() > 64 {
@@ -845,7 +844,13 @@ impl Mdt {
             MdtRequest::DomRead(_) | MdtRequest::DomWrite(_) => {
                 return Err(Errno::EOPNOTSUPP.into())
             }
-            MdtRequest::LdlmCallbackChannel(_) => {
+            MdtRequest::LdlmCallbackChannel(r) => {
+                // On a keyed file system only the export's own client may take its
+                // callbacks (they say what it must forget).
+                let target = self.ns.cfg.target_name();
+                if !inc.verify_handshake(&self.ns.cfg.key, &exp.uuid, &target, &r.auth) {
+                    return Err(Errno::EACCES.into());
+                }
                 let ch = inc.callback_channel().ok_or(Errno::EINVAL)?;
                 self.channels.lock().insert(exp.slot, ch);
                 (Reply::LdlmCallbackChannel(Empty {}), 0)
@@ -1366,6 +1371,10 @@ impl Service for Mdt {
             self.ldlm.evict(slot);
             self.flocks.drop_waits(slot);
         }
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.ns.cfg.key
     }
 
     fn stats(&self) -> Option<&OpStats> {

@@ -130,8 +130,7 @@ impl Service for Mgs {
                     warn!(peer = %inc.peer, "refusing connect for file system {:?}", c.fsname);
                     return Outgoing::error(Errno::EINVAL);
                 }
-                if !lode_rpc::auth::verify(&self.key, &c.client_uuid, &c.target, &c.auth) {
-                    warn!(peer = %inc.peer, "refusing connect: bad key");
+                if !inc.verify_handshake(&self.key, &c.client_uuid, &c.target, &c.auth) {
                     return Outgoing::error(Errno::EACCES);
                 }
                 Ok(Reply::Connect(ConnectRep {
@@ -157,6 +156,10 @@ impl Service for Mgs {
             }
         };
         Outgoing::answer(rep)
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.key
     }
 
     fn stats(&self) -> Option<&OpStats> {

@@ -180,8 +180,7 @@ impl Ost {
             if c.target != self.cfg.target_name() {
                 return Err(Errno::ENODEV);
             }
-            if !lode_rpc::auth::verify(&self.cfg.key, &c.client_uuid, &c.target, &c.auth) {
-                warn!(peer = %inc.peer, "refusing connect: bad key");
+            if !inc.verify_handshake(&self.cfg.key, &c.client_uuid, &c.target, &c.auth) {
                 return Err(Errno::EACCES);
             }
             let handle = rand::random::<u64>() | 1;
@@ -380,6 +379,10 @@ impl Service for Ost {
 
     fn disconnected(&self, conn_id: u64) {
         self.handles.write().retain(|_, conn| *conn != conn_id);
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.cfg.key
     }
 
     fn stats(&self) -> Option<&OpStats> {

@@ -6,7 +6,7 @@ use lode_base::limits::RPC_SIZE_MAX;
 /// Frame magic, `LODE` in ASCII.
 pub const MAGIC: u32 = 0x4c4f_4445;
 /// Wire format version; bumped whenever a golden test has to change.
-pub const PROTO_VERSION: u16 = 4;
+pub const PROTO_VERSION: u16 = 5;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 72;
 /// Size of the length and CRC fields before the header.
@@ -22,6 +22,9 @@ pub const FLAG_REPLAY_DONE: u16 = 0x10;
 /// Request flag: grant the locks that cover what the reply says, if they can be
 /// granted at once (Lustre's intent), so the client may cache it.
 pub const FLAG_INTENT: u16 = 0x8;
+/// Header flag: the frame ends with a tag under the connection's session key (see
+/// `lode_rpc::auth`); set on every frame of a keyed connection after its handshake.
+pub const FLAG_SEALED: u16 = 0x400;
 /// Header flag: this frame is a reply.
 pub const FLAG_REPLY: u16 = 0x100;
 /// Header flag: a request from the server to the client (a lock callback), sent on the
@@ -80,6 +83,10 @@ pub enum FrameError {
     /// Fewer bytes than the frame claims.
     #[error("truncated frame")]
     Truncated,
+    /// A keyed connection's frame whose tag is missing or wrong: forged, altered,
+    /// replayed or out of order.
+    #[error("frame not authenticated")]
+    Unauthenticated,
 }
 
 impl Header {

@@ -57,7 +57,26 @@ pub struct ConnectReq {
     pub flags: u64,
     /// Modify slots the client wants.
     pub max_mod_rpcs: u16,
-    /// HMAC-SHA256 of the client UUID under the file system key (empty without a key).
+    /// On a keyed file system, the proof of this connection's handshake (HMAC-SHA256
+    /// under the key over both nonces, the client UUID and the target; see
+    /// `lode_rpc::auth`); empty without a key.
+    #[serde(with = "serde_bytes")]
+    pub auth: Vec<u8>,
+}
+
+/// A handshake nonce (see `lode_rpc::auth`).
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NonceMsg {
+    /// Random bytes, fresh for each connection.
+    #[serde(with = "serde_bytes")]
+    pub nonce: Vec<u8>,
+}
+
+/// Makes a connection the callback channel of an export.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CallbackChannelReq {
+    /// On a keyed file system, the proof of this connection's handshake for the
+    /// export's client (empty without a key).
     #[serde(with = "serde_bytes")]
     pub auth: Vec<u8>,
 }
@@ -764,6 +783,9 @@ messages! {
     Disconnect = 2, Any, false: Empty => Empty,
     /// Liveness.
     Ping = 3, Any, false: Empty => Empty,
+    /// The first step of a keyed connection's handshake: nonces both ways (answered by
+    /// the RPC layer, before any service sees the connection).
+    AuthNonce = 5, Any, false: NonceMsg => NonceMsg,
     /// Space and inodes of a target.
     Statfs = 4, Any, false: Empty => StatfsRep,
     /// Grant a FID sequence.
@@ -825,7 +847,7 @@ messages! {
     LdlmBlCallback = 104, Client, false: LdlmCancelReq => Empty,
     /// Makes this connection the callback channel of the export named in the header
     /// (lode's; Lustre calls back over LNet to the client's NID).
-    LdlmCallbackChannel = 107, Mdt, false: Empty => Empty,
+    LdlmCallbackChannel = 107, Mdt, false: CallbackChannelReq => Empty,
     /// Take, test or drop a file lock (`fcntl`/`flock`; Lustre's LDLM_FLOCK enqueue).
     Flock = 108, Mdt, false: FlockReq => FlockRep,
     /// From the MDT on the callback channel: a waited-for file lock is granted (Lustre's

@@ -16,7 +16,8 @@
 //! CONNECT for them, and they are replayed in transno order (`FLAG_REPLAY`, original
 //! xid, tag and transno) before anything else is sent.
 
-use crate::wire::{read_frame, FrameSink};
+use crate::auth::{Opener, Sealer, NONCE_LEN};
+use crate::wire::{open_rest, read_frame, read_raw, read_sealed, FrameSink};
 use lode_base::Errno;
 use lode_proto::frame::{
     check_len, FLAG_INTENT, FLAG_REPLAY, FLAG_REPLAY_DONE, FLAG_REPLY, FLAG_RESENT,
@@ -198,6 +199,8 @@ struct RdBuf {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// A keyed connection's opener: every frame read is checked with it.
+    opener: Option<Opener>,
 }
 
 struct ConnState {
@@ -630,6 +633,11 @@ impl Import {
     /// The target's name.
     pub fn target(&self) -> &str {
         &self.cfg.target
+    }
+
+    /// The UUID this import connects as.
+    pub fn client_uuid(&self) -> &str {
+        &self.cfg.client_uuid
     }
 
     /// The address currently used.
@@ -1171,8 +1179,9 @@ impl Import {
                 }
                 return Ok(());
             }
-            let rest = rd.buf[rd.start + 4..rd.start + 4 + len].to_vec();
+            let mut rest = rd.buf[rd.start + 4..rd.start + 4 + len].to_vec();
             rd.start += 4 + len;
+            open_rest(&mut rest, rd.opener.as_mut()).map_err(|e| e.to_string())?;
             let frame = Frame::decode_rest(rest).map_err(|e| e.to_string())?;
             if frame.header.flags & FLAG_REPLY == 0 {
                 continue;
@@ -1350,12 +1359,36 @@ impl Import {
     /// committed, in transno order, and then says so (a PING flagged
     /// `FLAG_REPLAY_DONE`, answered when the target's recovery is over). Replies are
     /// read while the replays are written, so neither side waits on the other.
+    async fn handshake(
+        &self,
+        sock: &mut TcpStream,
+        addr: &str,
+    ) -> Result<Option<(Vec<u8>, Sealer, Opener)>, Option<Errno>> {
+        let r = client_handshake(
+            sock,
+            &self.cfg.key,
+            &self.cfg.client_uuid,
+            &self.cfg.target,
+            self.next_xid(),
+        )
+        .await;
+        if let Err(Some(e)) = &r {
+            warn!(target = %self.cfg.target, %addr, "connection refused: the target does not take part in the key handshake ({e})");
+        }
+        r
+    }
+
     async fn replay_all(
         &self,
         sock: &mut TcpStream,
         rep: &ConnectRep,
         conn_cnt: u32,
+        session: Option<&mut (Sealer, Opener)>,
     ) -> Result<(), Option<Errno>> {
+        let (mut sealer, mut opener) = match session {
+            Some((s, o)) => (Some(s), Some(o)),
+            None => (None, None),
+        };
         use tokio::io::AsyncWriteExt;
         // Each change in transno order; an open still held carries its handle (in
         // `last_xid`, unused by replays) and, if it was committed, is sent as an OPEN
@@ -1438,11 +1471,14 @@ impl Import {
             .values()
             .map(|(h, _)| (h.xid, (h.transno, h.last_xid)))
             .collect();
+        if let Some(s) = sealer.as_mut() {
+            out = s.seal(&out);
+        }
         let (mut rd, mut wr) = sock.split();
         let write = async { wr.write_all(&out).await.is_ok() };
         let read = async {
             loop {
-                let Ok(f) = read_frame(&mut rd).await else {
+                let Ok(f) = read_sealed(&mut rd, opener.as_deref_mut()).await else {
                     return false;
                 };
                 if f.header.flags & FLAG_REPLY == 0 {
@@ -1695,13 +1731,17 @@ impl Import {
                 Err(_) => return Err(None),
             };
         let _ = sock.set_nodelay(true);
+        let (auth, mut session) = match self.handshake(&mut sock, &addr).await? {
+            Some((proof, sealer, opener)) => (proof, Some((sealer, opener))),
+            None => (Vec::new(), None),
+        };
         let req = Request::Connect(ConnectReq {
             fsname: self.cfg.fsname.clone(),
             target: self.cfg.target.clone(),
             client_uuid: self.cfg.client_uuid.clone(),
             flags: self.cfg.flags,
             max_mod_rpcs: self.cfg.max_mod_rpcs,
-            auth: crate::auth::proof(&self.cfg.key, &self.cfg.client_uuid, &self.cfg.target),
+            auth,
         });
         let xid = self.next_xid();
         let header = Header {
@@ -1717,10 +1757,16 @@ impl Import {
         {
             return Err(None);
         }
-        let frame = match tokio::time::timeout(Duration::from_secs(10), read_frame(&mut sock)).await
-        {
+        let rest = match tokio::time::timeout(Duration::from_secs(10), read_raw(&mut sock)).await {
             Ok(Ok(f)) => f,
             _ => return Err(None),
+        };
+        let frame = match handshake_reply(rest, session.as_mut().map(|s| &mut s.1)) {
+            Ok(f) => f,
+            Err(why) => {
+                warn!(target = %self.cfg.target, %addr, "connection refused: {why}");
+                return Err(Some(Errno::EACCES));
+            }
         };
         if frame.header.status < 0 {
             let e = Errno::from_status(frame.header.status);
@@ -1746,7 +1792,8 @@ impl Import {
             (restarted, st.conn_cnt.wrapping_add(1))
         };
         if rep.recovering {
-            self.replay_all(&mut sock, &rep, conn_cnt).await?;
+            self.replay_all(&mut sock, &rep, conn_cnt, session.as_mut())
+                .await?;
         } else if restarted {
             let lost = std::mem::take(&mut *self.replay.lock()).len();
             // Nothing this client held there survived: its open handles are stale.
@@ -1772,6 +1819,11 @@ impl Import {
             }
         };
         let sink = FrameSink::with_writer(sock.clone());
+        let mut rd = RdBuf::default();
+        if let Some((sealer, opener)) = session {
+            sink.set_sealer(sealer);
+            rd.opener = Some(opener);
+        }
         let mut st = self.state.lock();
         st.gen += 1;
         st.conn_cnt = st.conn_cnt.wrapping_add(1);
@@ -1780,7 +1832,7 @@ impl Import {
             gen: st.gen,
             sock,
             sink,
-            rd: Mutex::new(RdBuf::default()),
+            rd: Mutex::new(rd),
         }));
         st.connecting = false;
         let reconnect = st.granted.is_some();
@@ -1793,6 +1845,77 @@ impl Import {
         }
         Ok(())
     }
+}
+
+/// The first step of a keyed connection (see [`crate::auth`]): nonces both ways, as
+/// client `uuid` of `target`. Returns the proof for the request that completes the
+/// handshake, and the session; `None` without a key. `Err(Some(_))`: the target
+/// refused; `Err(None)`: the connection failed.
+pub async fn client_handshake(
+    sock: &mut TcpStream,
+    key: &[u8],
+    uuid: &str,
+    target: &str,
+    xid: u64,
+) -> Result<Option<(Vec<u8>, Sealer, Opener)>, Option<Errno>> {
+    if key.is_empty() {
+        return Ok(None);
+    }
+    let mine = crate::auth::nonce().to_vec();
+    let header = Header {
+        opcode: Opcode::AuthNonce as u16,
+        xid,
+        ..Default::default()
+    };
+    let req = Request::AuthNonce(lode_proto::NonceMsg {
+        nonce: mine.clone(),
+    });
+    use tokio::io::AsyncWriteExt;
+    if sock
+        .write_all(&Frame::encode(&header, &req.encode()))
+        .await
+        .is_err()
+    {
+        return Err(None);
+    }
+    let f = match tokio::time::timeout(Duration::from_secs(10), read_frame(sock)).await {
+        Ok(Ok(f)) => f,
+        _ => return Err(None),
+    };
+    let theirs = match Reply::decode(Opcode::AuthNonce as u16, &f.body) {
+        Ok(Reply::AuthNonce(n)) if f.header.status == 0 && n.nonce.len() == NONCE_LEN => n.nonce,
+        _ if f.header.status < 0 => return Err(Some(Errno::from_status(f.header.status))),
+        _ => return Err(Some(Errno::EPROTO)),
+    };
+    let hs = crate::auth::Handshake {
+        server: &theirs,
+        client: &mine,
+        uuid,
+        target,
+    };
+    let (sealer, opener) = hs.client_session(key).ok_or(Some(Errno::EINVAL))?;
+    Ok(Some((hs.proof(key), sealer, opener)))
+}
+
+/// The reply to the request that completes a handshake (CONNECT, a callback channel's
+/// registration), as read after its length field: on a keyed connection a grant must
+/// be sealed (the target proves the key too); a refusal may come unsealed.
+pub fn handshake_reply(mut rest: Vec<u8>, opener: Option<&mut Opener>) -> Result<Frame, String> {
+    let Some(opener) = opener else {
+        open_rest(&mut rest, None).map_err(|e| e.to_string())?;
+        return Frame::decode_rest(rest).map_err(|e| e.to_string());
+    };
+    if crate::auth::says_sealed(&rest) {
+        opener
+            .open(&mut rest)
+            .map_err(|_| "the target's reply fails the key: not a target of this file system")?;
+        return Frame::decode_rest(rest).map_err(|e| e.to_string());
+    }
+    let f = Frame::decode_rest(rest).map_err(|e| e.to_string())?;
+    if f.header.status < 0 {
+        return Ok(f);
+    }
+    Err("the target granted the connection without proving the key (it has none?)".into())
 }
 
 /// The import's reader thread: reads while passive calls wait and no caller reads, and

@@ -10,7 +10,9 @@ pub mod server;
 pub mod stats;
 mod wire;
 
-pub use import::{blocking_caller, Import, ImportConfig, Response};
+pub use import::{
+    blocking_caller, client_handshake, handshake_reply, Import, ImportConfig, Response,
+};
 pub use server::{serve, CallbackChannel, Incoming, Outgoing, ServerConfig, Service};
 pub use stats::OpStats;
-pub use wire::read_frame;
+pub use wire::{read_frame, read_raw, read_sealed};

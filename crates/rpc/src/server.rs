@@ -15,7 +15,7 @@ use crate::fail;
 use crate::stats::OpStats;
 use crate::wire::FrameSink;
 use lode_base::limits;
-use lode_proto::frame::{FLAG_CALLBACK, FLAG_REPLY};
+use lode_proto::frame::{FLAG_CALLBACK, FLAG_REPLY, FLAG_SEALED};
 use lode_proto::{DecodeError, Frame, FrameError, Header, Opcode, Reply};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
@@ -122,6 +122,42 @@ impl CallbackChannel {
 }
 
 impl Incoming {
+    /// Checks the proof a CONNECT (or a callback channel registration) carries for
+    /// this connection's handshake, for client `uuid` of `target`. On success the
+    /// connection is sealed from this request's reply on. True without a key; false
+    /// (with a log line naming the peer) for a missing or wrong proof, or a connection
+    /// that did not start a handshake. The nonces serve one proof only.
+    pub fn verify_handshake(&self, key: &[u8], uuid: &str, target: &str, proof: &[u8]) -> bool {
+        if key.is_empty() {
+            return true;
+        }
+        let Some(to) = &self.reply_to else {
+            return false;
+        };
+        let mut auth = to.conn.auth.lock();
+        let Some((server, client)) = auth.nonces.take() else {
+            warn!(peer = %self.peer, client = %uuid, "refusing connect: no handshake (a client without the key, or an older one)");
+            return false;
+        };
+        let hs = crate::auth::Handshake {
+            server: &server,
+            client: &client,
+            uuid,
+            target,
+        };
+        if !hs.verify(key, proof) {
+            warn!(peer = %self.peer, client = %uuid, "refusing connect: wrong key");
+            return false;
+        }
+        let Some((sealer, opener)) = hs.server_session(key) else {
+            return false;
+        };
+        auth.opener = Some(opener);
+        to.sink.set_sealer(sealer);
+        to.conn.sealed.store(true, Ordering::Release);
+        true
+    }
+
     /// This request's connection as a callback channel (`None` for an in-process
     /// request).
     pub fn callback_channel(&self) -> Option<CallbackChannel> {
@@ -253,6 +289,12 @@ pub trait Service: Send + Sync + 'static {
     }
     /// Called when a connection closes.
     fn disconnected(&self, _conn_id: u64) {}
+    /// The file system key (empty: none). With a key, a connection must complete the
+    /// handshake (see [`crate::auth`]) before any request but the handshake's own is
+    /// served, and every frame after it is sealed.
+    fn key(&self) -> &[u8] {
+        &[]
+    }
     /// Per-opcode statistics, if the service keeps them.
     fn stats(&self) -> Option<&OpStats> {
         None
@@ -296,6 +338,19 @@ struct ConnShared {
     inflight: AtomicUsize,
     /// Signalled when a parked request is answered.
     released: Notify,
+    /// The handshake of a keyed connection (see [`crate::auth`]).
+    auth: Mutex<ConnAuth>,
+    /// The handshake succeeded: every frame from the peer is sealed from now on.
+    sealed: std::sync::atomic::AtomicBool,
+}
+
+/// Where a connection's handshake stands.
+#[derive(Default)]
+struct ConnAuth {
+    /// The nonces exchanged (server's, client's), until a proof uses them.
+    nonces: Option<(Vec<u8>, Vec<u8>)>,
+    /// The opener for the peer's frames, handed to the reading loop once.
+    opener: Option<crate::auth::Opener>,
 }
 
 impl ConnShared {
@@ -487,6 +542,8 @@ async fn serve_connection(
     // Requests executed since the last flush (a delayed or dropped reply still needs its
     // writes flushed before anything else is answered).
     let mut executed = false;
+    // A keyed connection's opener, once its handshake is done.
+    let mut opener: Option<crate::auth::Opener> = None;
     loop {
         // Wait for bytes, bounded by the read timeout (a frame under way) or the idle
         // timeout (nothing under way, nothing parked).
@@ -537,7 +594,19 @@ async fn serve_connection(
                     released.await;
                 }
             }
-            match Frame::decode(&buf[off..]) {
+            if opener.is_none() && to.conn.sealed.load(Ordering::Acquire) {
+                opener = to.conn.auth.lock().opener.take();
+            }
+            let decoded = match opener.as_mut() {
+                Some(o) => o
+                    .take(&buf[off..])
+                    .and_then(|(rest, used)| Ok((Frame::decode_rest(rest)?, used))),
+                None => Frame::decode(&buf[off..]),
+            };
+            match decoded {
+                Ok((frame, _)) if opener.is_none() && frame.header.flags & FLAG_SEALED != 0 => {
+                    return Closed::Frame(FrameError::Unauthenticated);
+                }
                 Ok((frame, used)) => {
                     off += used;
                     executed = true;
@@ -608,7 +677,10 @@ fn execute(
         reply_to: Some(to.clone()),
         start: Instant::now(),
     };
-    let res = svc.handle(&inc);
+    let res = match handshake(svc, to, &inc) {
+        Some(res) => res,
+        None => svc.handle(&inc),
+    };
     if res.parked {
         return;
     }
@@ -633,6 +705,34 @@ fn execute(
             d.send_frame(Some(frame));
         });
     }
+}
+
+/// The RPC layer's part of a keyed connection: it answers `AUTH_NONCE` itself, and
+/// before the handshake is done lets through only the requests that complete it.
+fn handshake(svc: &dyn Service, to: &ReplyTo, inc: &Incoming) -> Option<Outgoing> {
+    let op = Opcode::from_u16(inc.header.opcode);
+    if op == Some(Opcode::AuthNonce) {
+        let r = match lode_proto::Request::decode(inc.header.opcode, &inc.body) {
+            Ok(lode_proto::Request::AuthNonce(r)) if r.nonce.len() == crate::auth::NONCE_LEN => r,
+            _ => return Some(Outgoing::error(lode_base::Errno::EPROTO)),
+        };
+        if to.conn.sealed.load(Ordering::Acquire) {
+            return Some(Outgoing::error(lode_base::Errno::EALREADY));
+        }
+        let mine = crate::auth::nonce().to_vec();
+        to.conn.auth.lock().nonces = Some((mine.clone(), r.nonce));
+        return Some(Outgoing::answer(Ok(Reply::AuthNonce(
+            lode_proto::NonceMsg { nonce: mine },
+        ))));
+    }
+    if svc.key().is_empty()
+        || to.conn.sealed.load(Ordering::Acquire)
+        || matches!(op, Some(Opcode::Connect | Opcode::LdlmCallbackChannel))
+    {
+        return None;
+    }
+    warn!(peer = %inc.peer, opcode = inc.header.opcode, "refusing request: the connection has not proved the file system key");
+    Some(Outgoing::error(lode_base::Errno::EACCES))
 }
 
 fn reply_frame(h: &Header, out: &Outgoing, us: u64) -> Vec<u8> {

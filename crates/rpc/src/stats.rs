@@ -263,6 +263,7 @@ pub fn lustre_name(op: Opcode) -> &'static str {
         Opcode::LdlmCancel => "ldlm_cancel",
         Opcode::LdlmBlCallback => "ldlm_bl_callback",
         Opcode::LdlmCallbackChannel => "ldlm_callback_channel",
+        Opcode::AuthNonce => "sec_ctx_init",
         Opcode::Flock => "ldlm_flock_enqueue",
         Opcode::FlockGranted => "ldlm_cp_callback",
         Opcode::MgsRegister => "mgs_target_reg",

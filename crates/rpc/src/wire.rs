@@ -67,12 +67,41 @@ pub enum ReadError {
 
 /// Reads one frame; the length is checked against `rpc_size_max` before allocating.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, ReadError> {
+    read_sealed(r, None).await
+}
+
+/// Reads one frame as it was sent after the length field (CRC, header, body and any
+/// tag), unchecked.
+pub async fn read_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, ReadError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).await?;
     let len = check_len(u32::from_le_bytes(len))?;
     let mut rest = vec![0u8; len];
     r.read_exact(&mut rest).await?;
-    Ok(Frame::decode_rest(rest)?)
+    Ok(rest)
+}
+
+/// Reads one frame of a connection that is sealed (`Some`: its tag is checked and
+/// stripped) or not (a sealed frame is then refused).
+pub async fn read_sealed<R: AsyncRead + Unpin>(
+    r: &mut R,
+    opener: Option<&mut crate::auth::Opener>,
+) -> Result<Frame, ReadError> {
+    let mut rest = read_raw(r).await?;
+    Ok(open_rest(&mut rest, opener).and_then(|()| Frame::decode_rest(rest))?)
+}
+
+/// Checks a frame read after its length field against the connection's state: sealed
+/// and authentic when there is an opener, not sealed when there is none.
+pub fn open_rest(
+    rest: &mut Vec<u8>,
+    opener: Option<&mut crate::auth::Opener>,
+) -> Result<(), FrameError> {
+    match opener {
+        Some(o) => o.open(rest),
+        None if crate::auth::says_sealed(rest) => Err(FrameError::Unauthenticated),
+        None => Ok(()),
+    }
 }
 
 /// The sending side of a connection, shared by every thread that replies or sends on
@@ -99,6 +128,8 @@ impl<W: SinkWriter> Drop for FrameSink<W> {
 
 #[derive(Default)]
 struct SinkState {
+    /// Seals every frame sent from now on (a keyed connection after its handshake).
+    sealer: Option<crate::auth::Sealer>,
     /// Frames waiting for the thread that is writing now.
     pending: Vec<u8>,
     /// A thread is writing.
@@ -137,12 +168,23 @@ impl<W: SinkWriter> FrameSink<W> {
         sink
     }
 
-    /// Sends one encoded frame; false if the connection is gone.
+    /// Seals every frame sent after this call. Frames are sealed in the order they
+    /// go on the stream (under the same lock), as the peer's opener expects them.
+    pub fn set_sealer(&self, sealer: crate::auth::Sealer) {
+        self.state.lock().sealer = Some(sealer);
+    }
+
+    /// Sends encoded frames (one, or several back to back); false if the connection
+    /// is gone.
     pub fn send(&self, frame: Vec<u8>) -> bool {
+        let mut frame = frame;
         {
             let mut st = self.state.lock();
             if st.broken {
                 return false;
+            }
+            if let Some(s) = st.sealer.as_mut() {
+                frame = s.seal(&frame);
             }
             if st.backlogged {
                 return self.tx.send(frame).is_ok();
