@@ -8,8 +8,7 @@ use crate::mount::source_of;
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use lode_base::layout::{decode_xattr, encode_xattr};
-use lode_base::{Cred, Fid, Layout, Pattern};
-use lode_client::{ClientConfig, Session};
+use lode_base::{Fid, Layout, Pattern};
 use std::ffi::CString;
 use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt;
@@ -350,58 +349,27 @@ pub struct Fid2pathArgs {
     fids: Vec<String>,
 }
 
-fn session_for(mnt: &Path) -> Result<(Session, PathBuf)> {
-    let (src, mp) = source_of(mnt).ok_or_else(|| anyhow!("{}: not a lode mount", mnt.display()))?;
-    let (mgs, fs) = lode_client::parse_source(&src).map_err(|e| anyhow!(e))?;
-    let s = Session::connect(ClientConfig::new(&mgs, &fs)).map_err(|e| anyhow!("{e}"))?;
-    Ok((s, mp))
-}
-
-/// Every path of `fid` (one per hard link), relative to the root.
-async fn paths_of(c: &lode_client::Client, fid: Fid) -> Result<Vec<Vec<u8>>, lode_base::Errno> {
-    if fid == Fid::ROOT {
-        return Ok(vec![Vec::new()]);
-    }
-    let cred = Cred::root();
-    let (v, _) = c.getxattr(&cred, fid, b"lustre.link", 65536).await?;
-    let links = lode_proto::decode_links(&v).ok_or(lode_base::Errno::EPROTO)?;
-    let mut out = Vec::new();
-    for (parent, name) in links {
-        let mut path = name;
-        let mut cur = parent;
-        for _ in 0..4096 {
-            if cur == Fid::ROOT {
-                break;
-            }
-            let (v, _) = c.getxattr(&cred, cur, b"lustre.link", 65536).await?;
-            let Some((p, n)) = lode_proto::decode_links(&v).and_then(|l| l.into_iter().next())
-            else {
-                return Err(lode_base::Errno::ENOENT);
-            };
-            let mut full = n;
-            full.push(b'/');
-            full.extend_from_slice(&path);
-            path = full;
-            cur = p;
-        }
-        out.push(path);
-    }
-    if out.is_empty() {
-        return Err(lode_base::Errno::ENOENT);
-    }
-    Ok(out)
+/// The mount point of the lode mount holding `mnt`.
+fn mount_of(mnt: &Path) -> Result<PathBuf> {
+    let (_, mp) = source_of(mnt).ok_or_else(|| anyhow!("{}: not a lode mount", mnt.display()))?;
+    Ok(mp)
 }
 
 /// Runs `lode fid2path`.
 pub fn fid2path(a: Fid2pathArgs) -> Result<()> {
-    let (s, mp) = session_for(&a.mountpoint).map_err(|e| anyhow!("fid2path: {e}"))?;
+    let mp = mount_of(&a.mountpoint).map_err(|e| anyhow!("fid2path: {e}"))?;
     let mut failed = None;
     for f in &a.fids {
         let fid: Fid = f.parse().map_err(|e| anyhow!("fid2path: {e}"))?;
-        match s.run(paths_of(&s.client, fid)) {
+        // The mount answers (as root only): no connection of this command's own.
+        let name = format!(
+            "{}{fid}",
+            String::from_utf8_lossy(lode_fuse::FID2PATH_XATTR)
+        );
+        match getxattr(&mp, &name) {
             Ok(paths) => {
-                for p in paths {
-                    let rel = String::from_utf8_lossy(&p);
+                for p in paths.split(|b| *b == b'\n') {
+                    let rel = String::from_utf8_lossy(p);
                     println!(
                         "{}",
                         if rel.is_empty() {
@@ -481,9 +449,11 @@ pub fn df(a: DfArgs) -> Result<()> {
         if a.inodes { "IUse%" } else { "Use%" }
     );
     for m in mounts {
-        let (s, mp) = session_for(&m).map_err(|e| anyhow!("df: {e}"))?;
+        let mp = mount_of(&m).map_err(|e| anyhow!("df: {e}"))?;
+        let report = getxattr(&mp, &String::from_utf8_lossy(lode_fuse::STATFS_XATTR))
+            .map_err(|e| anyhow!("df: {}: {e}", mp.display()))?;
         let mut sum = (0u64, 0u64, 0u64);
-        for (name, r) in s.run(s.client.statfs_targets()) {
+        for (name, r) in lode_client::parse_statfs_report(&report) {
             let Ok(st) = r else {
                 println!("{:<20} inactive device", format!("{name}_UUID"));
                 continue;

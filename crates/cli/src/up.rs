@@ -26,6 +26,10 @@ pub struct UpArgs {
     /// MGS port; MDT0 listens on base+20, OSTn on base+70+n.
     #[arg(long, default_value_t = 9880)]
     port_base: u16,
+    /// Format without a shared key (by default a new file system gets one, in
+    /// DIR/key: only holders of it may connect).
+    #[arg(long)]
+    no_key: bool,
 }
 
 /// Arguments of `lode down` and `lode status`.
@@ -35,6 +39,9 @@ pub struct DirArgs {
     #[arg(long, default_value = DEFAULT_DIR)]
     dir: PathBuf,
 }
+
+/// The shared key of a file system `lode up` made, in its directory.
+const KEY_FILE: &str = "key";
 
 struct Target {
     name: &'static str,
@@ -190,24 +197,40 @@ pub fn up(a: UpArgs) -> Result<()> {
         );
         return Ok(());
     }
+    let key = dir.join(KEY_FILE);
+    let fresh = TARGETS.iter().all(|t| {
+        !dir.join(t.name)
+            .join(lode_base::config::CONFIG_FILE)
+            .exists()
+    });
+    if fresh && !a.no_key && !key.exists() {
+        // A lab file system is still on a network: only key holders connect.
+        let k = lode_rpc::auth::nonce();
+        let hex: String = k.iter().map(|b| format!("{b:02x}")).collect();
+        lode_base::config::write_secret(&key, hex.as_bytes())
+            .with_context(|| format!("up: {}", key.display()))?;
+    }
+    let keyed = key.exists();
     for t in &TARGETS {
         let tdir = dir.join(t.name);
         if tdir.join(lode_base::config::CONFIG_FILE).exists() {
             continue;
         }
-        let out = lode_cmd(&dir)?
-            .args([
-                "mkfs",
-                t.mkfs,
-                "--fsname",
-                &conf.fsname,
-                "--index",
-                &t.index.to_string(),
-                "--mgsnode",
-                &mgs,
-            ])
-            .arg(&tdir)
-            .output()?;
+        let mut cmd = lode_cmd(&dir)?;
+        cmd.args([
+            "mkfs",
+            t.mkfs,
+            "--fsname",
+            &conf.fsname,
+            "--index",
+            &t.index.to_string(),
+            "--mgsnode",
+            &mgs,
+        ]);
+        if keyed {
+            cmd.arg("--key-file").arg(&key);
+        }
+        let out = cmd.arg(&tdir).output()?;
         if !out.status.success() {
             bail!(
                 "up: {}",
@@ -260,8 +283,12 @@ pub fn up(a: UpArgs) -> Result<()> {
     })
     .map_err(|e| anyhow!("up: {e}"))?;
     if !is_lode_mount(&mnt) {
+        let mut options = "allow_other".to_string();
+        if keyed {
+            options.push_str(&format!(",key_file={}", key.display()));
+        }
         let args = MountArgs {
-            options: Some("allow_other".into()),
+            options: Some(options),
             foreground: false,
             source: format!("{mgs}:/{}", conf.fsname),
             mountpoint: mnt.clone(),
@@ -345,6 +372,10 @@ pub fn status(a: DirArgs) -> Result<()> {
         match lode_client::Session::connect({
             let mut c = lode_client::ClientConfig::new(&mgs, &conf.fsname);
             c.timeout = Duration::from_secs(3);
+            let key = dir.join(KEY_FILE);
+            if key.exists() {
+                c.key = lode_base::config::read_key_file(&key).unwrap_or_default();
+            }
             c
         }) {
             Ok(s) => s

@@ -400,14 +400,16 @@ fn keyed_peer(
     (p, sealer, opener, connect, handle)
 }
 
+/// A cluster of `osts` OSTs whose targets and clients share `key`.
+fn keyed_cluster(osts: u32, key: &[u8]) -> lode_testkit::Cluster {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_lode"));
+    lode_testkit::Cluster::start_with_key(bin, osts, Some(key))
+}
+
 #[test]
 fn a_keyed_file_system_admits_only_key_holders_and_no_captured_frame_works_twice() {
     let key = b"s3cret";
-    let c = lode_testkit::Cluster::start_with_key(
-        std::path::Path::new(env!("CARGO_BIN_EXE_lode")),
-        1,
-        Some(key),
-    );
+    let c = keyed_cluster(1, key);
     let (fs, mdt) = (c.fsname.clone(), format!("{}-MDT0000", c.fsname));
     let addr = c.addr("mdt0");
     let statfs = Request::Statfs(lode_proto::Empty {});
@@ -558,4 +560,56 @@ fn a_keyed_file_system_admits_only_key_holders_and_no_captured_frame_works_twice
             & 0o777,
         0o600
     );
+}
+
+/// `lode df` and `lode fid2path` ask the mount (virtual xattrs on its root): no
+/// connection, key or client slot of their own, however often they run. Native clients
+/// that come and go give their slots back when they disconnect.
+#[test]
+fn ten_thousand_lode_df_runs_leave_the_client_slot_table_as_it_was() {
+    let key = b"s3cret";
+    let c = keyed_cluster(2, key);
+    let m = c.mount();
+    std::fs::write(m.path().join("f"), b"x").expect("write");
+    let slots = || {
+        (
+            c.get_param("mdt.*.client_slots"),
+            c.get_param("mdt.*.num_exports"),
+        )
+    };
+    let before = slots();
+    assert_eq!(before.1, "1", "the mount");
+    let mp = m.path().display().to_string();
+    let bin = env!("CARGO_BIN_EXE_lode");
+    std::thread::scope(|sc| {
+        for _ in 0..2 {
+            sc.spawn(|| {
+                for _ in 0..5_000 {
+                    let out = std::process::Command::new(bin)
+                        .args(["df", &mp])
+                        .output()
+                        .expect("run lode df");
+                    assert!(out.status.success(), "{:?}", out);
+                }
+            });
+        }
+    });
+    let out = std::process::Command::new(bin)
+        .args(["df", &mp])
+        .output()
+        .expect("run lode df");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for t in [
+        "MDT0000_UUID",
+        "OST0000_UUID",
+        "OST0001_UUID",
+        "filesystem_summary",
+    ] {
+        assert!(text.contains(t), "lode df shows {t}:\n{text}");
+    }
+    for _ in 0..100 {
+        let s = c.client();
+        assert!(fid(&s, "/f").is_ok());
+    }
+    assert_eq!(slots(), before, "no slot taken or left behind");
 }

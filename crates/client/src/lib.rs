@@ -327,6 +327,58 @@ impl Client {
         Ok(out)
     }
 
+    /// Every path of `fid` (one per hard link), relative to the root.
+    pub async fn paths_of(&self, fid: Fid) -> Result<Vec<Vec<u8>>, Errno> {
+        if fid == Fid::ROOT {
+            return Ok(vec![Vec::new()]);
+        }
+        let cred = lode_base::Cred::root();
+        let (v, _) = self.getxattr(&cred, fid, b"lustre.link", 65536).await?;
+        let links = lode_proto::decode_links(&v).ok_or(Errno::EPROTO)?;
+        let mut out = Vec::new();
+        for (parent, name) in links {
+            let mut path = name;
+            let mut cur = parent;
+            for _ in 0..4096 {
+                if cur == Fid::ROOT {
+                    break;
+                }
+                let (v, _) = self.getxattr(&cred, cur, b"lustre.link", 65536).await?;
+                let Some((p, n)) = lode_proto::decode_links(&v).and_then(|l| l.into_iter().next())
+                else {
+                    return Err(Errno::ENOENT);
+                };
+                let mut full = n;
+                full.push(b'/');
+                full.extend_from_slice(&path);
+                path = full;
+                cur = p;
+            }
+            out.push(path);
+        }
+        if out.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        Ok(out)
+    }
+
+    /// Every target's statfs as `lode df` shows it, one line each: `NAME BSIZE BLOCKS
+    /// BFREE BAVAIL FILES FFREE`, or `NAME inactive ERRNO`. What a mount answers for
+    /// its `lustre.statfs` xattr, so `lode df` needs no connection (nor key) of its own.
+    pub async fn statfs_report(&self) -> Vec<u8> {
+        let mut out = String::new();
+        for (name, r) in self.statfs_targets().await {
+            match r {
+                Ok(s) => out.push_str(&format!(
+                    "{name} {} {} {} {} {} {}\n",
+                    s.bsize, s.blocks, s.bfree, s.bavail, s.files, s.ffree
+                )),
+                Err(e) => out.push_str(&format!("{name} inactive {}\n", e.raw())),
+            }
+        }
+        out.into_bytes()
+    }
+
     /// statfs of each target, for `lode df`: (target name, statfs).
     pub async fn statfs_targets(&self) -> Vec<(String, Result<StatfsRep, Errno>)> {
         let mut out = Vec::new();
@@ -451,6 +503,34 @@ pub fn parse_source(spec: &str) -> Result<(String, String), String> {
     Ok((mgs.to_string(), fs.to_string()))
 }
 
+/// Parses [`Client::statfs_report`]: (target name, statfs or errno).
+pub fn parse_statfs_report(b: &[u8]) -> Vec<(String, Result<StatfsRep, Errno>)> {
+    let text = String::from_utf8_lossy(b);
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let name = (*f.first()?).to_string();
+            if f.get(1) == Some(&"inactive") {
+                let e: i32 = f.get(2).and_then(|v| v.parse().ok()).unwrap_or(0);
+                return Some((name, Err(Errno::from_status(-e))));
+            }
+            let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+            Some((
+                name,
+                Ok(StatfsRep {
+                    bsize: u32::try_from(n(1)?).ok()?,
+                    blocks: n(2)?,
+                    bfree: n(3)?,
+                    bavail: n(4)?,
+                    files: n(5)?,
+                    ffree: n(6)?,
+                    namelen: 255,
+                }),
+            ))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -462,5 +542,21 @@ mod tests {
         assert!(super::parse_source("127.0.0.1:/lode").is_err());
         assert!(super::parse_source("127.0.0.1:9880:/").is_err());
         assert!(super::parse_source("nothing").is_err());
+    }
+
+    #[test]
+    fn a_statfs_report_parses_back() {
+        let r = super::parse_statfs_report(
+            b"fs-MDT0000 4096 100 50 40 1000 900\nfs-OST0000 inactive 107\nbad line\n",
+        );
+        assert_eq!(r.len(), 2);
+        let (name, st) = &r[0];
+        let st = st.as_ref().expect("active");
+        assert_eq!(name, "fs-MDT0000");
+        assert_eq!(
+            (st.bsize, st.blocks, st.bavail, st.ffree),
+            (4096, 100, 40, 900)
+        );
+        assert_eq!(r[1].1, Err(lode_base::Errno::ENOTCONN));
     }
 }

@@ -34,6 +34,11 @@ const LOCKED_TTL: Duration = Duration::from_secs(86_400);
 
 /// Virtual xattr answered by the client with the inode's FID (`lode path2fid`).
 pub const FID_XATTR: &[u8] = b"lustre.fid";
+/// The virtual xattr holding every target's statfs (see `Client::statfs_report`).
+pub const STATFS_XATTR: &[u8] = b"lustre.statfs";
+/// The prefix of the virtual xattr naming a FID (`lustre.fid2path.[0x..:0x..:0x..]`)
+/// whose value is its paths, one per line (root only).
+pub const FID2PATH_XATTR: &[u8] = b"lustre.fid2path.";
 
 /// Mount settings.
 #[derive(Clone, Debug)]
@@ -1051,6 +1056,37 @@ impl Filesystem for LodeFs {
                 }
                 Err(e) => reply.error(ferr(e)),
             }
+            return;
+        }
+        if name == STATFS_XATTR || name.starts_with(FID2PATH_XATTR) {
+            // Answered by this mount for `lode df` and `lode fid2path`, which then
+            // need no connection (nor key, nor client slot) of their own.
+            let fid2path = name.get(FID2PATH_XATTR.len()..).map(<[u8]>::to_vec);
+            let uid = req.uid();
+            self.spawn(move |i| async move {
+                let v: Result<Vec<u8>, Errno> = async {
+                    if name == STATFS_XATTR {
+                        return Ok(i.client.statfs_report().await);
+                    }
+                    // Any path of any FID: an administrator's tool, as Lustre's
+                    // fid2path (CAP_DAC_READ_SEARCH).
+                    if uid != 0 {
+                        return Err(Errno::EPERM);
+                    }
+                    let fid: Fid = std::str::from_utf8(fid2path.as_deref().unwrap_or_default())
+                        .ok()
+                        .and_then(|f| f.parse().ok())
+                        .ok_or(Errno::EINVAL)?;
+                    Ok(i.client.paths_of(fid).await?.join(&b'\n'))
+                }
+                .await;
+                match v {
+                    Ok(v) if size == 0 => reply.size(v.len() as u32),
+                    Ok(v) if (size as usize) < v.len() => reply.error(FErrno::ERANGE),
+                    Ok(v) => reply.data(&v),
+                    Err(e) => reply.error(ferr(e)),
+                }
+            });
             return;
         }
         self.spawn(|i| async move {

@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 24] = {
+static MDT: [Param<Mdt>; 25] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -66,6 +66,12 @@ static MDT: [Param<Mdt>; 24] = {
             name: "num_exports",
             help: "clients connected",
             get: |m| m.export_count().to_string(),
+            set: Set::No,
+        },
+        Param {
+            name: "client_slots",
+            help: "client slots held (connected clients and those recovery waits for)",
+            get: |m| m.client_slots().to_string(),
             set: Set::No,
         },
         Param {

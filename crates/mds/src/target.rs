@@ -480,6 +480,12 @@ impl Mdt {
         &self.ns.tun
     }
 
+    /// Client slots held: one per client UUID the target keeps records for (connected
+    /// or expected back), freed when a client disconnects cleanly or is evicted.
+    pub fn client_slots(&self) -> usize {
+        self.clients.lock().by_uuid.len()
+    }
+
     /// Number of connected clients.
     pub fn export_count(&self) -> usize {
         self.exports.read().len()
