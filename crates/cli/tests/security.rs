@@ -613,3 +613,26 @@ fn ten_thousand_lode_df_runs_leave_the_client_slot_table_as_it_was() {
     }
     assert_eq!(slots(), before, "no slot taken or left behind");
 }
+
+/// An export handle is good only on the connection that was granted it: another
+/// connection naming it (a guessed or sniffed handle) is told ENOTCONN, on the MDT and
+/// on an OST alike.
+#[test]
+fn a_handle_works_only_on_the_connection_it_was_granted_on() {
+    let c = cluster(1);
+    let statfs = Request::Statfs(lode_proto::Empty {});
+    for (t, name) in [("mdt0", "MDT0000"), ("ost0", "OST0000")] {
+        let target = format!("{}-{name}", c.fsname);
+        let mut owner = RawPeer::connect(&c.addr(t));
+        let h = owner.connect_as(&c.fsname, &target, "owner").handle;
+        let mut other = RawPeer::connect(&c.addr(t));
+        let rep = other.call(&statfs, h).expect("answered");
+        assert_eq!(
+            rep.header.status,
+            Errno::ENOTCONN.status(),
+            "{t}: a borrowed handle"
+        );
+        let rep = owner.call(&statfs, h).expect("answered");
+        assert_eq!(rep.header.status, 0, "{t}: the owner's own connection");
+    }
+}

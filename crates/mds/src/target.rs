@@ -1291,7 +1291,21 @@ impl Service for Mdt {
                 Err(e) => self.error_out(e),
             };
         }
-        let Some(exp) = self.exports.read().get(&inc.header.handle).cloned() else {
+        // A handle is good only on the connection that connected it; the callback
+        // channel (a connection of its own, which pings to stay open) names it too.
+        let exp = self
+            .exports
+            .read()
+            .get(&inc.header.handle)
+            .filter(|e| {
+                e.conn_id == inc.conn_id
+                    || matches!(
+                        req,
+                        MdtRequest::LdlmCallbackChannel(_) | MdtRequest::Ping(_)
+                    )
+            })
+            .cloned();
+        let Some(exp) = exp else {
             return Outgoing {
                 status: Errno::ENOTCONN.status(),
                 last_committed,

@@ -163,9 +163,10 @@ impl Ost {
             .map_err(|e| io_errno(&e))
     }
 
-    /// ENOTCONN unless the request's handle was granted by a CONNECT.
+    /// ENOTCONN unless the request's handle was granted by a CONNECT on this very
+    /// connection.
     fn check_export(&self, inc: &Incoming) -> Result<(), Errno> {
-        if !self.handles.read().contains_key(&inc.header.handle) {
+        if self.handles.read().get(&inc.header.handle) != Some(&inc.conn_id) {
             return Err(Errno::ENOTCONN);
         }
         Ok(())
