@@ -49,6 +49,9 @@ pub struct TargetConfig {
     pub mgsnode: String,
     /// Shared key, hex (empty: none).
     pub key_hex: String,
+    /// This target's own secret, hex (MDTs and OSTs; empty: formatted before there
+    /// was one): it proves to the MGS that a registration comes from this target.
+    pub secret_hex: String,
 }
 
 /// Why a target directory cannot be served.
@@ -80,9 +83,12 @@ impl TargetConfig {
 
     /// The key as bytes.
     pub fn key(&self) -> Vec<u8> {
-        (0..self.key_hex.len() / 2)
-            .filter_map(|i| u8::from_str_radix(self.key_hex.get(2 * i..2 * i + 2)?, 16).ok())
-            .collect()
+        from_hex(&self.key_hex)
+    }
+
+    /// The target secret as bytes.
+    pub fn secret(&self) -> Vec<u8> {
+        from_hex(&self.secret_hex)
     }
 
     /// The text record.
@@ -95,6 +101,9 @@ impl TargetConfig {
         let _ = writeln!(s, "uuid={}", self.uuid);
         let _ = writeln!(s, "mgsnode={}", self.mgsnode);
         let _ = writeln!(s, "key={}", self.key_hex);
+        if !self.secret_hex.is_empty() {
+            let _ = writeln!(s, "secret={}", self.secret_hex);
+        }
         s
     }
 
@@ -130,6 +139,7 @@ impl TargetConfig {
             uuid: get("uuid").ok_or_else(|| bad("no uuid"))?,
             mgsnode: get("mgsnode").unwrap_or_default(),
             key_hex: get("key").unwrap_or_default(),
+            secret_hex: get("secret").unwrap_or_default(),
         })
     }
 
@@ -144,7 +154,7 @@ impl TargetConfig {
             Err(e) => return Err(ConfigError::Bad(d, e.to_string())),
         };
         let c = TargetConfig::parse(&text, &d)?;
-        if !c.key_hex.is_empty() {
+        if !c.key_hex.is_empty() || !c.secret_hex.is_empty() {
             check_secret(&dir.join(CONFIG_FILE)).map_err(|e| ConfigError::Bad(d.clone(), e))?;
         }
         if c.role != role {
@@ -155,6 +165,18 @@ impl TargetConfig {
         }
         Ok(c)
     }
+}
+
+/// Bytes from hex digits (pairs that are not hex are skipped).
+fn from_hex(h: &str) -> Vec<u8> {
+    (0..h.len() / 2)
+        .filter_map(|i| u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
+}
+
+/// Hex digits of `b`.
+pub fn to_hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Refuses a file holding a secret (a key, or a CONFIG with one) that users other than
@@ -251,8 +273,10 @@ mod tests {
             uuid: "u".into(),
             mgsnode: "127.0.0.1:9880".into(),
             key_hex: "0aff".into(),
+            secret_hex: "01".into(),
         };
         assert_eq!(TargetConfig::parse(&c.render(), "d").unwrap(), c);
+        assert_eq!(c.secret(), vec![1]);
         assert_eq!(c.name(), "lode-OST0001");
         assert_eq!(c.key(), vec![0x0a, 0xff]);
     }

@@ -523,6 +523,9 @@ pub fn remove_tree(t: &Target, top: &str) -> Result<()> {
 
 /// Environment variable carrying `--net-delay-us` to the native client (and workers).
 pub const NET_DELAY_ENV: &str = "LODE_BENCH_NET_DELAY_US";
+/// Environment variable naming the key file of a keyed file system, for the native
+/// client (a mount has its own `key_file` option).
+pub const KEY_FILE_ENV: &str = "LODE_KEY_FILE";
 /// Environment variable carrying `--max-mod-rpcs-in-flight` to the native client.
 pub const MAX_MOD_ENV: &str = "LODE_BENCH_MAX_MOD_RPCS";
 
@@ -534,6 +537,10 @@ fn connect_native(spec: &str) -> Result<(Session, Cred)> {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     if let Some(us) = env(NET_DELAY_ENV) {
         cfg.net_delay = std::time::Duration::from_micros(us);
+    }
+    if let Ok(f) = std::env::var(KEY_FILE_ENV) {
+        cfg.key = lode_base::config::read_key_file(std::path::Path::new(&f))
+            .map_err(|e| anyhow!("{KEY_FILE_ENV}: {e}"))?;
     }
     if let Some(m) = env(MAX_MOD_ENV) {
         cfg.max_mod_rpcs_in_flight =

@@ -28,7 +28,8 @@ pub struct Common {
     /// Run with POSIX calls under this directory (any file system).
     #[arg(long, conflicts_with = "native")]
     path: Option<PathBuf>,
-    /// Run through the lode client library: MGS_HOST:PORT:/FSNAME.
+    /// Run through the lode client library: MGS_HOST:PORT:/FSNAME (a keyed file system:
+    /// its key file in LODE_KEY_FILE).
     #[arg(long)]
     native: Option<String>,
     /// Iterations.

@@ -128,9 +128,14 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
         Some(f) => {
             let k =
                 lode_base::config::read_key_file(f).map_err(|e| anyhow::anyhow!("mkfs: {e}"))?;
-            k.iter().map(|b| format!("{b:02x}")).collect()
+            lode_base::config::to_hex(&k)
         }
         None => String::new(),
+    };
+    // A target's own secret, proving its registrations to the MGS.
+    let secret_hex = match role {
+        Role::Mgs => String::new(),
+        Role::Mdt | Role::Ost => lode_base::config::to_hex(&lode_rpc::auth::nonce()),
     };
     let c = TargetConfig {
         format: FORMAT_VERSION,
@@ -144,8 +149,9 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
             a.mgsnode
         },
         key_hex,
+        secret_hex,
     };
-    // 0600: it may hold the key.
+    // 0600: it holds secrets.
     lode_base::config::write_secret(&a.dir.join(CONFIG_FILE), c.render().as_bytes())
         .with_context(|| format!("mkfs: {d}"))?;
     println!("formatted {} as {} ({})", d, c.name(), c.uuid);

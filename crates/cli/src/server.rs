@@ -331,10 +331,11 @@ fn spawn_register(cfg: &TargetConfig, kind: TargetKind, listen: &str, rt: &tokio
     };
     let mgs = mgs_import(cfg, Duration::from_secs(5), rt);
     let fsname = cfg.fsname.clone();
+    let secret = cfg.secret();
     rt.spawn(async move {
         let mut warned = false;
         loop {
-            match lode_mgs::client::register(&mgs, &fsname, info.clone()).await {
+            match lode_mgs::client::register(&mgs, &fsname, info.clone(), &secret).await {
                 Ok(()) => {
                     info!("registered with the MGS");
                     return;
@@ -342,7 +343,8 @@ fn spawn_register(cfg: &TargetConfig, kind: TargetKind, listen: &str, rt: &tokio
                 Err(e)
                     if e == lode_base::Errno::EEXIST
                         || e == lode_base::Errno::EINVAL
-                        || e == lode_base::Errno::EACCES =>
+                        || e == lode_base::Errno::EACCES
+                        || e == lode_base::Errno::EPERM =>
                 {
                     error!("the MGS refused registration of {}: {e}", info.name);
                     eprintln!("lode: {}: the MGS refused registration: {e}", info.name);

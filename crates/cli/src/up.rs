@@ -205,8 +205,7 @@ pub fn up(a: UpArgs) -> Result<()> {
     });
     if fresh && !a.no_key && !key.exists() {
         // A lab file system is still on a network: only key holders connect.
-        let k = lode_rpc::auth::nonce();
-        let hex: String = k.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = lode_base::config::to_hex(&lode_rpc::auth::nonce());
         lode_base::config::write_secret(&key, hex.as_bytes())
             .with_context(|| format!("up: {}", key.display()))?;
     }

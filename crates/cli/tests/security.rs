@@ -520,6 +520,9 @@ fn a_keyed_file_system_admits_only_key_holders_and_no_captured_frame_works_twice
             addr: "127.0.0.1:1".into(),
             uuid: "intruder".into(),
         },
+        stamp: 0,
+        proof: Vec::new(),
+        secret: Vec::new(),
     });
     p.send(&request_frame(&reg, 1, 0));
     assert_eq!(plain_status(&mut p), eacces, "MGS_REGISTER without the key");
@@ -532,6 +535,9 @@ fn a_keyed_file_system_admits_only_key_holders_and_no_captured_frame_works_twice
             addr: "127.0.0.1:1".into(),
             uuid: "intruder".into(),
         },
+        stamp: 0,
+        proof: Vec::new(),
+        secret: Vec::new(),
     });
     p.send(&request_frame(&moved, 2, 0));
     assert_eq!(plain_status(&mut p), eacces, "moving MDT0 without the key");
@@ -635,4 +641,68 @@ fn a_handle_works_only_on_the_connection_it_was_granted_on() {
         let rep = owner.call(&statfs, h).expect("answered");
         assert_eq!(rep.header.status, 0, "{t}: the owner's own connection");
     }
+}
+
+/// A host holding the file system key still cannot move a target it does not run:
+/// each target proves its registrations with its own secret (written at mkfs), in
+/// increasing order, so neither a guess nor a replay of an old one moves it.
+#[test]
+fn only_the_target_itself_can_move_it_even_for_a_key_holder() {
+    let key = b"s3cret";
+    let c = keyed_cluster(1, key);
+    let mdt = format!("{}-MDT0000", c.fsname);
+    let cfg = std::fs::read_to_string(c.target_dir("mdt0").join("CONFIG")).expect("CONFIG");
+    let cfg = lode_base::config::TargetConfig::parse(&cfg, "mdt0").expect("parses");
+    let real = c.get_param("mgs.MGS.targets");
+    let uuid = real
+        .lines()
+        .find(|l| l.starts_with(&mdt))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .expect("MDT0 registered")
+        .to_string();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mgs = lode_mgs::client::mgs_import(
+        &c.mgs_addr,
+        &c.fsname,
+        "intruder",
+        key.to_vec(),
+        Duration::from_secs(5),
+        rt.handle().clone(),
+    );
+    let to = lode_proto::TargetInfo {
+        kind: lode_proto::TargetKind::Mdt,
+        index: 0,
+        name: mdt.clone(),
+        addr: "127.0.0.1:1".into(),
+        uuid,
+    };
+    let register = |secret: &[u8], stamp: u64| {
+        let proof = if secret.is_empty() {
+            Vec::new()
+        } else {
+            lode_rpc::auth::register_proof(secret, &to.name, &to.addr, &to.uuid, stamp)
+        };
+        let req = lode_proto::MgsRegisterReq {
+            fsname: c.fsname.clone(),
+            target: to.clone(),
+            stamp,
+            proof,
+            secret: secret.to_vec(),
+        };
+        rt.block_on(mgs.call(Request::MgsRegister(req))).map(|_| ())
+    };
+    let eperm = Err(Errno::EPERM);
+    assert_eq!(register(b"", u64::MAX), eperm, "no proof");
+    assert_eq!(register(b"guess", u64::MAX), eperm, "a wrong secret");
+    assert_eq!(register(&cfg.secret(), 1), eperm, "an old stamp (a replay)");
+    assert_eq!(c.get_param("mgs.MGS.targets"), real, "MDT0 did not move");
+    let log = c.log("mgs");
+    assert!(log.contains("wrong target secret"), "{log}");
+    assert!(log.contains("not newer than the last one"), "{log}");
+    // The target itself still registers after a restart (a newer stamp).
+    let mut c = c;
+    c.kill9("mdt0");
+    c.start_target("mdt0");
+    let s = c.client();
+    assert!(fid(&s, "/").is_ok(), "MDT0 serves again");
 }

@@ -33,14 +33,37 @@ pub fn mgs_import(
     )
 }
 
-/// Registers a target.
-pub async fn register(mgs: &Arc<Import>, fsname: &str, target: TargetInfo) -> Result<(), Errno> {
-    mgs.call(Request::MgsRegister(MgsRegisterReq {
+/// Registers a target, proving it with the target's `secret` (empty: a target formatted
+/// before there were secrets). The MGS asks for the secret itself (ENODATA) the first
+/// time.
+pub async fn register(
+    mgs: &Arc<Import>,
+    fsname: &str,
+    target: TargetInfo,
+    secret: &[u8],
+) -> Result<(), Errno> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let proof = if secret.is_empty() {
+        Vec::new()
+    } else {
+        lode_rpc::auth::register_proof(secret, &target.name, &target.addr, &target.uuid, stamp)
+    };
+    let mut req = MgsRegisterReq {
         fsname: fsname.to_string(),
         target,
-    }))
-    .await
-    .map(|_| ())
+        stamp,
+        proof,
+        secret: Vec::new(),
+    };
+    match mgs.call(Request::MgsRegister(req.clone())).await {
+        Err(Errno::ENODATA) if !secret.is_empty() => {
+            req.secret = secret.to_vec();
+            mgs.call(Request::MgsRegister(req)).await.map(|_| ())
+        }
+        r => r.map(|_| ()),
+    }
 }
 
 /// Fetches the file system config.

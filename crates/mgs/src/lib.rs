@@ -18,6 +18,16 @@ use tracing::{info, warn};
 
 /// File holding the registered targets.
 const TARGETS_FILE: &str = "targets";
+/// Each target's secret and the stamp of its last registration (0600).
+const SECRETS_FILE: &str = "secrets";
+
+/// What the MGS keeps to check a target's registrations.
+#[derive(Clone, Serialize, Deserialize)]
+struct TargetSecret {
+    name: String,
+    secret: Vec<u8>,
+    last_stamp: u64,
+}
 
 #[derive(Default, Serialize, Deserialize)]
 struct State {
@@ -31,6 +41,8 @@ pub struct Mgs {
     key: Vec<u8>,
     dir: PathBuf,
     state: Mutex<State>,
+    /// Taken after `state` when both are.
+    secrets: Mutex<Vec<TargetSecret>>,
     stats: OpStats,
 }
 
@@ -44,11 +56,23 @@ impl Mgs {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
             Err(e) => return Err(e),
         };
+        let secrets_path = dir.join(SECRETS_FILE);
+        let secrets = match lode_base::config::check_secret(&secrets_path) {
+            Ok(()) => {
+                let b = std::fs::read(&secrets_path)?;
+                postcard::from_bytes(&b).map_err(|e| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("secrets: {e}"))
+                })?
+            }
+            Err(_) if !secrets_path.exists() => Vec::new(),
+            Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, e)),
+        };
         Ok(Mgs {
             fsname,
             key,
             dir: dir.to_path_buf(),
             state: Mutex::new(state),
+            secrets: Mutex::new(secrets),
             stats: OpStats::default(),
         })
     }
@@ -78,11 +102,14 @@ impl Mgs {
         std::fs::File::open(&self.dir)?.sync_all()
     }
 
-    fn register(&self, r: MgsRegisterReq) -> Result<(), Errno> {
+    /// Registers (or moves) a target. A target formatted with a secret proves each
+    /// registration with it, in increasing `stamp` order; the first one binds the name
+    /// to the secret it sends.
+    fn register(&self, r: MgsRegisterReq, peer: std::net::SocketAddr) -> Result<(), Errno> {
         if r.fsname != self.fsname {
             return Err(Errno::EINVAL);
         }
-        let t = r.target;
+        let t = r.target.clone();
         let want = match t.kind {
             TargetKind::Mdt => format!("{}-MDT{:04x}", self.fsname, t.index),
             TargetKind::Ost => format!("{}-OST{:04x}", self.fsname, t.index),
@@ -95,6 +122,28 @@ impl Mgs {
             return Err(Errno::EINVAL);
         }
         let mut st = self.state.lock();
+        let mut secrets = self.secrets.lock();
+        let proved = |secret: &[u8]| {
+            lode_rpc::auth::verify_register(secret, &t.name, &t.addr, &t.uuid, r.stamp, &r.proof)
+        };
+        let known = secrets.iter().position(|k| k.name == t.name);
+        match known {
+            Some(i) if !proved(&secrets[i].secret) => {
+                warn!(%peer, target = %t.name, "refusing registration: wrong target secret (not the target formatted under that name)");
+                return Err(Errno::EPERM);
+            }
+            Some(i) if r.stamp <= secrets[i].last_stamp => {
+                warn!(%peer, target = %t.name, "refusing registration: not newer than the last one (replayed?)");
+                return Err(Errno::EPERM);
+            }
+            // The first registration of a target with a secret: it must send it.
+            None if !r.proof.is_empty() && r.secret.is_empty() => return Err(Errno::ENODATA),
+            None if !r.proof.is_empty() && !proved(&r.secret) => {
+                warn!(%peer, target = %t.name, "refusing registration: its proof does not match its secret");
+                return Err(Errno::EPERM);
+            }
+            _ => {}
+        }
         match st.targets.iter_mut().find(|o| o.name == t.name) {
             Some(o) if o.uuid != t.uuid => {
                 warn!(target = %t.name, "refusing registration: already registered with another UUID");
@@ -114,7 +163,21 @@ impl Mgs {
             }
         }
         st.targets.sort_by(|a, b| a.name.cmp(&b.name));
-        self.save(&st).map_err(|e| Errno::from_io(&e))
+        self.save(&st).map_err(|e| Errno::from_io(&e))?;
+        if !r.proof.is_empty() {
+            match known {
+                Some(i) => secrets[i].last_stamp = r.stamp,
+                None => secrets.push(TargetSecret {
+                    name: r.target.name.clone(),
+                    secret: r.secret,
+                    last_stamp: r.stamp,
+                }),
+            }
+            let bytes = postcard::to_stdvec(&*secrets).map_err(|_| Errno::EIO)?;
+            lode_base::config::write_secret(&self.dir.join(SECRETS_FILE), &bytes)
+                .map_err(|e| Errno::from_io(&e))?;
+        }
+        Ok(())
     }
 }
 
@@ -145,7 +208,9 @@ impl Service for Mgs {
                 }))
             }
             MgsRequest::Ping(_) => Ok(Reply::Ping(Empty {})),
-            MgsRequest::MgsRegister(r) => self.register(r).map(|_| Reply::MgsRegister(Empty {})),
+            MgsRequest::MgsRegister(r) => self
+                .register(r, inc.peer)
+                .map(|_| Reply::MgsRegister(Empty {})),
             MgsRequest::MgsConfig(_) => {
                 let st = self.state.lock();
                 Ok(Reply::MgsConfig(MgsConfigRep {

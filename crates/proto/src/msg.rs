@@ -645,6 +645,17 @@ pub struct MgsRegisterReq {
     pub fsname: String,
     /// Target.
     pub target: TargetInfo,
+    /// When the registration was made (ns since the epoch): the MGS takes a target's
+    /// registrations only in increasing order, so an old one cannot be replayed.
+    pub stamp: u64,
+    /// HMAC-SHA256 under the target's secret of its name, address, UUID and `stamp`
+    /// (empty: a target formatted before targets had secrets).
+    #[serde(with = "serde_bytes")]
+    pub proof: Vec<u8>,
+    /// The secret itself, sent only when the MGS has none for the target yet (it asks
+    /// with ENOKEY): the first registration binds the name to it.
+    #[serde(with = "serde_bytes")]
+    pub secret: Vec<u8>,
 }
 
 /// The file system config.

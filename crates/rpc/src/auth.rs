@@ -95,6 +95,39 @@ impl Handshake<'_> {
     }
 }
 
+/// A target's proof, under its own secret, that a registration at the MGS is its own.
+pub fn register_proof(secret: &[u8], name: &str, addr: &str, uuid: &str, stamp: u64) -> Vec<u8> {
+    let Ok(mut mac) = HmacSha256::new_from_slice(secret) else {
+        return Vec::new();
+    };
+    for part in [
+        b"lode register".as_slice(),
+        name.as_bytes(),
+        addr.as_bytes(),
+        uuid.as_bytes(),
+    ] {
+        mac.update(&(part.len() as u32).to_le_bytes());
+        mac.update(part);
+    }
+    mac.update(&stamp.to_le_bytes());
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// Checks a registration's proof in constant time.
+pub fn verify_register(
+    secret: &[u8],
+    name: &str,
+    addr: &str,
+    uuid: &str,
+    stamp: u64,
+    got: &[u8],
+) -> bool {
+    let want = register_proof(secret, name, addr, uuid, stamp);
+    want.len() == got.len()
+        && !want.is_empty()
+        && want.iter().zip(got).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
+}
+
 /// Seals the frames one side sends, in the order they go on the stream.
 pub struct Sealer {
     mac: HmacSha256,
