@@ -55,9 +55,11 @@ pub struct MountOptions {
 
 struct DirHandle {
     fid: Fid,
-    /// The last page read: entries and the cookie after it.
-    page: Vec<DirEntry>,
+    /// The last page read: entries (shared with the calls that hand them out, which
+    /// each take a few), the cookie after it, and whether it carries attributes.
+    page: Arc<Vec<DirEntry>>,
     next: u64,
+    plus: bool,
 }
 
 struct Inner {
@@ -873,8 +875,9 @@ impl Filesystem for LodeFs {
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
                     let d = DirHandle {
                         fid: f,
-                        page: Vec::new(),
+                        page: Arc::default(),
                         next: 0,
+                        plus: false,
                     };
                     i.dirs
                         .lock()
@@ -909,8 +912,8 @@ impl Filesystem for LodeFs {
         self.spawn(|i| async move {
             let r = i.dir_entries(&cred, fh, offset, false).await;
             match r {
-                Ok(entries) => {
-                    for e in entries {
+                Ok((page, start)) => {
+                    for e in &page[start..] {
                         // Plain readdir entries are not lookups: nothing to remember.
                         let ino = e.fid.ino();
                         let k = lode_base::FileType::from_mode(dtype_mode(e.dtype))
@@ -941,9 +944,9 @@ impl Filesystem for LodeFs {
             let dir = i.fid(ino).ok();
             let mut long = Vec::new();
             match r {
-                Ok(entries) => {
-                    for e in entries {
-                        let Some(body) = e.body else { continue };
+                Ok((page, start)) => {
+                    for e in &page[start..] {
+                        let Some(body) = e.body.clone() else { continue };
                         let body = match i.complete(body).await {
                             Ok(b) => b,
                             Err(_) => continue,
@@ -1250,33 +1253,34 @@ fn dtype_mode(d: u8) -> u32 {
 }
 
 impl Inner {
-    /// Entries of an open directory from FUSE offset `offset` (= cookie of the entry
-    /// wanted), served from the handle's last page when it covers the offset.
+    /// The entries of the directory open as `fh` from FUSE offset `offset` (the cookie
+    /// of the entry wanted) on: the handle's last page when it covers the offset (else
+    /// the page read from there), and where in it they start. The kernel takes a few per call (a 4 KiB buffer), so
+    /// the page is shared, never copied per call.
     async fn dir_entries(
         &self,
         cred: &Cred,
         fh: Fh,
         offset: u64,
         plus: bool,
-    ) -> Result<Vec<DirEntry>, Errno> {
+    ) -> Result<(Arc<Vec<DirEntry>>, usize), Errno> {
         let d = self.dirs.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)?;
         let mut d = d.lock().await;
         let cached = !d.page.is_empty()
             && d.page.first().is_some_and(|e| e.cookie <= offset)
             && (offset < d.next || d.next == lode_base::hash::END_COOKIE)
-            && (!plus || d.page.iter().all(|e| e.body.is_some()));
+            && (!plus || d.plus);
         if !cached {
             if offset >= lode_base::hash::END_COOKIE {
-                return Ok(Vec::new());
+                return Ok((Arc::default(), 0));
             }
             let page = self.client.readdir(cred, d.fid, offset, plus).await?;
-            d.page = page.entries;
+            d.plus = page.entries.iter().all(|e| e.body.is_some());
+            d.page = Arc::new(page.entries);
             d.next = page.next;
         }
-        Ok(d.page
-            .iter()
-            .filter(|e| e.cookie >= offset)
-            .cloned()
-            .collect())
+        // Cookies increase through a page.
+        let start = d.page.partition_point(|e| e.cookie < offset);
+        Ok((d.page.clone(), start))
     }
 }
