@@ -308,16 +308,31 @@ pub fn up(a: UpArgs) -> Result<()> {
 fn stop_pid(pid: u32) {
     // SAFETY: sending a signal to a pid we started.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let end = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < end && Path::new(&format!("/proc/{pid}")).exists() {
-        if std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z ")) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if Path::new(&format!("/proc/{pid}")).exists() {
+    if !wait_gone(pid, Duration::from_secs(10)) {
         // SAFETY: as above.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        // Gone for good before returning: a `lode up` right after must not find the
+        // target still held by a process the kernel is still tearing down.
+        if !wait_gone(pid, Duration::from_secs(10)) {
+            eprintln!("lode: process {pid} did not exit after SIGKILL");
+        }
+    }
+}
+
+/// Waits up to `within` for `pid` to exit (or become a zombie); true if it did.
+fn wait_gone(pid: u32, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    loop {
+        let gone = !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z "));
+        if gone {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
