@@ -11,6 +11,7 @@ mod io;
 mod locks;
 mod ns;
 pub mod params;
+mod statahead;
 
 use lode_base::{Errno, Fid};
 use lode_proto::{Reply, Request, StatfsRep, TargetKind, CONNECT_SUPPORTED};
@@ -92,6 +93,7 @@ pub struct Client {
     fids: fids::FidPool,
     dcache: Mutex<DirCache>,
     locks: locks::Locks,
+    statahead: statahead::Statahead,
     rt: Handle,
 }
 
@@ -159,6 +161,7 @@ impl Client {
             oscs: RwLock::new(HashMap::new()),
             dcache: Mutex::new(HashMap::new()),
             locks: locks::Locks::default(),
+            statahead: statahead::Statahead::default(),
             cfg,
             uuid,
             mdc,

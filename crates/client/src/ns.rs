@@ -59,6 +59,10 @@ impl Client {
             return Err(Errno::ENAMETOOLONG);
         }
         if let Some(r) = self.cached_lookup(cred, parent, name) {
+            self.statahead_answered(parent, name);
+            return r;
+        }
+        if let Some(r) = self.statahead_lookup(cred, parent, name).await {
             return r;
         }
         match self
@@ -407,6 +411,9 @@ impl Client {
                 // Cookies must advance, or a malicious server could loop us forever.
                 if r.next <= cookie && r.next != lode_base::hash::END_COOKIE {
                     return Err(Errno::EPROTO);
+                }
+                if !plus {
+                    self.note_listing(fid, &r.entries);
                 }
                 // A readdir+ with an intent: each entry's name and attributes under locks.
                 for e in &r.entries {

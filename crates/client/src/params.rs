@@ -134,9 +134,61 @@ impl Registry for ClientParams {
     }
 }
 
-/// Every parameter of a client: its devices' and its lock namespace's.
+/// Every parameter of a client: its devices', its lock namespace's and its llite's.
 pub fn all(client: Arc<Client>) -> impl Params {
-    Chain(ClientParams(client.clone()), LockParams(client))
+    Chain(
+        ClientParams(client.clone()),
+        Chain(LockParams(client.clone()), LliteParams(client)),
+    )
+}
+
+/// The client's file system view (`llite.FS-ID.*`): statahead.
+pub struct LliteParams(pub Arc<Client>);
+
+/// `llite.*.*`.
+static LLITE: [Param<Client>; 2] = [
+    Param {
+        name: "statahead_max",
+        help: "entries a lookup of a listed name fetches ahead, with their locks (0: no statahead)",
+        get: |c| c.statahead_max().to_string(),
+        set: Set::Text(|c, v| {
+            let n: usize = v
+                .trim()
+                .parse()
+                .map_err(|_| format!("Invalid argument: {v:?} is not a number"))?;
+            if n > crate::statahead::STATAHEAD_MAX_MAX {
+                return Err(format!(
+                    "Numerical result out of range: statahead_max must be 0..{}",
+                    crate::statahead::STATAHEAD_MAX_MAX
+                ));
+            }
+            c.set_statahead_max(n);
+            Ok(())
+        }),
+    },
+    Param {
+        name: "statahead_stats",
+        help: "statahead hits, misses, pages fetched and wrong guesses",
+        get: |c| c.statahead_stats(),
+        set: Set::Clear(|c| c.statahead_stats_clear()),
+    },
+];
+
+impl Registry for LliteParams {
+    type Ctx = Client;
+
+    fn devices(&self) -> Vec<Device<Client>> {
+        let id = ClientParams(self.0.clone()).instance();
+        vec![Device {
+            obj: format!("llite.{}-{id}", self.0.cfg.fsname),
+            ctx: self.0.clone(),
+            params: &LLITE,
+        }]
+    }
+
+    fn prometheus(&self) -> String {
+        String::new()
+    }
 }
 
 /// The client's lock namespace on its MDT (`ldlm.namespaces.FS-MDT0000-mdc-ID.*`).

@@ -1,0 +1,97 @@
+//! Statahead through a real mount: a directory listed and then stat'ed name by name
+//! (`ls -l`, `du`) has its attributes fetched ahead a page at a time, counted in
+//! `llite.*.statahead_stats`; what it fetched is kept under locks, so another client's
+//! chmod or rename is seen at once; `statahead_max=0` turns it off.
+
+mod common;
+
+use common::*;
+use lode_base::Fid;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+
+/// A counter of `llite.*.statahead_stats`.
+fn stat_of(c: &lode_testkit::Cluster, what: &str) -> u64 {
+    let text = c.get_param("llite.*.statahead_stats");
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{what}: ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {what} in statahead_stats:\n{text}"))
+}
+
+/// `ls -l`'s pattern: every name first, then a stat of each (in listing order).
+fn ls_l(dir: &std::path::Path) -> Vec<(String, u32)> {
+    let names: Vec<String> = fs::read_dir(dir)
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names
+        .into_iter()
+        .map(|n| {
+            let m = fs::symlink_metadata(dir.join(&n)).expect("stat");
+            (n, m.permissions().mode() & 0o7777)
+        })
+        .collect()
+}
+
+#[test]
+fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale() {
+    let c = cluster(1);
+    let s = c.client();
+    let r = root();
+    let d = s
+        .run(s.client.mkdir(&r, Fid::ROOT, b"d", 0o755, None))
+        .expect("mkdir")
+        .attr
+        .fid;
+    // Several readdir pages: the mount reads the first with attributes (the kernel asks
+    // for them on its first call), the others without.
+    const N: usize = 5000;
+    for i in 0..N {
+        s.run(
+            s.client
+                .create(&r, d, format!("f{i}").as_bytes(), 0o644, None),
+        )
+        .expect("create");
+    }
+    // A mount that has seen none of it.
+    let m = c.mount();
+    let dir = m.path().join("d");
+    let got = ls_l(&dir);
+    assert_eq!(got.len(), N);
+    assert!(got.iter().all(|(_, mode)| *mode == 0o644));
+    let (hits, pages) = (stat_of(&c, "hits"), stat_of(&c, "pages"));
+    // Beyond the first page, statahead answers all but one lookup per fetch.
+    assert!(hits >= (N as u64) / 2, "hits {hits} of {N}");
+    assert!(
+        pages >= 1 && pages <= (N as u64) / 64,
+        "{pages} pages for {N} names"
+    );
+
+    // Another client changes what statahead fetched: seen at once.
+    let f0 = fid(&s, "/d/f0").expect("f0");
+    let sa = lode_base::SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    s.run(s.client.setattr(&r, f0, sa)).expect("chmod");
+    s.run(s.client.rename(&r, d, b"f1", d, b"f1-moved", 0))
+        .expect("rename");
+    let meta = |n: &str| fs::symlink_metadata(dir.join(n));
+    assert_eq!(meta("f0").expect("f0").permissions().mode() & 0o7777, 0o600);
+    assert!(meta("f1").is_err(), "the old name is gone");
+    assert!(meta("f1-moved").is_ok(), "the new name is there");
+    // A listing taken again agrees, names and modes.
+    let again = ls_l(&dir);
+    assert_eq!(again.len(), N);
+    assert!(again.contains(&("f0".to_string(), 0o600)));
+    assert!(again.iter().any(|(n, _)| n == "f1-moved"));
+
+    // Off: no page fetched, every stat still right.
+    let m2 = c.mount();
+    c.set_param("llite.*.statahead_max=0");
+    c.set_param("llite.*.statahead_stats=clear");
+    let listed = ls_l(&m2.path().join("d"));
+    assert_eq!(listed.len(), N);
+    assert_eq!(stat_of(&c, "pages"), 0, "statahead_max=0 fetches nothing");
+}
