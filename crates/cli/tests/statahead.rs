@@ -95,3 +95,54 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
     assert_eq!(listed.len(), N);
     assert_eq!(stat_of(&c, "pages"), 0, "statahead_max=0 fetches nothing");
 }
+
+/// The MDT's md_stats count of `name` on the (only) mount.
+fn md_stat(c: &lode_testkit::Cluster, name: &str) -> u64 {
+    let out = c.get_param("mdc.*.md_stats");
+    out.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+/// Opening a directory costs no RPC of its own (its attributes come with the lookup
+/// that found it, under a lock), and its first readdir+ page carries every entry's
+/// attributes and layout: `ls -l` of a 100-entry directory on a mount that has seen
+/// nothing of it is one lookup and one page (and ls's xattr lookup of the directory).
+#[test]
+fn ls_l_of_a_small_directory_is_one_lookup_and_one_page() {
+    let c = cluster(1);
+    let s = c.client();
+    let r = root();
+    let d = s
+        .run(s.client.mkdir(&r, Fid::ROOT, b"small", 0o755, None))
+        .expect("mkdir")
+        .attr
+        .fid;
+    for i in 0..100 {
+        s.run(
+            s.client
+                .create(&r, d, format!("f{i}").as_bytes(), 0o644, None),
+        )
+        .expect("create");
+    }
+    let m = c.mount();
+    // The mount's own start (statfs, the root) is not this test's business.
+    let _ = fs::metadata(m.path());
+    c.set_param("mdc.*.md_stats=0");
+    let out = std::process::Command::new("ls")
+        .arg("-l")
+        .arg(m.path().join("small"))
+        .output()
+        .expect("ls");
+    assert!(out.status.success(), "ls -l: {out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 101);
+    let stats = c.get_param("mdc.*.md_stats");
+    assert_eq!(md_stat(&c, "read_page"), 1, "{stats}");
+    assert!(md_stat(&c, "getattr_name") <= 1, "{stats}");
+    // ls asks for the directory's own `security.selinux` once, before its lock is held.
+    assert!(md_stat(&c, "getxattr") <= 1, "{stats}");
+    for op in ["getattr", "getattr_lock"] {
+        assert_eq!(md_stat(&c, op), 0, "{op}: {stats}");
+    }
+}
