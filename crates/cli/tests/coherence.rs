@@ -125,14 +125,6 @@ fn every_change_by_one_mount_is_seen_by_the_other_on_its_next_call() {
     assert_eq!(names, ["x"]);
 }
 
-fn md_stat(c: &lode_testkit::Cluster, name: &str) -> u64 {
-    let out = c.get_param("mdc.*.md_stats");
-    out.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .map_or(0, |n| n.parse().expect("a count"))
-}
-
 #[test]
 fn a_create_in_a_directory_the_mount_made_is_one_create_and_stats_need_no_rpc() {
     let c = cluster(2);

@@ -366,3 +366,12 @@ impl std::fmt::Debug for Mode {
         write!(f, "{:#o}", self.0)
     }
 }
+
+/// The count of `name` in the (only) mount's `mdc.*.md_stats` (0 if absent).
+pub fn md_stat(c: &Cluster, name: &str) -> u64 {
+    let out = c.get_param("mdc.*.md_stats");
+    out.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .map_or(0, |n| n.parse().expect("a count"))
+}

@@ -96,15 +96,6 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
     assert_eq!(stat_of(&c, "pages"), 0, "statahead_max=0 fetches nothing");
 }
 
-/// The MDT's md_stats count of `name` on the (only) mount.
-fn md_stat(c: &lode_testkit::Cluster, name: &str) -> u64 {
-    let out = c.get_param("mdc.*.md_stats");
-    out.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .map_or(0, |n| n.parse().expect("a count"))
-}
-
 /// Opening a directory costs no RPC of its own (its attributes come with the lookup
 /// that found it, under a lock), and its first readdir+ page carries every entry's
 /// attributes and layout: `ls -l` of a 100-entry directory on a mount that has seen

@@ -48,13 +48,11 @@ pub struct Handshake<'a> {
 
 impl Handshake<'_> {
     fn mac(&self, key: &[u8], label: &[u8]) -> Option<HmacSha256> {
-        let mut mac = HmacSha256::new_from_slice(key).ok()?;
-        for part in [label, self.server, self.client, self.uuid.as_bytes()] {
-            mac.update(&(part.len() as u32).to_le_bytes());
-            mac.update(part);
-        }
-        mac.update(self.target.as_bytes());
-        Some(mac)
+        keyed(
+            key,
+            &[label, self.server, self.client, self.uuid.as_bytes()],
+            self.target.as_bytes(),
+        )
     }
 
     /// The client's proof that it holds `key`; empty without a key.
@@ -95,22 +93,39 @@ impl Handshake<'_> {
     }
 }
 
-/// A target's proof, under its own secret, that a registration at the MGS is its own.
-pub fn register_proof(secret: &[u8], name: &str, addr: &str, uuid: &str, stamp: u64) -> Vec<u8> {
-    let Ok(mut mac) = HmacSha256::new_from_slice(secret) else {
-        return Vec::new();
-    };
-    for part in [
+/// An HMAC under `key` over `parts`, each prefixed by its length, then `last` (the
+/// encoding every proof here uses); `None` for a key HMAC refuses.
+fn keyed(key: &[u8], parts: &[&[u8]], last: &[u8]) -> Option<HmacSha256> {
+    let mut mac = HmacSha256::new_from_slice(key).ok()?;
+    for part in parts {
+        mac.update(&(part.len() as u32).to_le_bytes());
+        mac.update(part);
+    }
+    mac.update(last);
+    Some(mac)
+}
+
+fn register_mac(
+    secret: &[u8],
+    name: &str,
+    addr: &str,
+    uuid: &str,
+    stamp: u64,
+) -> Option<HmacSha256> {
+    let parts = [
         b"lode register".as_slice(),
         name.as_bytes(),
         addr.as_bytes(),
         uuid.as_bytes(),
-    ] {
-        mac.update(&(part.len() as u32).to_le_bytes());
-        mac.update(part);
-    }
-    mac.update(&stamp.to_le_bytes());
-    mac.finalize().into_bytes().to_vec()
+    ];
+    keyed(secret, &parts, &stamp.to_le_bytes())
+}
+
+/// A target's proof, under its own secret, that a registration at the MGS is its own.
+pub fn register_proof(secret: &[u8], name: &str, addr: &str, uuid: &str, stamp: u64) -> Vec<u8> {
+    register_mac(secret, name, addr, uuid, stamp)
+        .map(|m| m.finalize().into_bytes().to_vec())
+        .unwrap_or_default()
 }
 
 /// Checks a registration's proof in constant time.
@@ -122,10 +137,7 @@ pub fn verify_register(
     stamp: u64,
     got: &[u8],
 ) -> bool {
-    let want = register_proof(secret, name, addr, uuid, stamp);
-    want.len() == got.len()
-        && !want.is_empty()
-        && want.iter().zip(got).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
+    register_mac(secret, name, addr, uuid, stamp).is_some_and(|m| m.verify_slice(got).is_ok())
 }
 
 /// Seals the frames one side sends, in the order they go on the stream.
@@ -186,14 +198,11 @@ impl Opener {
             return Err(FrameError::Unauthenticated);
         }
         let at = rest.len() - TAG_LEN;
-        let want = tag(&self.mac, self.seq, &rest[..at]);
         // Constant time: nothing about the right tag leaks through timing.
-        let diff = want
-            .iter()
-            .zip(&rest[at..])
-            .fold(0u8, |d, (a, b)| d | (a ^ b));
-        let flags = u16::from_le_bytes([rest[4 + 8], rest[4 + 9]]);
-        if diff != 0 || flags & FLAG_SEALED == 0 {
+        let authentic = tag_mac(&self.mac, self.seq, &rest[..at])
+            .verify_truncated_left(&rest[at..])
+            .is_ok();
+        if !authentic || !says_sealed(rest) {
             return Err(FrameError::Unauthenticated);
         }
         self.seq += 1;
@@ -225,11 +234,16 @@ pub fn says_sealed(rest: &[u8]) -> bool {
         && u16::from_le_bytes([rest[4 + 8], rest[4 + 9]]) & FLAG_SEALED != 0
 }
 
-fn tag(mac: &HmacSha256, seq: u64, bytes: &[u8]) -> [u8; TAG_LEN] {
+/// The MAC of a frame's bytes at sequence number `seq`, before finalising.
+fn tag_mac(mac: &HmacSha256, seq: u64, bytes: &[u8]) -> HmacSha256 {
     let mut m = mac.clone();
     m.update(&seq.to_le_bytes());
     m.update(bytes);
-    let full = m.finalize().into_bytes();
+    m
+}
+
+fn tag(mac: &HmacSha256, seq: u64, bytes: &[u8]) -> [u8; TAG_LEN] {
+    let full = tag_mac(mac, seq, bytes).finalize().into_bytes();
     let mut t = [0u8; TAG_LEN];
     t.copy_from_slice(&full[..TAG_LEN]);
     t
