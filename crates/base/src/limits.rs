@@ -81,6 +81,12 @@ pub const CONN_WRITE_TIMEOUT_MS: u64 = 30_000;
 /// client is served in bounded rounds and its buffer stays small.
 pub const READ_ROUND_BYTES: usize = 256 << 10;
 
+/// Most sub-requests in one batch (Lustre batches statahead in groups of 64 to 1024).
+pub const BATCH_SUBS_MAX: usize = 1024;
+/// Largest body of one sub-request (a create with the longest symlink target and every
+/// group fits well within it).
+pub const BATCH_SUB_BYTES_MAX: usize = 16 << 10;
+
 /// Most lock handles in one cancel or blocking callback.
 pub const LOCKS_PER_RPC_MAX: usize = 4096;
 

@@ -34,6 +34,80 @@ impl Client {
         }
     }
 
+    /// Sends `subs` in one RPC (Lustre's `MDS_BATCH`), executed by the MDT in order:
+    /// a read batch (lookups and getattrs, granted their locks as single requests
+    /// are) if nothing in it changes anything; otherwise a modifying batch (creates,
+    /// unlinks, setattrs too), each change exactly once even if the batch is resent,
+    /// answered once all of them are committed. One result per sub-request.
+    pub async fn batch(&self, subs: Vec<Request>) -> Result<Vec<Result<Reply, Errno>>, Errno> {
+        use lode_proto::{BatchReq, SubReq};
+        if subs.len() > lode_base::limits::BATCH_SUBS_MAX {
+            return Err(Errno::E2BIG);
+        }
+        let modify = subs.iter().any(|r| r.opcode().is_modify());
+        let mut cancels = Vec::new();
+        let mut invals = Vec::new();
+        if modify {
+            // What this client caches of the changes' targets goes first, as for a
+            // single change (so the MDT need not call this client back).
+            for r in subs.iter().filter(|r| r.opcode().is_modify()) {
+                let (c, f) = self.release_for_change(r);
+                cancels.extend(c);
+                invals.push(f);
+            }
+        }
+        let body = BatchReq {
+            subs: subs
+                .iter()
+                .map(|r| SubReq {
+                    opcode: r.opcode() as u16,
+                    body: r.encode(),
+                })
+                .collect(),
+        };
+        let (req, flags) = if modify {
+            (Request::BatchModify(body), 0)
+        } else if self.callback_channel_up() {
+            (Request::Batch(body), lode_proto::frame::FLAG_INTENT)
+        } else {
+            (Request::Batch(body), 0)
+        };
+        let rep = self.mdc.call_with(req, flags, &cancels).await;
+        let results = match rep.map(|r| r.reply) {
+            Ok(Reply::Batch(b) | Reply::BatchModify(b)) if b.results.len() == subs.len() => {
+                b.results
+            }
+            Ok(_) => Err(Errno::EPROTO)?,
+            Err(e) => {
+                for (r, f) in subs.iter().filter(|r| r.opcode().is_modify()).zip(invals) {
+                    self.after_change(r, false, f);
+                }
+                return Err(e);
+            }
+        };
+        let mut invals = invals.into_iter();
+        let mut out = Vec::with_capacity(results.len());
+        for (r, res) in subs.iter().zip(results) {
+            let rep = if res.status < 0 {
+                Err(Errno::from_status(res.status))
+            } else {
+                Reply::decode(r.opcode() as u16, &res.body).map_err(|_| Errno::EPROTO)
+            };
+            if r.opcode().is_modify() {
+                self.after_change(r, rep.is_ok(), invals.next().unwrap_or_default());
+            }
+            match (r, &rep) {
+                (Request::Getattr(_), Ok(Reply::Getattr(b))) => self.remember(b, None),
+                (Request::Lookup(l), Ok(Reply::Lookup(b))) => {
+                    self.remember(b, Some((l.parent, &l.name, &l.cred)))
+                }
+                _ => {}
+            }
+            out.push(rep);
+        }
+        Ok(out)
+    }
+
     /// Completes a body with the size, blocks and mtime from OST glimpses if needed.
     pub async fn complete(&self, mut body: MdtBody) -> Result<MdtBody, Errno> {
         if body.glimpse {

@@ -318,13 +318,18 @@ mod tests {
                 tag: 1,
                 xid: 7,
                 replay_transno: 0,
+                sub: 0,
             }),
         };
         let (rep, transno) = ns.create(&ctx, 0, create_req(b"d", 1)).expect("create");
         assert!(transno > 0);
         assert_eq!(rep.body.attr.fid, Fid::new(FIRST_NORMAL_SEQ, 1, 0));
         // The change and its reply record went in one batch.
-        let rec = ns.store.reply_record(0, 1).expect("read").expect("record");
+        let rec = ns
+            .store
+            .reply_record(0, 1, 0)
+            .expect("read")
+            .expect("record");
         assert_eq!((rec.xid, rec.transno), (7, transno));
         let found = ns.lookup(&Cred::root(), Fid::ROOT, b"d").expect("lookup");
         assert_eq!(found.attr.fid, rep.body.attr.fid);

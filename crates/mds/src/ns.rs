@@ -11,9 +11,7 @@ use lode_base::limits::{
 };
 use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, FileType};
-use lode_proto::{
-    BatchGetattrRep, CloseRep, CreateRep, CreateReq, DirEntry, MdtBody, ReaddirRep, Reply,
-};
+use lode_proto::{CloseRep, CreateRep, CreateReq, DirEntry, MdtBody, ReaddirRep, Reply};
 use lode_store::records::{
     self, destroy_key, parse_dirent_key, DestroyRec, InodeRec, INODE_DATA, INODE_NO_XATTRS,
 };
@@ -144,21 +142,6 @@ impl Namespace {
     pub(crate) fn getattr(&self, fid: Fid) -> OpResult<MdtBody> {
         let rec = self.inode(fid)?;
         Ok(self.body(fid, &rec))
-    }
-
-    pub(crate) fn batch_getattr(&self, fids: &[Fid]) -> OpResult<BatchGetattrRep> {
-        if fids.len() > READDIR_PAGE_ENTRIES {
-            return Err(Errno::E2BIG.into());
-        }
-        let mut results = Vec::with_capacity(fids.len());
-        for f in fids {
-            results.push(match self.getattr(*f) {
-                Ok(b) => Ok(b),
-                Err(crate::OpError::Errno(e)) => Err(e.status()),
-                Err(e) => return Err(e),
-            });
-        }
-        Ok(BatchGetattrRep { results })
     }
 
     pub(crate) fn lookup(&self, cred: &Cred, parent: Fid, name: &[u8]) -> OpResult<MdtBody> {

@@ -23,6 +23,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
+mod batch;
+
 /// A connected client.
 pub struct Export {
     /// The client's UUID.
@@ -698,13 +700,22 @@ impl Mdt {
         Outgoing::parked()
     }
 
-    fn dispatch(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> OpResult<(Reply, u64)> {
+    /// Runs one request; `sub` is 0, or k + 1 for sub-request k of a batch (whose
+    /// reply record is its own).
+    fn dispatch(
+        &self,
+        inc: &Incoming,
+        exp: &Export,
+        req: MdtRequest,
+        sub: u16,
+    ) -> OpResult<(Reply, u64)> {
         let replay = inc.header.flags & FLAG_REPLAY != 0;
         let slot = (inc.header.tag != 0).then_some(ReplySlot {
             slot: exp.slot,
             tag: inc.header.tag,
             xid: inc.header.xid,
             replay_transno: if replay { inc.header.transno } else { 0 },
+            sub,
         });
         let ctx = Ctx {
             slot,
@@ -782,10 +793,9 @@ impl Mdt {
                 };
                 (Reply::Readdir(rep), 0)
             }
-            MdtRequest::BatchGetattr(r) => {
-                check_cred(&r.cred)?;
-                (Reply::BatchGetattr(self.ns.batch_getattr(&r.fids)?), 0)
-            }
+            MdtRequest::Batch(r) => (Reply::Batch(self.batch_reads(inc, exp, r)?), 0),
+            // Admitted and run by `modify`.
+            MdtRequest::BatchModify(_) => return Err(Errno::EPROTO.into()),
             MdtRequest::Create(r) => {
                 check_cred(&r.cred)?;
                 let (rep, t) = self.ns.create(&ctx, exp.slot, r)?;
@@ -1442,7 +1452,7 @@ impl Mdt {
             }
             if h.flags & lode_proto::frame::FLAG_RESENT != 0 {
                 // A first send has a new xid that no record can hold: only a resend reads.
-                match self.ns.store.reply_record(exp.slot, tag) {
+                match self.ns.store.reply_record(exp.slot, tag, 0) {
                     Ok(Some(rec)) if rec.xid == xid => {
                         return Outgoing {
                             status: rec.status,
@@ -1457,6 +1467,9 @@ impl Mdt {
                 }
             }
             ct.executing.insert(tag, xid);
+        }
+        if let MdtRequest::BatchModify(b) = req {
+            return self.batch_modify(inc, exp, b);
         }
         // The locks the change needs: granted now, or the request is parked until the
         // clients holding conflicting ones give them back (or are evicted).
@@ -1716,6 +1729,7 @@ impl Mdt {
                 tag,
                 xid,
                 replay_transno: 0,
+                sub: 0,
             };
             if let Err(e) = self.ns.store.record_reply(slot, out.status) {
                 out = self.error_out(OpError::Store(e));
@@ -1820,7 +1834,12 @@ impl Mdt {
     }
 
     fn run(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> Outgoing {
-        match self.dispatch(inc, exp, req) {
+        self.run_sub(inc, exp, req, 0)
+    }
+
+    /// [`Mdt::run`] for sub-request `sub - 1` of a batch (0: a whole request).
+    fn run_sub(&self, inc: &Incoming, exp: &Export, req: MdtRequest, sub: u16) -> Outgoing {
+        match self.dispatch(inc, exp, req, sub) {
             Ok((rep, transno)) => Outgoing {
                 status: 0,
                 transno,

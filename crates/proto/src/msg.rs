@@ -296,20 +296,42 @@ pub struct ReaddirRep {
     pub next: u64,
 }
 
-/// getattr of several inodes in one RPC.
+/// One sub-request of a batch: an opcode and its body, decoded on its own so that a
+/// malformed one fails alone.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BatchGetattrReq {
-    /// Caller.
-    pub cred: Cred,
-    /// Inodes.
-    pub fids: Vec<Fid>,
+pub struct SubReq {
+    /// Its opcode (`Getattr`, `Lookup`; in a modifying batch also `Create`, `Unlink`,
+    /// `Setattr`).
+    pub opcode: u16,
+    /// Its body, as the opcode's own request would carry it.
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
 }
 
-/// Per-FID results: a body or a negative errno.
+/// Several requests in one RPC (Lustre's `MDS_BATCH`), executed in order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BatchGetattrRep {
-    /// One per requested FID.
-    pub results: Vec<Result<MdtBody, i32>>,
+pub struct BatchReq {
+    /// At most `BATCH_SUBS_MAX`.
+    pub subs: Vec<SubReq>,
+}
+
+/// The outcome of one sub-request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubRep {
+    /// 0 or a negative errno.
+    pub status: i32,
+    /// The transno of a change it made (0: none).
+    pub transno: u64,
+    /// Its reply body, as the opcode's own reply would carry it (empty on error).
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
+}
+
+/// One outcome per sub-request, in order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRep {
+    /// As many as the batch had sub-requests.
+    pub results: Vec<SubRep>,
 }
 
 /// create of any inode type, optionally opened (regular files).
@@ -807,8 +829,8 @@ messages! {
     Lookup = 12, Mdt, false: LookupReq => MdtBody,
     /// One page of a directory.
     Readdir = 13, Mdt, false: ReaddirReq => ReaddirRep,
-    /// Several getattrs.
-    BatchGetattr = 14, Mdt, false: BatchGetattrReq => BatchGetattrRep,
+    /// Several lookups and getattrs in one RPC (Lustre's `MDS_BATCH` of reads).
+    Batch = 14, Mdt, false: BatchReq => BatchRep,
     /// Create (with optional open intent).
     Create = 15, Mdt, true: CreateReq => CreateRep,
     /// Open by FID.
@@ -835,6 +857,9 @@ messages! {
     DomWrite = 26, Mdt, true: DomWriteReq => Empty,
     /// Make everything so far durable.
     Sync = 27, Mdt, false: Empty => SyncRep,
+    /// A batch with changes among its sub-requests (Lustre's `MDS_BATCH` with reint
+    /// sub-requests): each change exactly once, answered once they are all committed.
+    BatchModify = 28, Mdt, true: BatchReq => BatchRep,
     /// Read from an OST object.
     OstRead = 40, Ost, false: OstReadReq => DataRep,
     /// Write to an OST object.
@@ -910,7 +935,7 @@ macro_rules! service_requests {
 service_requests! {
     /// What a metadata target answers.
     MdtRequest, Mdt: Connect, Disconnect, Ping, Statfs, SeqAlloc, Getattr, Lookup, Readdir,
-    BatchGetattr, Create, Open, Close, Unlink, Rename, Link, Setattr, Getxattr, Setxattr,
+    Batch, BatchModify, Create, Open, Close, Unlink, Rename, Link, Setattr, Getxattr, Setxattr,
     Listxattr, DomRead, DomWrite, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel, Flock,
 }
 
@@ -933,7 +958,6 @@ impl MdtRequest {
             MdtRequest::Getattr(r) => Some(&mut r.cred),
             MdtRequest::Lookup(r) => Some(&mut r.cred),
             MdtRequest::Readdir(r) => Some(&mut r.cred),
-            MdtRequest::BatchGetattr(r) => Some(&mut r.cred),
             MdtRequest::Create(r) => Some(&mut r.cred),
             MdtRequest::Open(r) => Some(&mut r.cred),
             MdtRequest::Unlink(r) => Some(&mut r.cred),

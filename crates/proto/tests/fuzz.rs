@@ -40,7 +40,7 @@ proptest! {
         let mut v = len;
         while v >= 0x80 { b.push((v as u8) | 0x80); v >>= 7; }
         b.push(v as u8);
-        prop_assert!(Request::decode(Opcode::BatchGetattr as u16, &b).is_err());
+        prop_assert!(Request::decode(Opcode::Getattr as u16, &b).is_err());
     }
 }
 

@@ -24,7 +24,7 @@ fn header_bytes_are_frozen() {
     h.write(&mut b);
     let expect: Vec<u8> = vec![
         0x45, 0x44, 0x4f, 0x4c, // magic LODE
-        0x05, 0x00, // version (5: keyed handshake, sealed frames, callback channel proof)
+        0x06, 0x00, // version (6: batched requests)
         0x0f, 0x00, // opcode 15
         0x02, 0x00, // flags
         0x03, 0x00, // tag

@@ -169,7 +169,7 @@ fn md_op(op: Opcode) -> Option<usize> {
         Opcode::Unlink => "unlink",
         Opcode::Setxattr => "setxattr",
         Opcode::Getxattr | Opcode::Listxattr => "getxattr",
-        Opcode::BatchGetattr => "intent_getattr_async",
+        Opcode::Batch | Opcode::BatchModify => "intent_getattr_async",
         _ => return None,
     };
     MD_OPS.iter().position(|n| *n == name)
@@ -238,7 +238,7 @@ pub fn lustre_name(op: Opcode) -> &'static str {
         Opcode::Getattr => "mds_getattr",
         Opcode::Lookup => "mds_getattr_name",
         Opcode::Readdir => "mds_readpage",
-        Opcode::BatchGetattr => "mds_batch",
+        Opcode::Batch | Opcode::BatchModify => "mds_batch",
         Opcode::Create => "mds_reint_create",
         Opcode::Open => "mds_reint_open",
         Opcode::Close => "mds_close",

@@ -39,6 +39,9 @@ pub struct ReplySlot {
     pub xid: u64,
     /// A replay's original transno, which it keeps (0: a new change, given the next).
     pub replay_transno: u64,
+    /// 0 for a whole request; k + 1 for sub-request k of a batch, which has a record
+    /// of its own so a resent batch runs each of its changes exactly once.
+    pub sub: u16,
 }
 
 /// Called once when the store stops after a failure.
@@ -219,7 +222,7 @@ impl MdtStore {
             };
             batch.put(
                 Cf::Reply,
-                reply_key(slot.slot, slot.tag),
+                reply_key(slot.slot, slot.tag, slot.sub),
                 records::encode(&rec),
             );
         }
@@ -311,15 +314,21 @@ impl MdtStore {
         let mut b = Batch::new();
         b.put(
             Cf::Reply,
-            reply_key(slot.slot, slot.tag),
+            reply_key(slot.slot, slot.tag, slot.sub),
             records::encode(&rec),
         );
         self.apply_untracked(&b)
     }
 
-    /// The reply record stored for `(slot, tag)`.
-    pub fn reply_record(&self, slot: u32, tag: u16) -> Result<Option<ReplyRecord>, StoreError> {
-        match self.engine.get(Cf::Reply, &reply_key(slot, tag))? {
+    /// The reply record stored for `(slot, tag)`, or for sub-request `sub - 1` of the
+    /// batch sent on it.
+    pub fn reply_record(
+        &self,
+        slot: u32,
+        tag: u16,
+        sub: u16,
+    ) -> Result<Option<ReplyRecord>, StoreError> {
+        match self.engine.get(Cf::Reply, &reply_key(slot, tag, sub))? {
             Some(b) => Ok(Some(records::decode("reply", &b)?)),
             None => Ok(None),
         }
@@ -460,6 +469,7 @@ mod tests {
                         tag: 1,
                         xid: 42,
                         replay_transno: 0,
+                        sub: 0,
                     },
                     0,
                     vec![9],
@@ -467,7 +477,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(t, 1);
-        let r = s.reply_record(3, 1).unwrap().unwrap();
+        let r = s.reply_record(3, 1, 0).unwrap().unwrap();
         assert_eq!((r.xid, r.transno, r.body), (42, 1, vec![9]));
         assert_eq!(s.sync().unwrap(), 1);
         assert_eq!(s.last_committed(), 1);

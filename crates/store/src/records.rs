@@ -164,10 +164,15 @@ pub fn xattr_key(fid: Fid, name: &[u8]) -> Vec<u8> {
     k
 }
 
-/// Key of a reply record: client slot ‖ tag.
-pub fn reply_key(slot: u32, tag: u16) -> Vec<u8> {
+/// Key of a reply record: client slot ‖ tag (‖ sub-request number, in a batch).
+pub fn reply_key(slot: u32, tag: u16, sub: u16) -> Vec<u8> {
     let mut k = slot.to_be_bytes().to_vec();
     k.extend_from_slice(&tag.to_be_bytes());
+    // A batch's sub-request k has its own record, (slot, tag, k + 1); a whole
+    // request's key stays six bytes.
+    if sub != 0 {
+        k.extend_from_slice(&sub.to_be_bytes());
+    }
     k
 }
 
