@@ -137,3 +137,74 @@ fn ls_l_of_a_small_directory_is_one_lookup_and_one_page() {
         assert_eq!(md_stat(&c, op), 0, "{op}: {stats}");
     }
 }
+
+/// mdtest's stat phase: numbered names stat'ed in order with no listing. After two
+/// consecutive numbers the mount looks the next ones up in one batch (Lustre 2.16's
+/// pattern statahead), under locks: a few batches answer hundreds of stats, a guess
+/// past the last name is counted as wrong, and another client's chmod or rename of a
+/// name fetched ahead is seen at once.
+#[test]
+fn stats_of_numbered_names_are_fetched_ahead_in_batches_and_never_stale() {
+    let c = cluster(1);
+    let s = c.client();
+    let r = root();
+    let d = s
+        .run(s.client.mkdir(&r, Fid::ROOT, b"seq", 0o755, None))
+        .expect("mkdir")
+        .attr
+        .fid;
+    const N: usize = 600;
+    for i in 0..N {
+        s.run(
+            s.client
+                .create(&r, d, format!("file.{i:03}").as_bytes(), 0o644, None),
+        )
+        .expect("create");
+    }
+    let m = c.mount();
+    let dir = m.path().join("seq");
+    let _ = fs::metadata(&dir);
+    c.set_param("mdc.*.md_stats=0");
+    c.set_param("llite.*.statahead_stats=clear");
+    let mode = |n: &str| {
+        fs::symlink_metadata(dir.join(n))
+            .map(|m| m.permissions().mode() & 0o7777)
+            .map_err(|e| e.raw_os_error())
+    };
+    for i in 0..540 {
+        assert_eq!(mode(&format!("file.{i:03}")), Ok(0o644), "file.{i:03}");
+    }
+    // Fetched ahead by now: changed by another client.
+    let f550 = fid(&s, "/seq/file.550").expect("file.550");
+    let sa = lode_base::SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    s.run(s.client.setattr(&r, f550, sa)).expect("chmod");
+    s.run(s.client.rename(&r, d, b"file.560", d, b"moved", 0))
+        .expect("rename");
+    for i in 540..N {
+        let n = format!("file.{i:03}");
+        let want = match i {
+            550 => Ok(0o600),
+            560 => Err(Some(libc::ENOENT)),
+            _ => Ok(0o644),
+        };
+        assert_eq!(mode(&n), want, "{n}");
+    }
+    let stats = c.get_param("mdc.*.md_stats");
+    let batches = md_stat(&c, "intent_getattr_async");
+    assert!(
+        (2..=8).contains(&batches),
+        "{batches} batches for {N} stats:\n{stats}"
+    );
+    assert!(
+        md_stat(&c, "getattr_name") <= 16,
+        "single lookups only around the batches:\n{stats}"
+    );
+    assert!(stat_of(&c, "hits") >= 500, "hits counted");
+    assert!(
+        stat_of(&c, "wrong") >= 1,
+        "the guess past file.599 is wrong"
+    );
+}

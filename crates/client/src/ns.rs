@@ -139,6 +139,9 @@ impl Client {
         if let Some(r) = self.statahead_lookup(cred, parent, name).await {
             return r;
         }
+        if let Some(r) = self.pattern_lookup(cred, parent, name).await {
+            return r;
+        }
         match self
             .md(Request::Lookup(LookupReq {
                 cred: cred.clone(),

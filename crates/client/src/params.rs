@@ -149,7 +149,7 @@ pub struct LliteParams(pub Arc<Client>);
 static LLITE: [Param<Client>; 2] = [
     Param {
         name: "statahead_max",
-        help: "entries a lookup of a listed name fetches ahead, with their locks (0: no statahead)",
+        help: "entries a lookup of a listed or numbered name fetches ahead, with their locks (0: no statahead)",
         get: |c| c.statahead_max().to_string(),
         set: Set::Text(|c, v| {
             let n: usize = v

@@ -4,10 +4,16 @@
 //! under the locks that page grants; the lookups that follow are answered from the
 //! lock cache. A wrong guess costs one page; `statahead_max` bounds how many entries'
 //! locks a fetch keeps (the rest are given back at once).
+//!
+//! Names looked up without a listing in a numbered sequence (`file.0001`,
+//! `file.0002`, …: mdtest's stat phase, a job reading its shards) are guessed ahead
+//! (Lustre 2.16's pattern statahead): after two consecutive numbers in one directory
+//! the next ones are looked up in one batched RPC, under their locks. A guessed name
+//! that does not exist ends the pattern and counts as a wrong guess.
 
 use crate::Client;
 use lode_base::{Cred, Errno, Fid};
-use lode_proto::{DirEntry, MdtBody, ReaddirReq, Reply, Request};
+use lode_proto::{DirEntry, LookupReq, MdtBody, ReaddirReq, Reply, Request};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,6 +28,47 @@ pub const STATAHEAD_MAX_DEFAULT: usize = 1024;
 /// The largest `statahead_max` (Lustre's bound).
 pub const STATAHEAD_MAX_MAX: usize = 8192;
 
+/// Names a pattern fetch guesses at once, at most (Lustre's `statahead_batch_max`
+/// is 64; a larger window costs one RPC per window either way).
+const PATTERN_WINDOW: usize = 256;
+
+/// A numbered sequence of lookups in one directory.
+#[derive(Default)]
+struct Pattern {
+    parent: Fid,
+    prefix: Vec<u8>,
+    suffix: Vec<u8>,
+    /// Digits of the number (zero-padded to this width).
+    width: usize,
+    last: u64,
+    /// Consecutive numbers seen.
+    streak: u32,
+    /// Numbers below this were fetched already.
+    fetched_to: u64,
+}
+
+/// A name split around its last run of digits: (prefix, number, width, suffix).
+fn numbered(name: &[u8]) -> Option<(&[u8], u64, usize, &[u8])> {
+    let end = name.iter().rposition(|b| b.is_ascii_digit())? + 1;
+    let start = name[..end]
+        .iter()
+        .rposition(|b| !b.is_ascii_digit())
+        .map_or(0, |i| i + 1);
+    if end - start > 18 {
+        return None;
+    }
+    let n = std::str::from_utf8(&name[start..end]).ok()?.parse().ok()?;
+    Some((&name[..start], n, end - start, &name[end..]))
+}
+
+/// The name of number `n` in a sequence.
+fn nth_name(prefix: &[u8], n: u64, width: usize, suffix: &[u8]) -> Vec<u8> {
+    let mut v = prefix.to_vec();
+    v.extend_from_slice(format!("{n:0width$}").as_bytes());
+    v.extend_from_slice(suffix);
+    v
+}
+
 /// One directory as statahead knows it.
 #[derive(Default)]
 struct Dir {
@@ -34,6 +81,7 @@ struct Dir {
 /// What the client remembers of listings, and what statahead did.
 pub(crate) struct Statahead {
     dirs: Mutex<HashMap<Fid, Dir>>,
+    pattern: Mutex<Pattern>,
     /// `statahead_max` (0: off; `usize::MAX` stands for the default).
     max: AtomicUsize,
     hits: AtomicU64,
@@ -46,6 +94,7 @@ impl Default for Statahead {
     fn default() -> Self {
         Statahead {
             dirs: Mutex::default(),
+            pattern: Mutex::default(),
             max: AtomicUsize::new(usize::MAX),
             hits: AtomicU64::default(),
             misses: AtomicU64::default(),
@@ -183,6 +232,97 @@ impl Client {
         }
     }
 
+    /// A lookup of a name no listing holds: if it continues a numbered sequence in
+    /// `parent`, look it and the next names up in one batch (under their locks) and
+    /// answer from that. `None`: ask the MDT as usual.
+    pub(crate) async fn pattern_lookup(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+    ) -> Option<Result<MdtBody, Errno>> {
+        let max = self.statahead.max().min(PATTERN_WINDOW);
+        if max < 2 || !self.callback_channel_up() {
+            return None;
+        }
+        let (prefix, n, width, suffix) = numbered(name)?;
+        let names: Vec<Vec<u8>> = {
+            let mut p = self.statahead.pattern.lock();
+            let same = p.parent == parent
+                && p.prefix == prefix
+                && p.suffix == suffix
+                && (p.width == width || n.to_string().len() == width)
+                && p.last.checked_add(1) == Some(n);
+            if same {
+                p.streak += 1;
+            } else {
+                *p = Pattern {
+                    parent,
+                    prefix: prefix.to_vec(),
+                    suffix: suffix.to_vec(),
+                    width,
+                    last: n,
+                    streak: 1,
+                    fetched_to: 0,
+                };
+            }
+            p.last = n;
+            if p.streak < 2 || n < p.fetched_to {
+                return None;
+            }
+            let to = n.saturating_add(max as u64);
+            p.fetched_to = to;
+            std::iter::once(name.to_vec())
+                .chain((n + 1..to).map(|k| nth_name(prefix, k, width, suffix)))
+                .collect()
+        };
+        let subs = names
+            .iter()
+            .map(|nm| {
+                Request::Lookup(LookupReq {
+                    cred: cred.clone(),
+                    parent,
+                    name: nm.clone(),
+                })
+            })
+            .collect();
+        self.statahead.pages.fetch_add(1, Ordering::Relaxed);
+        let results = self.batch(subs).await.ok()?;
+        let mut mine = None;
+        let mut fetched = Vec::new();
+        for (nm, r) in names.into_iter().zip(results) {
+            match r {
+                Ok(Reply::Lookup(b)) if mine.is_none() => mine = Some(b),
+                Ok(_) => fetched.push(nm),
+                Err(e) if mine.is_none() => return Some(Err(e)),
+                Err(_) => {
+                    // The sequence ends (or has a hole): stop guessing here.
+                    self.statahead.wrong.fetch_add(1, Ordering::Relaxed);
+                    let mut p = self.statahead.pattern.lock();
+                    if p.parent == parent {
+                        p.streak = 0;
+                    }
+                    break;
+                }
+            }
+        }
+        {
+            let mut dirs = self.statahead.dirs.lock();
+            if !dirs.contains_key(&parent) && dirs.len() >= DIRS_MAX {
+                if let Some(k) = dirs.keys().next().copied() {
+                    if let Some(d) = dirs.remove(&k) {
+                        self.statahead
+                            .misses
+                            .fetch_add(d.fetched.len() as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+            dirs.entry(parent).or_default().fetched.extend(fetched);
+        }
+        self.statahead.hits.fetch_add(1, Ordering::Relaxed);
+        mine.map(Ok)
+    }
+
     /// One readdir+ page of `dir` from `cookie`: the first `max` entries are kept under
     /// the locks granted with them, the others' locks given back at once. Returns the
     /// names kept.
@@ -223,5 +363,36 @@ impl Client {
             let _ = self.lock_cancel(extra).await;
         }
         Ok(kept)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_splits_around_its_last_number() {
+        assert_eq!(
+            numbered(b"file.mdtest.0.17"),
+            Some((&b"file.mdtest.0."[..], 17, 2, &b""[..]))
+        );
+        assert_eq!(
+            numbered(b"shard-0042.tar"),
+            Some((&b"shard-"[..], 42, 4, &b".tar"[..]))
+        );
+        assert_eq!(numbered(b"7"), Some((&b""[..], 7, 1, &b""[..])));
+        assert_eq!(numbered(b"readme"), None);
+        assert_eq!(
+            numbered(b"x99999999999999999999"),
+            None,
+            "too long a number"
+        );
+    }
+
+    #[test]
+    fn the_next_names_keep_their_width_and_grow_past_it() {
+        assert_eq!(nth_name(b"shard-", 43, 4, b".tar"), b"shard-0043.tar");
+        assert_eq!(nth_name(b"f.", 10, 1, b""), b"f.10");
+        assert_eq!(nth_name(b"f.", 10000, 4, b""), b"f.10000");
     }
 }
