@@ -14,6 +14,7 @@ mod recovery;
 mod reint;
 pub mod squash;
 mod target;
+mod warm;
 mod xattr;
 
 use lode_base::{Errno, Fid};

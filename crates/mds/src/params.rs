@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 25] = {
+static MDT: [Param<Mdt>; 27] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -203,6 +203,25 @@ static MDT: [Param<Mdt>; 25] = {
                 max: 1,
                 f: |m, v| {
                     m.set_wal_flush_per_round(v == 1);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "cache_stats",
+            help: "inode cache size, hits and misses, what warming read, and the store's block cache",
+            get: |m| m.cache_stats(),
+            set: Set::Clear(|m| m.clear_cache_stats()),
+        },
+        Param {
+            name: "cache_warm",
+            help: "1: a directory read from its start has its entries' inodes read into the cache in the background",
+            get: |m| u8::from(m.cache_warm()).to_string(),
+            set: Set::Num {
+                min: 0,
+                max: 1,
+                f: |m, v| {
+                    m.set_cache_warm(v == 1);
                     Ok(())
                 },
             },

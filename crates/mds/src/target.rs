@@ -99,6 +99,8 @@ pub struct Mdt {
     vanished: Mutex<HashMap<u32, Instant>>,
     /// `evict_timeout`, seconds.
     evict_timeout_s: AtomicU64,
+    /// Reads the inodes of directories being walked into the cache ahead.
+    warmer: Arc<crate::warm::Warmer>,
 }
 
 /// A replay waiting for its turn in recovery.
@@ -188,8 +190,11 @@ impl Mdt {
             );
         }
         let ns = Namespace::open(cfg, store)?;
+        let warmer = crate::warm::Warmer::start(&ns)
+            .map_err(|e| StoreError::Engine(format!("cannot start cache warming: {e}")))?;
         let mdt = Arc::new_cyclic(|me| Mdt {
             ns,
+            warmer,
             exports: RwLock::new(HashMap::new()),
             clients: Mutex::new(ClientTable {
                 free: {
@@ -786,6 +791,10 @@ impl Mdt {
             }
             MdtRequest::Readdir(r) => {
                 check_cred(&r.cred)?;
+                if r.cookie == lode_base::hash::DOT_COOKIE {
+                    // Read from its start: about to be walked.
+                    self.warmer.request(r.fid);
+                }
                 let rep = if r.plus && self.intent(inc, exp) {
                     self.readdir_locked(exp, &r)?
                 } else {
@@ -1864,6 +1873,45 @@ impl Mdt {
             last_committed: self.ns.store.last_committed(),
             ..Default::default()
         }
+    }
+
+    /// `cache_stats`: the inode cache, what warming read into it, and the store's
+    /// block cache.
+    pub fn cache_stats(&self) -> String {
+        let i = self.ns.store.inode_cache_stats();
+        let w = &self.warmer;
+        let mut out = format!(
+            "inode_cache_entries: {}\ninode_cache_max: {}\ninode_cache_hits: {}\ninode_cache_misses: {}\nwarm_dirs: {}\nwarm_inodes: {}\nwarm_dropped: {}\n",
+            i.entries,
+            lode_store::mdt::INODE_CACHE_MAX,
+            i.hits,
+            i.misses,
+            w.dirs.load(Ordering::Relaxed),
+            w.inodes.load(Ordering::Relaxed),
+            w.dropped.load(Ordering::Relaxed),
+        );
+        for (k, v) in self.ns.store.engine().cache_report() {
+            out.push_str(&format!("{k}: {v}\n"));
+        }
+        out
+    }
+
+    /// Clears `cache_stats`' counters.
+    pub fn clear_cache_stats(&self) {
+        self.ns.store.clear_inode_cache_stats();
+        for c in [&self.warmer.dirs, &self.warmer.inodes, &self.warmer.dropped] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// `cache_warm`: whether directories read from their start are warmed.
+    pub fn cache_warm(&self) -> bool {
+        self.warmer.on.load(Ordering::Relaxed)
+    }
+
+    /// Sets `cache_warm`.
+    pub fn set_cache_warm(&self, on: bool) {
+        self.warmer.on.store(on, Ordering::Relaxed);
     }
 
     /// Per-opcode statistics.

@@ -15,6 +15,7 @@ use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use tracing::{info, warn};
 
 /// Identity of an OST.
@@ -48,7 +49,20 @@ pub struct Ost {
     stats: OpStats,
     /// fsyncs run here, parked, so a slow disk does not hold a service thread.
     syncs: Offload,
+    /// Objects larger than this are not kept in the page cache after a read (Lustre's
+    /// `readcache_max_filesize`), so streaming big files cannot push out the small
+    /// ones and the MDT's metadata sharing the machine.
+    readcache_max: std::sync::atomic::AtomicU64,
+    /// Reads whose pages were dropped for it.
+    readcache_dropped: std::sync::atomic::AtomicU64,
 }
+
+/// How far behind a read of a big object its pages are dropped too (over the largest
+/// page cache folio, 2 MiB on x86-64).
+const READCACHE_DROP_BEHIND: u64 = 8 << 20;
+
+/// `readcache_max_filesize` unless set.
+pub const READCACHE_MAX_FILESIZE_DEFAULT: u64 = 32 << 20;
 
 fn io_errno(e: &std::io::Error) -> Errno {
     Errno::from_io(e)
@@ -68,6 +82,8 @@ impl Ost {
             handles: RwLock::new(HashMap::new()),
             stats: OpStats::default(),
             syncs: Offload::new("ost-sync", 2)?,
+            readcache_max: READCACHE_MAX_FILESIZE_DEFAULT.into(),
+            readcache_dropped: 0.into(),
         })
     }
 
@@ -92,6 +108,20 @@ impl Ost {
         let n = size.saturating_sub(off).min(u64::from(len)) as usize;
         let mut buf = vec![0u8; n];
         f.read_exact_at(&mut buf, off).map_err(|e| io_errno(&e))?;
+        if size > self.readcache_max.load(Ordering::Relaxed) && n > 0 {
+            // Everything read so far, from a little behind this read: page cache folios
+            // may be larger than one read, and advice over part of one is ignored, so
+            // the range reaches back past the largest folio. Advice only: if the kernel
+            // ignores it, the read was still right.
+            let start = off.saturating_sub(READCACHE_DROP_BEHIND);
+            let _ = nix::fcntl::posix_fadvise(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                start as i64,
+                (off + n as u64 - start) as i64,
+                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+            );
+            self.readcache_dropped.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(buf)
     }
 
@@ -395,7 +425,7 @@ impl Service for Ost {
 pub struct OstParams(pub std::sync::Arc<Ost>);
 
 /// `obdfilter.FS-OSTxxxx.*`.
-static OBDFILTER: [lode_rpc::admin::Param<Ost>; 7] = {
+static OBDFILTER: [lode_rpc::admin::Param<Ost>; 9] = {
     use lode_rpc::admin::{Param, Set};
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Ost>();
     [
@@ -416,6 +446,25 @@ static OBDFILTER: [lode_rpc::admin::Param<Ost>; 7] = {
             help: "clients connected",
             get: |o| o.handles.read().len().to_string(),
             set: Set::No,
+        },
+        Param {
+            name: "readcache_max_filesize",
+            help: "objects larger than this (bytes) leave no pages in the cache after a read",
+            get: |o| o.readcache_max.load(Ordering::Relaxed).to_string(),
+            set: Set::Num {
+                min: 0,
+                max: u64::MAX,
+                f: |o, v| {
+                    o.readcache_max.store(v, Ordering::Relaxed);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "readcache_dropped",
+            help: "reads whose pages were dropped from the cache for readcache_max_filesize",
+            get: |o| o.readcache_dropped.load(Ordering::Relaxed).to_string(),
+            set: Set::Clear(|o| o.readcache_dropped.store(0, Ordering::Relaxed)),
         },
         fail_loc,
         fail_val,

@@ -132,4 +132,8 @@ pub trait Engine: Send + Sync {
     ) -> Result<(), StoreError>;
     /// Approximate number of keys in `cf`.
     fn estimate_keys(&self, cf: Cf) -> u64;
+    /// The engine's own cache: (name, value) lines for `cache_stats` (none by default).
+    fn cache_report(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }

@@ -71,6 +71,9 @@ impl<E: Engine> Engine for Faulty<E> {
     fn estimate_keys(&self, cf: Cf) -> u64 {
         self.inner.estimate_keys(cf)
     }
+    fn cache_report(&self) -> Vec<(&'static str, u64)> {
+        self.inner.cache_report()
+    }
 }
 
 /// Fails the Nth write or sync (1-based), for tests.

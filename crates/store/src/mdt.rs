@@ -55,16 +55,53 @@ pub type CommitWaiter = Box<dyn FnOnce(Result<u64, StoreError>) + Send>;
 /// inode updates the ones held here after it is written, and a record read from the
 /// engine is kept only if no inode was written meanwhile (`gen`), so a read racing a
 /// write can never leave an old record behind. The hot ones (directories being filled
-/// or emptied) are then read without a search of the memtable.
+/// or emptied, a directory being walked and warmed) are then read without a search of
+/// the memtable or the block cache.
+///
+/// Two generations approximate LRU at the cost of a hash lookup: records go into
+/// `map`; when it is full, it becomes `old` (and the previous `old` goes), and a
+/// record found in `old` moves back into `map`.
 #[derive(Default)]
 struct InodeCache {
     map: std::collections::HashMap<Vec<u8>, Arc<Vec<u8>>>,
+    old: std::collections::HashMap<Vec<u8>, Arc<Vec<u8>>>,
     /// Bumped by every batch that writes an inode.
     gen: u64,
+    hits: u64,
+    misses: u64,
 }
 
-/// Records kept at most; past it the cache starts again empty.
-const INODE_CACHE_MAX: usize = 16384;
+impl InodeCache {
+    fn get(&mut self, key: &[u8]) -> Option<Arc<Vec<u8>>> {
+        if let Some(v) = self.map.get(key) {
+            return Some(v.clone());
+        }
+        let v = self.old.remove(key)?;
+        self.insert(key.to_vec(), v.clone());
+        Some(v)
+    }
+
+    fn insert(&mut self, key: Vec<u8>, v: Arc<Vec<u8>>) {
+        if self.map.len() >= INODE_CACHE_MAX / 2 {
+            self.old = std::mem::take(&mut self.map);
+        }
+        self.map.insert(key, v);
+    }
+}
+
+/// Records kept at most (about 300 bytes each with the key and the tables' overhead).
+pub const INODE_CACHE_MAX: usize = 1 << 18;
+
+/// What [`MdtStore::inode_cache_stats`] reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InodeCacheStats {
+    /// Records held.
+    pub entries: usize,
+    /// Reads answered from the cache.
+    pub hits: u64,
+    /// Reads that went to the engine.
+    pub misses: u64,
+}
 
 struct CommitState {
     requested: bool,
@@ -243,10 +280,12 @@ impl MdtStore {
     /// The inode record under `key` (in `Cf::Inode`), from the cache when it is there.
     pub fn inode(&self, key: &[u8]) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
         let gen = {
-            let c = self.inodes.lock();
-            if let Some(v) = c.map.get(key) {
-                return Ok(Some(v.clone()));
+            let mut c = self.inodes.lock();
+            if let Some(v) = c.get(key) {
+                c.hits += 1;
+                return Ok(Some(v));
             }
+            c.misses += 1;
             c.gen
         };
         let Some(v) = self.engine.get(Cf::Inode, key)? else {
@@ -255,12 +294,45 @@ impl MdtStore {
         let v = Arc::new(v);
         let mut c = self.inodes.lock();
         if c.gen == gen {
-            if c.map.len() >= INODE_CACHE_MAX {
-                c.map.clear();
-            }
-            c.map.insert(key.to_vec(), v.clone());
+            c.insert(key.to_vec(), v.clone());
         }
         Ok(Some(v))
+    }
+
+    /// Reads the inode record under `key` into the cache unless it is there, without
+    /// counting a hit or a miss (cache warming). Returns whether it read one.
+    pub fn warm_inode(&self, key: &[u8]) -> Result<bool, StoreError> {
+        let gen = {
+            let c = self.inodes.lock();
+            if c.map.contains_key(key) || c.old.contains_key(key) {
+                return Ok(false);
+            }
+            c.gen
+        };
+        let Some(v) = self.engine.get(Cf::Inode, key)? else {
+            return Ok(false);
+        };
+        let mut c = self.inodes.lock();
+        if c.gen == gen {
+            c.insert(key.to_vec(), Arc::new(v));
+        }
+        Ok(true)
+    }
+
+    /// The inode cache's size and counters.
+    pub fn inode_cache_stats(&self) -> InodeCacheStats {
+        let c = self.inodes.lock();
+        InodeCacheStats {
+            entries: c.map.len() + c.old.len(),
+            hits: c.hits,
+            misses: c.misses,
+        }
+    }
+
+    /// Clears the inode cache's counters.
+    pub fn clear_inode_cache_stats(&self) {
+        let mut c = self.inodes.lock();
+        (c.hits, c.misses) = (0, 0);
     }
 
     /// Brings the cached inodes a written batch touched up to date.
@@ -277,6 +349,9 @@ impl MdtStore {
                 g.gen += 1;
                 g
             });
+            // A record in the old generation is dropped rather than updated: it was
+            // going to age out anyway.
+            c.old.remove(k);
             match v {
                 Some(v) => {
                     if let Some(slot) = c.map.get_mut(k) {
@@ -405,6 +480,28 @@ impl MdtStore {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_inode_cache_keeps_what_was_read_recently_and_stays_bounded() {
+        let mut c = InodeCache::default();
+        let key = |i: usize| i.to_be_bytes().to_vec();
+        for i in 0..INODE_CACHE_MAX / 2 {
+            c.insert(key(i), Arc::new(vec![1]));
+        }
+        // Full: the next record starts a new generation; the old one is still read.
+        c.insert(key(usize::MAX), Arc::new(vec![2]));
+        assert_eq!(c.map.len(), 1);
+        assert!(c.get(&key(0)).is_some(), "found in the old generation");
+        assert!(c.map.contains_key(&key(0)), "and moved back into the new one");
+        // Another full generation drops what was not read meanwhile.
+        for i in INODE_CACHE_MAX..INODE_CACHE_MAX + INODE_CACHE_MAX / 2 {
+            c.insert(key(i), Arc::new(vec![3]));
+        }
+        assert!(c.get(&key(0)).is_some(), "read recently: kept");
+        assert!(c.get(&key(1)).is_none(), "not read for two generations: gone");
+        assert!(c.map.len() + c.old.len() <= INODE_CACHE_MAX);
+    }
+
     use super::*;
     use crate::fault::{FailNth, FaultPoint, Faulty};
     use crate::rocks::RocksEngine;
