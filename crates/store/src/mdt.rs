@@ -492,13 +492,19 @@ mod tests {
         c.insert(key(usize::MAX), Arc::new(vec![2]));
         assert_eq!(c.map.len(), 1);
         assert!(c.get(&key(0)).is_some(), "found in the old generation");
-        assert!(c.map.contains_key(&key(0)), "and moved back into the new one");
+        assert!(
+            c.map.contains_key(&key(0)),
+            "and moved back into the new one"
+        );
         // Another full generation drops what was not read meanwhile.
         for i in INODE_CACHE_MAX..INODE_CACHE_MAX + INODE_CACHE_MAX / 2 {
             c.insert(key(i), Arc::new(vec![3]));
         }
         assert!(c.get(&key(0)).is_some(), "read recently: kept");
-        assert!(c.get(&key(1)).is_none(), "not read for two generations: gone");
+        assert!(
+            c.get(&key(1)).is_none(),
+            "not read for two generations: gone"
+        );
         assert!(c.map.len() + c.old.len() <= INODE_CACHE_MAX);
     }
 

@@ -166,34 +166,21 @@ impl Engine for RocksEngine {
         let Some((cache, o)) = &self.cache else {
             return Vec::new();
         };
-        vec![
+        let mut out = vec![
             ("block_cache_usage_bytes", cache.get_usage() as u64),
             ("block_cache_pinned_bytes", cache.get_pinned_usage() as u64),
-            (
-                "block_cache_data_hits",
-                o.get_ticker_count(Ticker::BlockCacheDataHit),
-            ),
-            (
-                "block_cache_data_misses",
-                o.get_ticker_count(Ticker::BlockCacheDataMiss),
-            ),
-            (
-                "block_cache_index_hits",
-                o.get_ticker_count(Ticker::BlockCacheIndexHit),
-            ),
-            (
-                "block_cache_index_misses",
-                o.get_ticker_count(Ticker::BlockCacheIndexMiss),
-            ),
-            (
-                "block_cache_filter_hits",
-                o.get_ticker_count(Ticker::BlockCacheFilterHit),
-            ),
-            (
-                "block_cache_filter_misses",
-                o.get_ticker_count(Ticker::BlockCacheFilterMiss),
-            ),
-        ]
+        ];
+        for (name, t) in [
+            ("block_cache_data_hits", Ticker::BlockCacheDataHit),
+            ("block_cache_data_misses", Ticker::BlockCacheDataMiss),
+            ("block_cache_index_hits", Ticker::BlockCacheIndexHit),
+            ("block_cache_index_misses", Ticker::BlockCacheIndexMiss),
+            ("block_cache_filter_hits", Ticker::BlockCacheFilterHit),
+            ("block_cache_filter_misses", Ticker::BlockCacheFilterMiss),
+        ] {
+            out.push((name, o.get_ticker_count(t)));
+        }
+        out
     }
 }
 
