@@ -5,6 +5,7 @@ mod lfs;
 mod lr_reader;
 mod mount;
 mod params;
+mod scan;
 mod server;
 mod up;
 
@@ -57,6 +58,9 @@ enum Cmd {
     Path2fid(lfs::Path2fidArgs),
     /// Print the paths of FIDs (lfs fid2path).
     Fid2path(lfs::Fid2pathArgs),
+    /// Scan a tree, reading only the directories changed since the last scan, and
+    /// print the entries created (+) and removed (-) since.
+    Scan(scan::ScanArgs),
     /// Mount a lode file system with FUSE.
     Mount(mount::MountArgs),
     /// Unmount a lode mount.
@@ -180,6 +184,7 @@ fn main() {
         Cmd::Path2fid(a) => lfs::path2fid(a),
         Cmd::Fid2path(a) => lfs::fid2path(a),
         Cmd::Umount(a) => mount::umount(a),
+        Cmd::Scan(a) => scan::run(a),
     };
     if let Err(e) = r {
         eprintln!("lode: {e:#}");
