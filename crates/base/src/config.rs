@@ -208,6 +208,13 @@ pub fn read_key_file(path: &Path) -> Result<Vec<u8>, String> {
 /// Writes a file holding a secret: mode 0600 from its creation, synced, and renamed
 /// into place so a crash leaves the old one or the new one.
 pub fn write_secret(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_durable(path, bytes, 0o600)
+}
+
+/// Writes `bytes` to `path` so that a crash at any point leaves the old file or the new
+/// one, never a torn or empty one: a temporary file, synced, renamed over `path`, and
+/// the directory synced.
+pub fn write_durable(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt;
     let mut tmp = path.as_os_str().to_owned();
@@ -217,7 +224,7 @@ pub fn write_secret(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o600)
+        .mode(mode)
         .open(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;

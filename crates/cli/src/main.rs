@@ -65,6 +65,9 @@ enum Cmd {
     Mount(mount::MountArgs),
     /// Unmount a lode mount.
     Umount(mount::UmountArgs),
+    /// Make everything written through lode mounts durable on every MDT and OST, and
+    /// return only then (what sync(1) cannot do on a FUSE mount).
+    Sync(mount::SyncArgs),
     /// Benchmarks (mdtest-like metadata phases).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -184,6 +187,7 @@ fn main() {
         Cmd::Path2fid(a) => lfs::path2fid(a),
         Cmd::Fid2path(a) => lfs::fid2path(a),
         Cmd::Umount(a) => mount::umount(a),
+        Cmd::Sync(a) => mount::sync(a),
         Cmd::Scan(a) => scan::run(a),
     };
     if let Err(e) = r {

@@ -136,7 +136,7 @@ pub fn run(a: MountArgs) -> Result<()> {
     let opts = parse_opts(a.options.as_deref())?;
     let mnt = check_mountpoint(&a.mountpoint)?;
     if !a.foreground {
-        return daemonize(&a, None, None).map(|_| ());
+        return daemonize(&a, None, None, None).map(|_| ());
     }
     crate::server::init_logging();
     let notify = std::env::var_os(NOTIFY_ENV).is_some();
@@ -156,6 +156,11 @@ pub fn run(a: MountArgs) -> Result<()> {
     let client = rt
         .block_on(Client::connect(cfg))
         .map_err(|e| anyhow!("mount: {e}"))?;
+    // Whoever started this mount (`lode up`) learns who it is, to evict it from
+    // recovery if the mount dies with the servers.
+    if let Some(f) = std::env::var_os(UUID_FILE_ENV) {
+        let _ = lode_base::config::write_durable(Path::new(&f), client.uuid().as_bytes(), 0o644);
+    }
     // get-param/set-param reach the client's tunables through this socket.
     let instance = lode_client::params::ClientParams(client.clone()).instance();
     let params = Arc::new(lode_client::params::all(client.clone()));
@@ -243,9 +248,18 @@ fn redirect_stdout_to_null() {
     }
 }
 
+/// Set for a mount started by `lode up`: the file where it writes its client UUID.
+pub const UUID_FILE_ENV: &str = "LODE_MOUNT_UUID_FILE";
+
 /// Starts the mount in the background and returns its pid once it is live (or the
-/// reason it failed). The mount process logs to `log` (or `$LODE_MOUNT_LOG`).
-pub fn daemonize(a: &MountArgs, log: Option<PathBuf>, run_dir: Option<&Path>) -> Result<u32> {
+/// reason it failed). The mount process logs to `log` (or `$LODE_MOUNT_LOG`) and, if
+/// `uuid_file` is given, writes its client UUID there.
+pub fn daemonize(
+    a: &MountArgs,
+    log: Option<PathBuf>,
+    run_dir: Option<&Path>,
+    uuid_file: Option<&Path>,
+) -> Result<u32> {
     let exe = std::env::current_exe().context("mount: cannot find the lode binary")?;
     let log = log.or_else(|| std::env::var_os("LODE_MOUNT_LOG").map(PathBuf::from));
     let stderr = match &log {
@@ -271,6 +285,9 @@ pub fn daemonize(a: &MountArgs, log: Option<PathBuf>, run_dir: Option<&Path>) ->
     if let Some(d) = run_dir {
         // Its admin socket goes beside the servers' (get-param finds it there).
         cmd.env("LODE_RUN_DIR", d);
+    }
+    if let Some(f) = uuid_file {
+        cmd.env(UUID_FILE_ENV, f);
     }
     detach(&mut cmd);
     let mut child = cmd
@@ -309,6 +326,52 @@ pub fn detach(cmd: &mut Command) {
             Ok(())
         });
     }
+}
+
+/// Arguments of `lode sync`.
+#[derive(Args)]
+pub struct SyncArgs {
+    /// Files or directories on lode mounts (default: every lode mount here).
+    paths: Vec<PathBuf>,
+}
+
+/// Runs `lode sync`: for each mount, the kernel's cached writes go to the mount daemon
+/// (`syncfs`), then the daemon makes everything durable (an `fsync` of the mount's
+/// root: the MDT commits and every OST syncs) before this returns. `sync(1)` does the
+/// first half only: Linux does not pass syncfs on to FUSE servers.
+pub fn sync(a: SyncArgs) -> Result<()> {
+    let mounts: Vec<PathBuf> = if a.paths.is_empty() {
+        lode_mounts().into_iter().map(|(_, mp)| mp).collect()
+    } else {
+        let mut v = Vec::new();
+        for p in &a.paths {
+            let (_, mp) = source_of(p)
+                .ok_or_else(|| anyhow!("sync: {}: not on a lode mount", p.display()))?;
+            if !v.contains(&mp) {
+                v.push(mp);
+            }
+        }
+        v
+    };
+    if mounts.is_empty() {
+        bail!("sync: no lode mount here");
+    }
+    let mut failed = false;
+    for mp in mounts {
+        let r = std::fs::File::open(&mp).and_then(|d| {
+            nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d))
+                .map_err(std::io::Error::from)?;
+            d.sync_all()
+        });
+        if let Err(e) = r {
+            eprintln!("lode: sync: {}: {e}", mp.display());
+            failed = true;
+        }
+    }
+    if failed {
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 /// Arguments of `lode umount`.

@@ -20,12 +20,13 @@ pub struct UpArgs {
     /// Mount point (default DIR/mnt).
     #[arg(long)]
     mount: Option<PathBuf>,
-    /// File system name.
-    #[arg(long, default_value = "lode")]
-    fsname: String,
-    /// MGS port; MDT0 listens on base+20, OSTn on base+70+n.
-    #[arg(long, default_value_t = 9880)]
-    port_base: u16,
+    /// File system name (default: what DIR/up.conf says, else "lode").
+    #[arg(long)]
+    fsname: Option<String>,
+    /// MGS port; MDT0 listens on base+20, OSTn on base+70+n (default: what DIR/up.conf
+    /// says, else 9880).
+    #[arg(long)]
+    port_base: Option<u16>,
     /// Format without a shared key (by default a new file system gets one, in
     /// DIR/key: only holders of it may connect).
     #[arg(long)]
@@ -42,6 +43,9 @@ pub struct DirArgs {
 
 /// The shared key of a file system `lode up` made, in its directory.
 const KEY_FILE: &str = "key";
+
+/// The client UUID of the mount `lode up` started last, in its directory.
+const MOUNT_UUID_FILE: &str = "mount.uuid";
 
 struct Target {
     name: &'static str,
@@ -93,20 +97,37 @@ struct UpConf {
 }
 
 impl UpConf {
-    fn load(dir: &Path) -> Option<UpConf> {
-        let s = std::fs::read_to_string(dir.join("up.conf")).ok()?;
+    /// The settings recorded in `dir`: none if nothing was recorded; an error naming
+    /// the file if it cannot be read as written.
+    fn load(dir: &Path) -> Result<Option<UpConf>> {
+        let path = dir.join("up.conf");
+        let s = match std::fs::read_to_string(&path) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => bail!("{}: {e}", path.display()),
+        };
         let get = |k: &str| {
             s.lines()
                 .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
                 .map(str::to_string)
         };
-        Some(UpConf {
-            fsname: get("fsname")?,
-            port_base: get("port_base")?.parse().ok()?,
-            mount: get("mount")?.into(),
-        })
+        let conf = (|| {
+            Some(UpConf {
+                fsname: get("fsname")?,
+                port_base: get("port_base")?.parse().ok()?,
+                mount: get("mount")?.into(),
+            })
+        })();
+        match conf {
+            Some(c) => Ok(Some(c)),
+            None => bail!(
+                "{} is damaged; remove it and give --fsname, --port-base and --mount as first given",
+                path.display()
+            ),
+        }
     }
 
+    /// Records the settings durably (a crash leaves the old file or the new one).
     fn save(&self, dir: &Path) -> Result<()> {
         let s = format!(
             "fsname={}\nport_base={}\nmount={}\n",
@@ -114,21 +135,92 @@ impl UpConf {
             self.port_base,
             self.mount.display()
         );
-        std::fs::write(dir.join("up.conf"), s)?;
+        lode_base::config::write_durable(&dir.join("up.conf"), s.as_bytes(), 0o644)?;
         Ok(())
     }
 }
 
+/// The command lines of running processes: (pid, arguments).
+fn processes() -> Vec<(u32, Vec<String>)> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args = cmd
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>();
+            Some((pid, args))
+        })
+        .collect()
+}
+
+/// The live lode process whose arguments include `verb` and `path` (a server's role
+/// and target directory, or `mount` and its mount point), whatever its pid file says:
+/// after a crash a pid file may be empty, torn or name a pid reused since.
+fn lode_process(verb: &str, path: &Path) -> Option<u32> {
+    let p = path.to_string_lossy();
+    processes().into_iter().find_map(|(pid, args)| {
+        let lode = args
+            .first()
+            .is_some_and(|a| Path::new(a).file_name().is_some_and(|n| n == "lode"));
+        let zombie =
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "));
+        (lode && !zombie && args.iter().any(|a| a == verb) && args.iter().any(|a| *a == p))
+            .then_some(pid)
+    })
+}
+
 fn pid_alive(dir: &Path, name: &str) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(dir.join(format!("{name}.pid")))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    String::from_utf8_lossy(&cmd)
-        .contains("lode")
-        .then_some(pid)
+    match TARGETS.iter().find(|t| t.name == name) {
+        Some(t) => lode_process(t.role, &dir.join(t.name)),
+        None => {
+            let conf = UpConf::load(dir).ok()??;
+            lode_process("mount", &conf.mount)
+        }
+    }
+}
+
+/// The FUSE connection number of the mount at `mnt` (its device minor), from
+/// mountinfo, without touching the mount point (a dead mount answers ENOTCONN and a
+/// mount whose servers are down makes a stat wait).
+fn fuse_connection(mnt: &Path) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let m = mnt.to_string_lossy();
+    info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.len() < 5 || f[4] != m {
+            return None;
+        }
+        let (major, minor) = f[2].split_once(':')?;
+        (major == "0").then(|| minor.parse().ok())?
+    })
+}
+
+/// A lode mount whose daemon is gone: its FUSE connection is aborted (so nothing
+/// waiting on it hangs) and it is detached, so the mount point can be used again.
+fn clear_dead_mount(mnt: &Path) -> Result<()> {
+    if let Some(n) = fuse_connection(mnt) {
+        let _ = std::fs::write(format!("/sys/fs/fuse/connections/{n}/abort"), "1");
+    }
+    let c = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes())?;
+    // SAFETY: a valid C string; MNT_DETACH takes the mount away even if busy.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } < 0 {
+        bail!(
+            "{}: a dead mount is in the way and cannot be unmounted: {}",
+            mnt.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    eprintln!(
+        "lode: {}: the mount's process was gone; its dead mount was detached",
+        mnt.display()
+    );
+    Ok(())
 }
 
 fn lode_cmd(dir: &Path) -> Result<Command> {
@@ -137,60 +229,108 @@ fn lode_cmd(dir: &Path) -> Result<Command> {
     Ok(c)
 }
 
-fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+/// The line of a server's log that says why it stopped: the last error, else the
+/// last line.
+fn log_cause(dir: &Path, name: &str) -> String {
+    let s = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("ERROR") || l.contains("error") || l.starts_with("lode: "))
+        .or(lines.last())
+        .map_or_else(
+            || "(its log is empty)".to_string(),
+            |l| l.trim().to_string(),
+        )
+}
+
+/// Waits for `what`, failing at once (with the server's exit status, the line of its
+/// log that says why, and the log's path) if a server this run started exits.
+fn wait_started(
+    dir: &Path,
+    started: &mut [(&'static str, std::process::Child)],
+    what: &str,
+    within: Duration,
+    mut f: impl FnMut() -> bool,
+) -> Result<()> {
     let end = Instant::now() + within;
-    while Instant::now() < end {
+    loop {
         if f() {
             return Ok(());
         }
+        for (name, child) in started.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                bail!(
+                    "up: {name} exited ({status}) while starting: {} (log: {})",
+                    log_cause(dir, name),
+                    dir.join(format!("{name}.log")).display()
+                );
+            }
+        }
+        if Instant::now() >= end {
+            bail!("up: timed out waiting for {what}");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    bail!("timed out waiting for {what}")
 }
 
-fn log_tail(dir: &Path, name: &str) -> String {
-    let s = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
-    s.lines()
-        .rev()
-        .take(3)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// Runs `lode up`.
+/// Runs `lode up`: formats what is not formatted, starts what is not running, and
+/// mounts if the mount is not live, so it also brings back an instance after a crash.
 pub fn up(a: UpArgs) -> Result<()> {
-    lode_base::config::check_fsname(&a.fsname).map_err(|e| anyhow!("up: {e}"))?;
+    if let Some(f) = &a.fsname {
+        lode_base::config::check_fsname(f).map_err(|e| anyhow!("up: {e}"))?;
+    }
     std::fs::create_dir_all(&a.dir).with_context(|| format!("up: {}", a.dir.display()))?;
     let dir = std::fs::canonicalize(&a.dir)?;
-    let conf = match UpConf::load(&dir) {
-        Some(c) => c,
-        None => UpConf {
-            fsname: a.fsname.clone(),
-            port_base: a.port_base,
-            mount: a.mount.clone().unwrap_or_else(|| dir.join("mnt")),
-        },
+    let recorded = UpConf::load(&dir).map_err(|e| anyhow!("up: {e}"))?;
+    // Options given now win over what was recorded.
+    let fsname = a
+        .fsname
+        .clone()
+        .or_else(|| recorded.as_ref().map(|c| c.fsname.clone()))
+        .unwrap_or_else(|| "lode".into());
+    let port_base = a
+        .port_base
+        .or(recorded.as_ref().map(|c| c.port_base))
+        .unwrap_or(9880);
+    let want_mnt = match &a.mount {
+        Some(m) if m.is_absolute() => m.clone(),
+        Some(m) => std::env::current_dir()?.join(m),
+        None => recorded
+            .as_ref()
+            .map_or_else(|| dir.join("mnt"), |c| c.mount.clone()),
     };
-    let mnt = match &a.mount {
-        Some(m) => {
-            std::fs::create_dir_all(m)?;
-            std::fs::canonicalize(m)?
+    // The mount point is looked at through /proc first: stat of a dead mount fails,
+    // and of a live one whose servers are down, waits.
+    let mut live_mount = false;
+    if is_lode_mount(&want_mnt) {
+        if lode_process("mount", &want_mnt).is_some() {
+            live_mount = true;
+        } else {
+            clear_dead_mount(&want_mnt).map_err(|e| anyhow!("up: {e}"))?;
         }
-        None => {
-            std::fs::create_dir_all(&conf.mount)?;
-            std::fs::canonicalize(&conf.mount)?
-        }
+    }
+    let mnt = if live_mount {
+        want_mnt
+    } else {
+        std::fs::create_dir_all(&want_mnt)
+            .with_context(|| format!("up: {}", want_mnt.display()))?;
+        std::fs::canonicalize(&want_mnt)?
     };
     let conf = UpConf {
+        fsname,
+        port_base,
         mount: mnt.clone(),
-        ..conf
     };
     let mgs = format!("127.0.0.1:{}", conf.port_base);
-    if TARGETS.iter().all(|t| pid_alive(&dir, t.name).is_some()) && is_lode_mount(&mnt) {
+    let running: Vec<bool> = TARGETS
+        .iter()
+        .map(|t| lode_process(t.role, &dir.join(t.name)).is_some())
+        .collect();
+    if running.iter().all(|r| *r) && live_mount {
         println!(
-            "lode is already running: {}:/{} mounted on {}",
+            "lode is already running: {}:/{} mounted on {} (nothing to do)",
             mgs,
             conf.fsname,
             mnt.display()
@@ -210,6 +350,9 @@ pub fn up(a: UpArgs) -> Result<()> {
             .with_context(|| format!("up: {}", key.display()))?;
     }
     let keyed = key.exists();
+    // Recorded before anything starts: a crash from here on leaves the settings a bare
+    // `lode up --dir` needs.
+    conf.save(&dir)?;
     for t in &TARGETS {
         let tdir = dir.join(t.name);
         if tdir.join(lode_base::config::CONFIG_FILE).exists() {
@@ -239,9 +382,9 @@ pub fn up(a: UpArgs) -> Result<()> {
             );
         }
     }
-    conf.save(&dir)?;
-    for t in &TARGETS {
-        if pid_alive(&dir, t.name).is_some() {
+    let mut started = Vec::new();
+    for (t, up) in TARGETS.iter().zip(&running) {
+        if *up {
             continue;
         }
         let log = std::fs::OpenOptions::new()
@@ -262,26 +405,66 @@ pub fn up(a: UpArgs) -> Result<()> {
         let child = cmd
             .spawn()
             .with_context(|| format!("up: starting {}", t.name))?;
-        std::fs::write(dir.join(format!("{}.pid", t.name)), child.id().to_string())?;
+        // For `lode down` and people; `lode up` itself finds servers by their command
+        // line, so a pid file a crash left empty or stale misleads nobody.
+        lode_base::config::write_durable(
+            &dir.join(format!("{}.pid", t.name)),
+            child.id().to_string().as_bytes(),
+            0o644,
+        )?;
+        started.push((t.name, child));
     }
-    for t in &TARGETS {
-        let addr = format!("127.0.0.1:{}", port(conf.port_base, t));
-        wait_until(
-            &format!("{} on {addr}", t.name),
+    let waited = (|| {
+        for t in &TARGETS {
+            let addr = format!("127.0.0.1:{}", port(conf.port_base, t));
+            wait_started(
+                &dir,
+                &mut started,
+                &format!("{} on {addr}", t.name),
+                Duration::from_secs(30),
+                || std::net::TcpStream::connect(&addr).is_ok(),
+            )?;
+        }
+        let sock = dir
+            .join("run")
+            .join(format!("{}-MDT0000.sock", conf.fsname));
+        if !live_mount {
+            // This instance's own mount died with the servers and will not replay:
+            // the restarted MDT is told not to wait for it (its recovery would
+            // otherwise hold the new mount for the whole window).
+            if let Ok(uuid) = std::fs::read_to_string(dir.join(MOUNT_UUID_FILE)) {
+                let uuid = uuid.trim().to_string();
+                let line = format!("set mdt.*.evict_client={uuid}");
+                wait_started(
+                    &dir,
+                    &mut started,
+                    "the MDT's admin socket",
+                    Duration::from_secs(30),
+                    || lode_rpc::admin::admin_request(&sock, &line).is_ok(),
+                )?;
+            }
+        }
+        wait_started(
+            &dir,
+            &mut started,
+            "the MDT to see both OSTs",
             Duration::from_secs(30),
-            || pid_alive(&dir, t.name).is_some() && std::net::TcpStream::connect(&addr).is_ok(),
-        )
-        .map_err(|e| anyhow!("up: {e}: {}", log_tail(&dir, t.name)))?;
+            || {
+                lode_rpc::admin::admin_request(&sock, "value lod.*.target_obd")
+                    .is_ok_and(|v| v.lines().filter(|l| l.ends_with(" ACTIVE")).count() == 2)
+            },
+        )?;
+        Ok::<(), anyhow::Error>(())
+    })();
+    if let Err(e) = waited {
+        // Nothing half-started is left behind: what this run started goes again.
+        for (_, child) in &mut started {
+            stop_pid(child.id());
+            let _ = child.wait();
+        }
+        return Err(e);
     }
-    let sock = dir
-        .join("run")
-        .join(format!("{}-MDT0000.sock", conf.fsname));
-    wait_until("the MDT to see both OSTs", Duration::from_secs(30), || {
-        lode_rpc::admin::admin_request(&sock, "value lod.*.target_obd")
-            .is_ok_and(|v| v.lines().filter(|l| l.ends_with(" ACTIVE")).count() == 2)
-    })
-    .map_err(|e| anyhow!("up: {e}"))?;
-    if !is_lode_mount(&mnt) {
+    if !live_mount {
         let mut options = "allow_other".to_string();
         if keyed {
             options.push_str(&format!(",key_file={}", key.display()));
@@ -292,9 +475,18 @@ pub fn up(a: UpArgs) -> Result<()> {
             source: format!("{mgs}:/{}", conf.fsname),
             mountpoint: mnt.clone(),
         };
-        let pid = daemonize(&args, Some(dir.join("mount.log")), Some(&dir.join("run")))
-            .map_err(|e| anyhow!("up: {e}"))?;
-        std::fs::write(dir.join("mount.pid"), pid.to_string())?;
+        let pid = daemonize(
+            &args,
+            Some(dir.join("mount.log")),
+            Some(&dir.join("run")),
+            Some(&dir.join(MOUNT_UUID_FILE)),
+        )
+        .map_err(|e| anyhow!("up: {e}"))?;
+        lode_base::config::write_durable(
+            &dir.join("mount.pid"),
+            pid.to_string().as_bytes(),
+            0o644,
+        )?;
     }
     println!(
         "lode is up: {mgs}:/{} mounted on {}",
@@ -341,7 +533,11 @@ pub fn down(a: DirArgs) -> Result<()> {
     let dir =
         std::fs::canonicalize(&a.dir).map_err(|e| anyhow!("down: {}: {e}", a.dir.display()))?;
     let conf = UpConf::load(&dir)
+        .map_err(|e| anyhow!("down: {e}"))?
         .ok_or_else(|| anyhow!("down: {}: no file system started by lode up", dir.display()))?;
+    if is_lode_mount(&conf.mount) && lode_process("mount", &conf.mount).is_none() {
+        clear_dead_mount(&conf.mount).map_err(|e| anyhow!("down: {e}"))?;
+    }
     if is_lode_mount(&conf.mount) {
         let ok = Command::new("fusermount3")
             .arg("-u")
@@ -375,12 +571,14 @@ pub fn down(a: DirArgs) -> Result<()> {
 pub fn status(a: DirArgs) -> Result<()> {
     let dir =
         std::fs::canonicalize(&a.dir).map_err(|e| anyhow!("status: {}: {e}", a.dir.display()))?;
-    let conf = UpConf::load(&dir).ok_or_else(|| {
-        anyhow!(
-            "status: {}: no file system started by lode up",
-            dir.display()
-        )
-    })?;
+    let conf = UpConf::load(&dir)
+        .map_err(|e| anyhow!("status: {e}"))?
+        .ok_or_else(|| {
+            anyhow!(
+                "status: {}: no file system started by lode up",
+                dir.display()
+            )
+        })?;
     let mgs = format!("127.0.0.1:{}", conf.port_base);
     let usage: std::collections::HashMap<String, lode_proto::StatfsRep> =
         match lode_client::Session::connect({

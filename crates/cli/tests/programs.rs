@@ -209,3 +209,40 @@ fn sqlite3_transaction_of_1000_rows() {
     );
     assert_eq!(q("PRAGMA integrity_check;"), "ok");
 }
+
+/// Programs probe files with ioctls (Python asks TCGETS of every file it opens): each
+/// gets ENOTTY, is counted in `llite.*.unsupported_ioctls`, and is logged once per
+/// command number, not once per call.
+#[test]
+fn an_unsupported_ioctl_is_enotty_counted_and_logged_once() {
+    use std::os::fd::AsRawFd;
+    let c = cluster(1);
+    let m = c.mount();
+    let p = m.path().join("plain");
+    std::fs::write(&p, b"x").expect("create");
+    for _ in 0..20 {
+        let f = std::fs::File::open(&p).expect("open");
+        let mut t = std::mem::MaybeUninit::<libc::termios>::uninit();
+        // SAFETY: TCGETS with a termios buffer on an open descriptor.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::TCGETS, t.as_mut_ptr()) };
+        assert_eq!(r, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENOTTY),
+            "not a terminal"
+        );
+    }
+    let counts = c.get_param("llite.*.unsupported_ioctls");
+    assert!(
+        counts.lines().any(|l| l.trim() == "0x00005401 20"),
+        "TCGETS counted 20 times: {counts:?}"
+    );
+    let log = m.log();
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("ioctl not supported"))
+            .count(),
+        1,
+        "logged once:\n{log}"
+    );
+}

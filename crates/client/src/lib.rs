@@ -94,6 +94,8 @@ pub struct Client {
     dcache: Mutex<DirCache>,
     locks: locks::Locks,
     statahead: statahead::Statahead,
+    /// ioctl command numbers the mount answered ENOTTY, and how often.
+    unsupported_ioctls: parking_lot::Mutex<std::collections::BTreeMap<u32, u64>>,
     rt: Handle,
 }
 
@@ -162,6 +164,7 @@ impl Client {
             dcache: Mutex::new(HashMap::new()),
             locks: locks::Locks::default(),
             statahead: statahead::Statahead::default(),
+            unsupported_ioctls: Default::default(),
             cfg,
             uuid,
             mdc,
@@ -532,6 +535,26 @@ pub fn parse_statfs_report(b: &[u8]) -> Vec<(String, Result<StatfsRep, Errno>)> 
             ))
         })
         .collect()
+}
+
+impl Client {
+    /// Counts an ioctl the mount does not support; true the first time `cmd` is seen
+    /// (so the mount logs each command number once, not every call).
+    pub fn note_unsupported_ioctl(&self, cmd: u32) -> bool {
+        let mut m = self.unsupported_ioctls.lock();
+        let n = m.entry(cmd).or_insert(0);
+        *n += 1;
+        *n == 1
+    }
+
+    /// `unsupported_ioctls`: each command number answered ENOTTY, with its count.
+    pub fn unsupported_ioctls(&self) -> String {
+        self.unsupported_ioctls
+            .lock()
+            .iter()
+            .map(|(c, n)| format!("{c:#010x} {n}\n"))
+            .collect()
+    }
 }
 
 #[cfg(test)]

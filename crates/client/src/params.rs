@@ -142,11 +142,11 @@ pub fn all(client: Arc<Client>) -> impl Params {
     )
 }
 
-/// The client's file system view (`llite.FS-ID.*`): statahead.
+/// The client's file system view (`llite.FS-ID.*`): statahead, unsupported ioctls.
 pub struct LliteParams(pub Arc<Client>);
 
 /// `llite.*.*`.
-static LLITE: [Param<Client>; 2] = [
+static LLITE: [Param<Client>; 3] = [
     Param {
         name: "statahead_max",
         help: "entries a lookup of a listed or numbered name fetches ahead, with their locks (0: no statahead)",
@@ -171,6 +171,12 @@ static LLITE: [Param<Client>; 2] = [
         help: "statahead hits, misses, pages fetched and wrong guesses",
         get: |c| c.statahead_stats(),
         set: Set::Clear(|c| c.statahead_stats_clear()),
+    },
+    Param {
+        name: "unsupported_ioctls",
+        help: "ioctl command numbers answered ENOTTY (each logged once), with their counts",
+        get: |c| c.unsupported_ioctls(),
+        set: Set::No,
     },
 ];
 

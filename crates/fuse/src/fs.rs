@@ -900,6 +900,26 @@ impl Filesystem for LodeFs {
         });
     }
 
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: Fh,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // Programs probe files with ioctls (Python asks TCGETS of every file it
+        // opens): "not a terminal / no such control" is the right answer, and one log
+        // line per command number is enough.
+        if self.inner.client.note_unsupported_ioctl(cmd) {
+            tracing::info!(cmd = format_args!("{cmd:#010x}"), "ioctl not supported (ENOTTY); counted in llite.*.unsupported_ioctls, not logged again");
+        }
+        reply.error(FErrno::ENOTTY);
+    }
+
     fn readdir(
         &self,
         req: &Request,

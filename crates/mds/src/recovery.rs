@@ -72,6 +72,8 @@ pub(crate) struct RecState<Q> {
     pub evicted: u64,
     /// One replay executes at a time.
     pub running: bool,
+    /// Expected clients the administrator evicted: not waited for any longer.
+    given_up: HashSet<u32>,
 }
 
 impl<Q> RecState<Q> {
@@ -96,6 +98,7 @@ impl<Q> RecState<Q> {
             gaps: 0,
             evicted: 0,
             running: false,
+            given_up: HashSet::new(),
         }
     }
 
@@ -154,7 +157,7 @@ impl<Q> RecState<Q> {
             let gone: Vec<u32> = self
                 .expected
                 .keys()
-                .filter(|s| elapsed >= window && !waited.contains(s))
+                .filter(|s| (elapsed >= window && !waited.contains(s)) || self.given_up.contains(s))
                 .copied()
                 .collect();
             if !gone.is_empty() {
@@ -208,6 +211,15 @@ impl<Q> RecState<Q> {
         self.active = false;
         self.duration = Some(self.start.elapsed());
         Next::End(evicted)
+    }
+
+    /// Stops waiting for `slot` (an administrator evicted it, e.g. `lode up` for a
+    /// mount of its own that died with the servers): recovery goes on, or ends,
+    /// without it at the next step.
+    pub fn give_up_on(&mut self, slot: u32) {
+        if self.expected.contains_key(&slot) {
+            self.given_up.insert(slot);
+        }
     }
 
     /// Replays queued now.

@@ -325,6 +325,15 @@ impl Mdt {
             .ok_or_else(|| format!("No such file or directory: no client {uuid}"))?;
         self.vanished.lock().remove(&slot);
         self.evict(slot, "by the administrator");
+        // Recovery does not wait for it either.
+        let recovering = {
+            let mut r = self.recovery.lock();
+            r.st.give_up_on(slot);
+            r.st.active
+        };
+        if recovering {
+            self.recover();
+        }
         Ok(())
     }
 
