@@ -35,7 +35,7 @@ pub struct ScanArgs {
 }
 
 /// Bumped when the record's shape changes.
-const DB_VERSION: u32 = 1;
+const DB_VERSION: u32 = 2;
 
 /// The record of one scan.
 #[derive(Serialize, Deserialize)]
@@ -53,8 +53,41 @@ struct DirRec {
     ino: u64,
     mtime_ns: i64,
     ctime_ns: i64,
-    /// Names and whether each is a directory, sorted by name.
-    entries: Vec<(Vec<u8>, bool)>,
+    /// Its subdirectories' names (walked into whether or not it changed).
+    subdirs: Vec<Vec<u8>>,
+    /// Every name, sorted, packed (see [`pack`]): read back only for a directory that
+    /// changed, so loading a large record costs no allocation per entry.
+    #[serde(with = "serde_bytes")]
+    names: Vec<u8>,
+    /// How many names `names` holds.
+    count: u64,
+}
+
+/// Names and whether each is a directory, as one buffer: per entry a flag byte, a
+/// two-byte length and the name.
+fn pack(entries: &[(Vec<u8>, bool)]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(entries.iter().map(|(n, _)| n.len() + 3).sum());
+    for (n, d) in entries {
+        b.push(u8::from(*d));
+        b.extend_from_slice(&(n.len() as u16).to_le_bytes());
+        b.extend_from_slice(n);
+    }
+    b
+}
+
+/// The entries [`pack`] packed; a damaged buffer ends the list where it goes wrong.
+fn unpack(b: &[u8]) -> Vec<(Vec<u8>, bool)> {
+    let mut v = Vec::new();
+    let mut i = 0;
+    while i + 3 <= b.len() {
+        let len = u16::from_le_bytes([b[i + 1], b[i + 2]]) as usize;
+        let Some(name) = b.get(i + 3..i + 3 + len) else {
+            break;
+        };
+        v.push((name.to_vec(), b[i] == 1));
+        i += 3 + len;
+    }
+    v
 }
 
 impl DirRec {
@@ -137,9 +170,9 @@ fn save(db: &Path, d: &Db) -> Result<()> {
 /// Every path recorded under directory `rel` (not `rel` itself), for a directory gone.
 fn recorded_below(old: &HashMap<Vec<u8>, DirRec>, rel: &[u8], out: &mut Vec<Vec<u8>>) {
     let Some(d) = old.get(rel) else { return };
-    for (name, is_dir) in &d.entries {
-        let p = join(rel, name);
-        if *is_dir {
+    for (name, is_dir) in unpack(&d.names) {
+        let p = join(rel, &name);
+        if is_dir {
             recorded_below(old, &p, out);
         }
         out.push(p);
@@ -182,36 +215,37 @@ fn scan(
         };
         ch.dirs += 1;
         let before = old.get(&rel);
-        let entries = match before {
-            Some(b) if !full && b.same_as(&m) => b.entries.clone(),
+        let rec = match before {
+            Some(b) if !full && b.same_as(&m) => b.clone(),
             _ => {
                 ch.dirs_read += 1;
-                let now_entries = match read_entries(&path) {
+                let entries = match read_entries(&path) {
                     Ok(v) => v,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
                 };
                 if !first {
-                    diff(old, &rel, before, &now_entries, &mut ch);
+                    diff(old, &rel, before, &entries, &mut ch);
                 }
-                now_entries
+                DirRec {
+                    ino: m.ino(),
+                    mtime_ns: mtime_ns(&m),
+                    ctime_ns: ctime_ns(&m),
+                    subdirs: entries
+                        .iter()
+                        .filter(|(_, d)| *d)
+                        .map(|(n, _)| n.clone())
+                        .collect(),
+                    names: pack(&entries),
+                    count: entries.len() as u64,
+                }
             }
         };
-        ch.entries += entries.len() as u64;
-        for (name, is_dir) in &entries {
-            if *is_dir {
-                stack.push(join(&rel, name));
-            }
+        ch.entries += rec.count;
+        for name in &rec.subdirs {
+            stack.push(join(&rel, name));
         }
-        now.insert(
-            rel,
-            DirRec {
-                ino: m.ino(),
-                mtime_ns: mtime_ns(&m),
-                ctime_ns: ctime_ns(&m),
-                entries,
-            },
-        );
+        now.insert(rel, rec);
     }
     Ok((now, ch))
 }
@@ -225,9 +259,8 @@ fn diff(
     now: &[(Vec<u8>, bool)],
     ch: &mut Changes,
 ) {
-    let was: BTreeMap<&[u8], bool> = before
-        .map(|b| b.entries.iter().map(|(n, d)| (&n[..], *d)).collect())
-        .unwrap_or_default();
+    let before = before.map(|b| unpack(&b.names)).unwrap_or_default();
+    let was: BTreeMap<&[u8], bool> = before.iter().map(|(n, d)| (&n[..], *d)).collect();
     let is: BTreeMap<&[u8], bool> = now.iter().map(|(n, d)| (&n[..], *d)).collect();
     for (name, d) in &was {
         if is.get(name) != Some(d) {
@@ -286,4 +319,22 @@ pub fn run(a: ScanArgs) -> Result<()> {
         took.as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_names_come_back_and_a_damaged_buffer_stops_short() {
+        let e = vec![
+            (b"a".to_vec(), false),
+            (b"dir".to_vec(), true),
+            (vec![0xff; 255], false),
+        ];
+        let b = pack(&e);
+        assert_eq!(unpack(&b), e);
+        assert_eq!(unpack(&b[..b.len() - 1]), e[..2].to_vec());
+        assert!(unpack(&[]).is_empty());
+    }
 }

@@ -208,3 +208,51 @@ fn stats_of_numbered_names_are_fetched_ahead_in_batches_and_never_stale() {
         "the guess past file.599 is wrong"
     );
 }
+
+/// `find` reads names only: on a new mount, the kernel's first call for a directory
+/// asks for attributes, but only for the first entries (a small readdir+ page), so a
+/// large directory walked without stats costs the MDT about a hundred entries'
+/// attributes and locks, not a full page of them.
+#[test]
+fn find_in_a_large_directory_takes_attributes_and_locks_for_its_first_entries_only() {
+    let c = cluster(1);
+    {
+        let s = c.client();
+        let r = root();
+        let d = s
+            .run(s.client.mkdir(&r, Fid::ROOT, b"big", 0o755, None))
+            .expect("mkdir")
+            .attr
+            .fid;
+        for i in 0..3000 {
+            s.run(
+                s.client
+                    .create(&r, d, format!("f{i}").as_bytes(), 0o644, None),
+            )
+            .expect("create");
+        }
+    }
+    lode_testkit::wait_for(
+        "the maker's locks to go",
+        std::time::Duration::from_secs(10),
+        || c.get_param("ldlm.namespaces.mdt-*.lock_count") == "0",
+    );
+    let m = c.mount();
+    let out = std::process::Command::new("find")
+        .arg(m.path().join("big"))
+        .args(["-name", "f2999"])
+        .output()
+        .expect("find");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        m.path().join("big/f2999").display().to_string()
+    );
+    let locks: u64 = c
+        .get_param("ldlm.namespaces.mdt-*.lock_count")
+        .parse()
+        .expect("a count");
+    assert!(
+        locks <= 2 * 140,
+        "{locks} locks on the MDT after a find of 3,000 names"
+    );
+}

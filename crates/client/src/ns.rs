@@ -475,12 +475,27 @@ impl Client {
         cookie: u64,
         plus: bool,
     ) -> Result<ReaddirRep, Errno> {
+        self.readdir_n(cred, fid, cookie, plus, 0).await
+    }
+
+    /// [`Client::readdir`] of about `count` entries (0: a full page): a caller that
+    /// can take only a few entries with attributes spares the MDT the rest (their
+    /// attributes and locks).
+    pub async fn readdir_n(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        cookie: u64,
+        plus: bool,
+        count: u32,
+    ) -> Result<ReaddirRep, Errno> {
         match self
             .md(Request::Readdir(ReaddirReq {
                 cred: cred.clone(),
                 fid,
                 cookie,
                 plus,
+                count,
             }))
             .await?
         {

@@ -339,6 +339,8 @@ impl Client {
                 fid: dir,
                 cookie,
                 plus: true,
+                // The MDT does only what is kept.
+                count: max as u32,
             }))
             .await?
         {

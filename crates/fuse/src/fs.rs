@@ -401,6 +401,10 @@ fn time_set(t: TimeOrNow) -> TimeSet {
     }
 }
 
+/// Entries of the first readdir+ page of a directory: a 100-entry directory is still
+/// listed, attributes included, in one RPC.
+const FIRST_PLUS_ENTRIES: u32 = 128;
+
 impl Filesystem for LodeFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let mut want = InitFlags::FUSE_PARALLEL_DIROPS
@@ -1294,7 +1298,19 @@ impl Inner {
             if offset >= lode_base::hash::END_COOKIE {
                 return Ok((Arc::default(), 0));
             }
-            let page = self.client.readdir(cred, d.fid, offset, plus).await?;
+            // The kernel asks for attributes on its first call only, and takes what
+            // fits its buffer (a few dozen): a small page then, so a directory walked
+            // without stats (`find`) does not cost the MDT a page of attributes and
+            // locks; statahead fetches them if stats follow.
+            let count = if plus && offset == 0 {
+                FIRST_PLUS_ENTRIES
+            } else {
+                0
+            };
+            let page = self
+                .client
+                .readdir_n(cred, d.fid, offset, plus, count)
+                .await?;
             d.plus = page.entries.iter().all(|e| e.body.is_some());
             d.page = Arc::new(page.entries);
             d.next = page.next;

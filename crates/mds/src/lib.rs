@@ -439,7 +439,7 @@ mod tests {
         let mut pages = 0;
         while cookie != lode_base::hash::END_COOKIE {
             let page = ns
-                .readdir(&Cred::root(), d, cookie, false)
+                .readdir(&Cred::root(), d, cookie, false, 0)
                 .expect("readdir");
             got.extend(
                 page.entries

@@ -171,8 +171,14 @@ impl Namespace {
         fid: Fid,
         cookie: u64,
         plus: bool,
+        count: usize,
     ) -> OpResult<ReaddirRep> {
         let dir = self.dir_inode(fid)?;
+        let page_max = if count == 0 {
+            READDIR_PAGE_ENTRIES
+        } else {
+            count.min(READDIR_PAGE_ENTRIES)
+        };
         if !may_access(&dir.attr(fid), cred, MAY_READ) {
             return Err(Errno::EACCES.into());
         }
@@ -216,7 +222,7 @@ impl Namespace {
                 let Some((hash, name)) = parse_dirent_key(k) else {
                     return true;
                 };
-                let full = bytes >= READDIR_PAGE_BYTES || entries.len() >= READDIR_PAGE_ENTRIES;
+                let full = bytes >= READDIR_PAGE_BYTES || entries.len() >= page_max;
                 if full {
                     // Never split a hash group across pages: a resumed readdir starts at a
                     // hash, so a split group would be skipped or repeated. The page grows

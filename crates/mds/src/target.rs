@@ -409,9 +409,13 @@ impl Mdt {
         use ldlm::bits::{LOOKUP, UPDATE};
         let frozen = [(ResId::object(r.fid), LockMode::Pr, UPDATE)];
         let Some(held) = self.ldlm.try_acquire(&frozen) else {
-            return self.ns.readdir(&r.cred, r.fid, r.cookie, true);
+            return self
+                .ns
+                .readdir(&r.cred, r.fid, r.cookie, true, r.count as usize);
         };
-        let mut page = self.ns.readdir(&r.cred, r.fid, r.cookie, false)?;
+        let mut page = self
+            .ns
+            .readdir(&r.cred, r.fid, r.cookie, false, r.count as usize)?;
         for e in &mut page.entries {
             let dots = e.name == b"." || e.name == b"..";
             let (name_lock, lock) = if dots {
@@ -807,7 +811,8 @@ impl Mdt {
                 let rep = if r.plus && self.intent(inc, exp) {
                     self.readdir_locked(exp, &r)?
                 } else {
-                    self.ns.readdir(&r.cred, r.fid, r.cookie, r.plus)?
+                    self.ns
+                        .readdir(&r.cred, r.fid, r.cookie, r.plus, r.count as usize)?
                 };
                 (Reply::Readdir(rep), 0)
             }

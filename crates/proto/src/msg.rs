@@ -269,6 +269,9 @@ pub struct ReaddirReq {
     pub cookie: u64,
     /// Return attributes with each entry (readdir+).
     pub plus: bool,
+    /// At most about this many entries (0: a full page). A hash group is never split,
+    /// so a page may hold a few more.
+    pub count: u32,
 }
 
 /// One directory entry in a readdir page.
