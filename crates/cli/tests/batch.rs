@@ -345,3 +345,74 @@ fn a_modifying_batch_is_answered_committed_and_survives_kill_9_with_nothing_to_r
         );
     }
 }
+
+/// The glimpses of a readdir+ page go one RPC per OST for all its files: sizes,
+/// blocks and mtimes equal what a glimpse of each file alone gives (striped files,
+/// files on either OST, empty files, files never written).
+#[test]
+fn batched_glimpses_equal_single_glimpses() {
+    let c = cluster(2);
+    let s = c.client();
+    let r = root();
+    let cl = &s.client;
+    let dir = s.run(mkdir_p(cl, "/sizes"));
+    for i in 0..40u64 {
+        let layout = match i % 3 {
+            0 => Some(lode_base::Layout::plain(2, 65536, -1)),
+            1 => Some(lode_base::Layout::plain(1, 65536, (i % 2) as i32)),
+            _ => None,
+        };
+        let fh = s
+            .run(cl.create_open(
+                &r,
+                dir,
+                format!("f{i}").as_bytes(),
+                0o644,
+                libc::O_RDWR,
+                layout,
+            ))
+            .expect("create");
+        if i % 5 != 4 {
+            s.run(cl.write(
+                &fh,
+                i * 40_000,
+                &vec![1u8; (i as usize * 777) % 150_000 + 1],
+            ))
+            .expect("write");
+        }
+        s.run(cl.close(&fh)).expect("close");
+    }
+    let other = c.client();
+    let page = other
+        .run(other.client.readdir_all(&r, dir, true))
+        .expect("readdir+");
+    let bodies: Vec<_> = page
+        .iter()
+        .filter(|e| e.name != b"." && e.name != b"..")
+        .filter_map(|e| e.body.clone())
+        .collect();
+    assert_eq!(bodies.len(), 40);
+    assert!(
+        bodies.iter().filter(|b| b.glimpse).count() >= 20,
+        "most need a glimpse"
+    );
+    c.set_param("obdfilter.*.stats=clear");
+    let many = other.run(other.client.complete_many(bodies.clone()));
+    let stats = c.get_param("obdfilter.*.stats");
+    let rpcs: u64 = stats
+        .lines()
+        .filter(|l| l.starts_with("ost_getattr "))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(rpcs, 2, "one glimpse RPC per OST:\n{stats}");
+    for (b, got) in bodies.into_iter().zip(many) {
+        let name = b.attr.fid;
+        let one = other.run(other.client.complete(b)).expect("single glimpse");
+        let got = got.expect("batched glimpse");
+        assert_eq!(
+            (got.attr.size, got.attr.blocks, got.attr.mtime),
+            (one.attr.size, one.attr.blocks, one.attr.mtime),
+            "{name}"
+        );
+    }
+}

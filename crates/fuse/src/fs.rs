@@ -401,6 +401,10 @@ fn time_set(t: TimeOrNow) -> TimeSet {
     }
 }
 
+/// Entries of a readdir+ reply whose glimpses go in one batch (about what a kernel
+/// buffer holds).
+const GLIMPSE_BATCH: usize = 32;
+
 /// Entries of the first readdir+ page of a directory: a 100-entry directory is still
 /// listed, attributes included, in one RPC.
 const FIRST_PLUS_ENTRIES: u32 = 128;
@@ -969,39 +973,47 @@ impl Filesystem for LodeFs {
             let mut long = Vec::new();
             match r {
                 Ok((page, start)) => {
-                    for e in &page[start..] {
-                        let Some(body) = e.body.clone() else { continue };
-                        let body = match i.complete(body).await {
-                            Ok(b) => b,
-                            Err(_) => continue,
-                        };
-                        let dots = e.name == b"." || e.name == b"..";
-                        let ino = if dots {
-                            e.fid.ino()
-                        } else {
-                            i.remember(e.fid).0
-                        };
-                        let mut attr = file_attr(&body.attr);
-                        attr.ino = INodeNo(ino);
-                        let ttl = if dots {
-                            Duration::ZERO
-                        } else {
-                            let (et, at) = i.ttls(dir.map(|d| (d, &e.name[..])), e.fid);
-                            let ttl = et.min(at);
-                            if ttl == LOCKED_TTL {
-                                long.push((e.name.clone(), e.fid, body.attr.is_dir()));
+                    // A kernel buffer holds a few dozen entries: their glimpses go
+                    // together, one RPC per OST, a batch at a time.
+                    'batches: for chunk in page[start..].chunks(GLIMPSE_BATCH) {
+                        let bodies: Vec<MdtBody> =
+                            chunk.iter().filter_map(|e| e.body.clone()).collect();
+                        let mut done = i.client.complete_many(bodies).await.into_iter();
+                        for e in chunk {
+                            if e.body.is_none() {
+                                continue;
                             }
-                            ttl
-                        };
-                        if reply.add(
-                            INodeNo(ino),
-                            e.cookie + 1,
-                            OsStr::from_bytes(&e.name),
-                            &ttl,
-                            &attr,
-                            Generation(0),
-                        ) {
-                            break;
+                            let Some(Ok(body)) = done.next() else {
+                                continue;
+                            };
+                            let dots = e.name == b"." || e.name == b"..";
+                            let ino = if dots {
+                                e.fid.ino()
+                            } else {
+                                i.remember(e.fid).0
+                            };
+                            let mut attr = file_attr(&body.attr);
+                            attr.ino = INodeNo(ino);
+                            let ttl = if dots {
+                                Duration::ZERO
+                            } else {
+                                let (et, at) = i.ttls(dir.map(|d| (d, &e.name[..])), e.fid);
+                                let ttl = et.min(at);
+                                if ttl == LOCKED_TTL {
+                                    long.push((e.name.clone(), e.fid, body.attr.is_dir()));
+                                }
+                                ttl
+                            };
+                            if reply.add(
+                                INodeNo(ino),
+                                e.cookie + 1,
+                                OsStr::from_bytes(&e.name),
+                                &ttl,
+                                &attr,
+                                Generation(0),
+                            ) {
+                                break 'batches;
+                            }
                         }
                     }
                     reply.ok();
