@@ -256,3 +256,47 @@ fn find_in_a_large_directory_takes_attributes_and_locks_for_its_first_entries_on
         "{locks} locks on the MDT after a find of 3,000 names"
     );
 }
+
+/// The walks of real tools: `du` and `find -newer` (both read a directory, then stat
+/// its entries) are answered by statahead on a new mount, as `ls -l` is, and counted
+/// in `statahead_stats`.
+#[test]
+fn du_and_find_newer_on_a_new_mount_are_answered_by_statahead() {
+    let c = cluster(1);
+    let s = c.client();
+    let r = root();
+    let d = s
+        .run(s.client.mkdir(&r, Fid::ROOT, b"tools", 0o755, None))
+        .expect("mkdir")
+        .attr
+        .fid;
+    const N: u64 = 3000;
+    for i in 0..N {
+        s.run(
+            s.client
+                .create(&r, d, format!("x{i}").as_bytes(), 0o644, None),
+        )
+        .expect("create");
+    }
+    for (tool, args) in [
+        ("du", vec!["-s".to_string()]),
+        (
+            "find",
+            vec!["-newer".to_string(), "/etc/hostname".to_string()],
+        ),
+    ] {
+        let m = c.mount();
+        c.set_param("llite.*.statahead_stats=clear");
+        let mut cmd = std::process::Command::new(tool);
+        if tool == "du" {
+            cmd.args(&args).arg(m.path().join("tools"));
+        } else {
+            cmd.arg(m.path().join("tools")).args(&args);
+        }
+        let out = cmd.output().expect("run the tool");
+        assert!(out.status.success(), "{tool}: {out:?}");
+        let hits = stat_of(&c, "hits");
+        assert!(hits >= N / 2, "{tool}: {hits} statahead hits for {N} names");
+        drop(m);
+    }
+}

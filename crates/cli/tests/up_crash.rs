@@ -46,6 +46,20 @@ fn port_base(n: u16) -> u16 {
     21000 + (std::process::id() % 500) as u16 * 20 + n * 10
 }
 
+/// Stops the instance in `dir` when the test ends, passed or not: a failed test must
+/// not leave servers and a mount behind.
+struct Instance(std::path::PathBuf);
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = lode().arg("down").arg("--dir").arg(&self.0).output();
+        for pid in lode_pids_for(&self.0) {
+            // SAFETY: a signal to a process of this test's instance.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
 fn up(args: &[&str]) -> std::process::Output {
     lode().arg("up").args(args).output().expect("run lode up")
 }
@@ -54,6 +68,7 @@ fn up(args: &[&str]) -> std::process::Output {
 fn a_bare_lode_up_brings_back_an_instance_killed_whole_with_its_fsynced_data() {
     let t = tempfile::tempdir().expect("tempdir");
     let dir = t.path().join("inst");
+    let _cleanup = Instance(dir.clone());
     let d = dir.to_str().expect("utf-8 path");
     let base = port_base(0).to_string();
     let out = up(&["--dir", d, "--port-base", &base]);
@@ -154,6 +169,7 @@ fn a_bare_lode_up_brings_back_an_instance_killed_whole_with_its_fsynced_data() {
 fn lode_up_on_a_corrupt_mdt_store_fails_fast_with_the_mdts_own_error() {
     let t = tempfile::tempdir().expect("tempdir");
     let dir = t.path().join("inst");
+    let _cleanup = Instance(dir.clone());
     let d = dir.to_str().expect("utf-8 path");
     let base = port_base(1).to_string();
     let out = up(&["--dir", d, "--port-base", &base]);
