@@ -19,6 +19,27 @@ fn stat_of(c: &lode_testkit::Cluster, what: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {what} in statahead_stats:\n{text}"))
 }
 
+/// Makes directory `name` in the root holding `n` empty files named by `file`, as
+/// client `s`.
+fn filled_dir(
+    s: &lode_client::Session,
+    name: &str,
+    n: usize,
+    file: impl Fn(usize) -> String,
+) -> Fid {
+    let r = root();
+    let d = s
+        .run(s.client.mkdir(&r, Fid::ROOT, name.as_bytes(), 0o755, None))
+        .expect("mkdir")
+        .attr
+        .fid;
+    for i in 0..n {
+        s.run(s.client.create(&r, d, file(i).as_bytes(), 0o644, None))
+            .expect("create");
+    }
+    d
+}
+
 /// `ls -l`'s pattern: every name first, then a stat of each (in listing order).
 fn ls_l(dir: &std::path::Path) -> Vec<(String, u32)> {
     let names: Vec<String> = fs::read_dir(dir)
@@ -39,21 +60,10 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
     let c = cluster(1);
     let s = c.client();
     let r = root();
-    let d = s
-        .run(s.client.mkdir(&r, Fid::ROOT, b"d", 0o755, None))
-        .expect("mkdir")
-        .attr
-        .fid;
     // Several readdir pages: the mount reads the first with attributes (the kernel asks
     // for them on its first call), the others without.
     const N: usize = 5000;
-    for i in 0..N {
-        s.run(
-            s.client
-                .create(&r, d, format!("f{i}").as_bytes(), 0o644, None),
-        )
-        .expect("create");
-    }
+    let d = filled_dir(&s, "d", N, |i| format!("f{i}"));
     // A mount that has seen none of it.
     let m = c.mount();
     let dir = m.path().join("d");
@@ -104,19 +114,7 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
 fn ls_l_of_a_small_directory_is_one_lookup_and_one_page() {
     let c = cluster(1);
     let s = c.client();
-    let r = root();
-    let d = s
-        .run(s.client.mkdir(&r, Fid::ROOT, b"small", 0o755, None))
-        .expect("mkdir")
-        .attr
-        .fid;
-    for i in 0..100 {
-        s.run(
-            s.client
-                .create(&r, d, format!("f{i}").as_bytes(), 0o644, None),
-        )
-        .expect("create");
-    }
+    filled_dir(&s, "small", 100, |i| format!("f{i}"));
     let m = c.mount();
     // The mount's own start (statfs, the root) is not this test's business.
     let _ = fs::metadata(m.path());
@@ -148,19 +146,8 @@ fn stats_of_numbered_names_are_fetched_ahead_in_batches_and_never_stale() {
     let c = cluster(1);
     let s = c.client();
     let r = root();
-    let d = s
-        .run(s.client.mkdir(&r, Fid::ROOT, b"seq", 0o755, None))
-        .expect("mkdir")
-        .attr
-        .fid;
     const N: usize = 600;
-    for i in 0..N {
-        s.run(
-            s.client
-                .create(&r, d, format!("file.{i:03}").as_bytes(), 0o644, None),
-        )
-        .expect("create");
-    }
+    let d = filled_dir(&s, "seq", N, |i| format!("file.{i:03}"));
     let m = c.mount();
     let dir = m.path().join("seq");
     let _ = fs::metadata(&dir);
@@ -216,22 +203,7 @@ fn stats_of_numbered_names_are_fetched_ahead_in_batches_and_never_stale() {
 #[test]
 fn find_in_a_large_directory_takes_attributes_and_locks_for_its_first_entries_only() {
     let c = cluster(1);
-    {
-        let s = c.client();
-        let r = root();
-        let d = s
-            .run(s.client.mkdir(&r, Fid::ROOT, b"big", 0o755, None))
-            .expect("mkdir")
-            .attr
-            .fid;
-        for i in 0..3000 {
-            s.run(
-                s.client
-                    .create(&r, d, format!("f{i}").as_bytes(), 0o644, None),
-            )
-            .expect("create");
-        }
-    }
+    filled_dir(&c.client(), "big", 3000, |i| format!("f{i}"));
     lode_testkit::wait_for(
         "the maker's locks to go",
         std::time::Duration::from_secs(10),
@@ -263,21 +235,8 @@ fn find_in_a_large_directory_takes_attributes_and_locks_for_its_first_entries_on
 #[test]
 fn du_and_find_newer_on_a_new_mount_are_answered_by_statahead() {
     let c = cluster(1);
-    let s = c.client();
-    let r = root();
-    let d = s
-        .run(s.client.mkdir(&r, Fid::ROOT, b"tools", 0o755, None))
-        .expect("mkdir")
-        .attr
-        .fid;
     const N: u64 = 3000;
-    for i in 0..N {
-        s.run(
-            s.client
-                .create(&r, d, format!("x{i}").as_bytes(), 0o644, None),
-        )
-        .expect("create");
-    }
+    filled_dir(&c.client(), "tools", N as usize, |i| format!("x{i}"));
     for (tool, args) in [
         ("du", vec!["-s".to_string()]),
         (
