@@ -280,3 +280,30 @@ fn lode_sync_commits_the_mdt_and_syncs_every_ost_before_returning() {
     );
     fails_with(c.lode().arg("sync").arg("/proc"), "not on a lode mount");
 }
+
+/// Data written and not fsynced is made durable by each OST's commit within
+/// `commit_interval_ms` (100 ms by default): the objects written are fsynced, with the
+/// directories naming them, not left to the kernel's writeback.
+#[test]
+fn written_objects_are_synced_by_the_ost_commit_within_its_interval() {
+    let c = cluster(1);
+    assert_eq!(c.get_param("obdfilter.*.commit_interval_ms"), "100");
+    let m = c.mount();
+    let committed = |what: &str| -> u64 {
+        let text = c.get_param("obdfilter.*.commits");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{what}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {what} in {text}"))
+    };
+    let before = committed("objects");
+    for i in 0..5 {
+        std::fs::write(m.path().join(format!("w{i}")), vec![1u8; 10_000]).expect("write");
+    }
+    lode_testkit::wait_for(
+        "the OST commit to sync the five objects",
+        std::time::Duration::from_secs(5),
+        || committed("objects") >= before + 5,
+    );
+    assert!(committed("commits") >= 1);
+}

@@ -9,13 +9,14 @@ use lode_proto::{
 };
 use lode_rpc::server::Offload;
 use lode_rpc::{Incoming, OpStats, Outgoing, Service};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use tracing::{info, warn};
 
 /// Identity of an OST.
@@ -55,7 +56,97 @@ pub struct Ost {
     readcache_max: std::sync::atomic::AtomicU64,
     /// Reads whose pages were dropped for it.
     readcache_dropped: std::sync::atomic::AtomicU64,
+    /// Objects written since the last commit, and the commit's interval and counters.
+    commit: Arc<Commit>,
 }
+
+/// What the OST's commit thread makes durable: every object written since the last
+/// commit, fsynced with the directory that names it (never `syncfs`, whose cost grows
+/// with everything else written to the disk).
+pub struct Commit {
+    dirty: Mutex<std::collections::HashSet<ObjId>>,
+    /// Held through a commit: a sync that finds the list empty still waits for the
+    /// commit that took it.
+    running: Mutex<()>,
+    /// `commit_interval_ms`.
+    interval_ms: AtomicU64,
+    /// Commits that synced something, and objects synced by them.
+    commits: AtomicU64,
+    synced: AtomicU64,
+}
+
+/// `commit_interval_ms` unless set (the MDT's too).
+pub const COMMIT_INTERVAL_MS_DEFAULT: u64 = 100;
+
+fn objects_root_for(dir: &std::path::Path) -> PathBuf {
+    dir.join("O")
+}
+
+impl Commit {
+    /// Starts the commit thread over the objects under `root`; it ends with the OST.
+    fn start(root: PathBuf) -> std::io::Result<Arc<Commit>> {
+        let c = Arc::new(Commit {
+            dirty: Mutex::default(),
+            running: Mutex::default(),
+            interval_ms: AtomicU64::new(COMMIT_INTERVAL_MS_DEFAULT),
+            commits: AtomicU64::default(),
+            synced: AtomicU64::default(),
+        });
+        let weak = Arc::downgrade(&c);
+        std::thread::Builder::new()
+            .name("ost-commit".into())
+            .spawn(move || loop {
+                let Some(c) = weak.upgrade() else { return };
+                let ms = c.interval_ms.load(Ordering::Relaxed);
+                drop(c);
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                let Some(c) = weak.upgrade() else { return };
+                if let Err(e) = c.run(&root) {
+                    tracing::error!("OST commit failed: {e}");
+                }
+            })?;
+        Ok(c)
+    }
+
+    /// Notes an object written (its data and, if new, its name are not durable yet).
+    fn wrote(&self, o: ObjId) {
+        self.dirty.lock().insert(o);
+    }
+
+    /// Makes every object written so far durable, with the directories naming them.
+    /// Several at once, so the file system commits their journal entries together.
+    fn run(&self, root: &std::path::Path) -> Result<(), Errno> {
+        let _one = self.running.lock();
+        let objs: Vec<ObjId> = std::mem::take(&mut *self.dirty.lock())
+            .into_iter()
+            .collect();
+        if objs.is_empty() {
+            return Ok(());
+        }
+        let n = objs.len() as u64;
+        let per = objs.len().div_ceil(COMMIT_THREADS);
+        let r = std::thread::scope(|s| {
+            let hs: Vec<_> = objs
+                .chunks(per)
+                .map(|chunk| s.spawn(move || sync_objects_unbounded(root, chunk)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(Err(Errno::EIO)))
+                .collect::<Result<Vec<()>, Errno>>()
+        });
+        if let Err(e) = r {
+            // Not durable: tried again at the next commit.
+            self.dirty.lock().extend(objs);
+            return Err(e);
+        }
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.synced.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Threads a commit syncs objects on.
+const COMMIT_THREADS: usize = 4;
 
 /// How far behind a read of a big object its pages are dropped too (over the largest
 /// page cache folio, 2 MiB on x86-64).
@@ -71,6 +162,7 @@ fn io_errno(e: &std::io::Error) -> Errno {
 impl Ost {
     /// Opens the OST over its directory.
     pub fn open(cfg: OstConfig) -> std::io::Result<Ost> {
+        let cfg_dir = cfg.dir.clone();
         let objects = cfg.dir.join("O");
         if !objects.exists() {
             std::fs::create_dir_all(&objects)?;
@@ -84,6 +176,7 @@ impl Ost {
             syncs: Offload::new("ost-sync", 2)?,
             readcache_max: READCACHE_MAX_FILESIZE_DEFAULT.into(),
             readcache_dropped: 0.into(),
+            commit: Commit::start(objects_root_for(&cfg_dir))?,
         })
     }
 
@@ -136,7 +229,11 @@ impl Ost {
             return Err(Errno::EFBIG);
         }
         let f = self.open_obj(o, true)?.ok_or(Errno::EIO)?;
-        if let Err(e) = f.write_all_at(data, off) {
+        let written = f.write_all_at(data, off);
+        // After the write (a commit taking the list meanwhile must not miss it), and
+        // even after a failed one (part of it may be there, and a new object is).
+        self.commit.wrote(*o);
+        if let Err(e) = written {
             let errno = io_errno(&e);
             if errno == Errno::ENOSPC {
                 warn!(target = %self.cfg.target_name(), "out of space writing {:?}", o);
@@ -344,15 +441,13 @@ fn punch_object(root: &std::path::Path, o: &ObjId, size: u64) -> Result<(), Errn
     Ok(())
 }
 
-/// fsyncs objects and the directories that name them (every object of the OST if
-/// `objs` is empty); runs on an offload thread.
+/// fsyncs objects and the directories that name them; runs on an offload thread.
 fn sync_objects(root: &std::path::Path, objs: &[ObjId]) -> Result<(), Errno> {
-    let objs = bounded(objs)?;
-    if objs.is_empty() {
-        let d = File::open(root).map_err(|e| io_errno(&e))?;
-        return nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d))
-            .map_err(|e| Errno(e as i32));
-    }
+    sync_objects_unbounded(root, bounded(objs)?)
+}
+
+/// [`sync_objects`] of any number of objects (the commit's own list).
+fn sync_objects_unbounded(root: &std::path::Path, objs: &[ObjId]) -> Result<(), Errno> {
     let mut dirs = std::collections::BTreeSet::new();
     for o in objs {
         let p = object_path_in(root, o);
@@ -390,8 +485,16 @@ impl Service for Ost {
                 return Outgoing::error(e);
             }
             let root = self.objects.clone();
+            let commit = self.commit.clone();
             return self.syncs.run(inc, move || {
-                Outgoing::answer(sync_objects(&root, &r.objs).map(|_| Reply::OstSync(Empty {})))
+                // Everything: what was written since the last commit (the rest is
+                // durable already).
+                let r = if r.objs.is_empty() {
+                    commit.run(&root)
+                } else {
+                    sync_objects(&root, &r.objs)
+                };
+                Outgoing::answer(r.map(|_| Reply::OstSync(Empty {})))
             });
         }
         if let OstRequest::Punch(r) = req {
@@ -425,7 +528,7 @@ impl Service for Ost {
 pub struct OstParams(pub std::sync::Arc<Ost>);
 
 /// `obdfilter.FS-OSTxxxx.*`.
-static OBDFILTER: [lode_rpc::admin::Param<Ost>; 9] = {
+static OBDFILTER: [lode_rpc::admin::Param<Ost>; 11] = {
     use lode_rpc::admin::{Param, Set};
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Ost>();
     [
@@ -445,6 +548,31 @@ static OBDFILTER: [lode_rpc::admin::Param<Ost>; 9] = {
             name: "num_exports",
             help: "clients connected",
             get: |o| o.handles.read().len().to_string(),
+            set: Set::No,
+        },
+        Param {
+            name: "commit_interval_ms",
+            help: "longest written data waits before the commit thread fsyncs it (and the directory naming a new object)",
+            get: |o| o.commit.interval_ms.load(Ordering::Relaxed).to_string(),
+            set: Set::Num {
+                min: 1,
+                max: 60_000,
+                f: |o, v| {
+                    o.commit.interval_ms.store(v, Ordering::Relaxed);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "commits",
+            help: "commits that synced written objects, and the objects they synced",
+            get: |o| {
+                format!(
+                    "commits: {}\nobjects: {}\n",
+                    o.commit.commits.load(Ordering::Relaxed),
+                    o.commit.synced.load(Ordering::Relaxed)
+                )
+            },
             set: Set::No,
         },
         Param {
