@@ -417,6 +417,10 @@ fn a_stopped_mount_is_evicted_the_others_go_on_and_it_recovers_with_eio_on_stale
         .open(b.path().join("f"))
         .expect("open on B");
     assert_eq!(mode(&b.path().join("f")), 0o644);
+    // B's open for write handed its lock on f back early, and a cached stat asks
+    // nothing: a listing (readdir+ under locks) makes sure B holds f's attributes
+    // again, so A's chmod must call B back.
+    fs::read_dir(b.path()).expect("readdir on B").for_each(drop);
     let pid = b.pid().expect("B's pid") as i32;
     /// Resumes B however the test ends: a failed assertion while B is stopped would
     /// otherwise hang on closing `stale`, a file on B.
@@ -432,9 +436,10 @@ fn a_stopped_mount_is_evicted_the_others_go_on_and_it_recovers_with_eio_on_stale
     // ldlm_timeout and A's change goes ahead.
     fs::set_permissions(a.path().join("f"), fs::Permissions::from_mode(0o600)).expect("chmod");
     fs::write(a.path().join("g"), b"y").expect("A carries on");
-    assert!(
-        c.log("mdt0").contains("evicting client"),
-        "the eviction is logged"
+    lode_testkit::wait_for(
+        "the eviction to be logged",
+        std::time::Duration::from_secs(10),
+        || c.log("mdt0").contains("evicting client"),
     );
     drop(resume);
     // Resumed, B reads the eviction notice and forgets what it cached...
