@@ -204,3 +204,25 @@ fn lode_up_on_a_corrupt_mdt_store_fails_fast_with_the_mdts_own_error() {
         lode_pids_for(&dir).is_empty()
     });
 }
+
+/// A torn `up.conf` (which its durable write prevents, but a disk can still do) is
+/// reported in one line naming the file, and nothing is started.
+#[test]
+fn a_damaged_up_conf_is_reported_in_one_line() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let dir = t.path().join("inst");
+    let _cleanup = Instance(dir.clone());
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(dir.join("up.conf"), b"fsname=lo").expect("torn up.conf");
+    let d = dir.to_str().expect("utf-8 path");
+    let start = Instant::now();
+    let out = up(&["--dir", d]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(start.elapsed() < Duration::from_secs(5), "no wait");
+    assert!(
+        err.contains("up.conf is damaged") && err.lines().count() == 1,
+        "one line naming the file: {err}"
+    );
+    assert!(lode_pids_for(&dir).is_empty(), "nothing started");
+}
