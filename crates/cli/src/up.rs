@@ -175,14 +175,9 @@ fn lode_process(verb: &str, path: &Path) -> Option<u32> {
     })
 }
 
-fn pid_alive(dir: &Path, name: &str) -> Option<u32> {
-    match TARGETS.iter().find(|t| t.name == name) {
-        Some(t) => lode_process(t.role, &dir.join(t.name)),
-        None => {
-            let conf = UpConf::load(dir).ok()??;
-            lode_process("mount", &conf.mount)
-        }
-    }
+/// The running server of target `t` in `dir`.
+fn server_pid(dir: &Path, t: &Target) -> Option<u32> {
+    lode_process(t.role, &dir.join(t.name))
 }
 
 /// The FUSE connection number of the mount at `mnt` (its device minor), from
@@ -326,7 +321,7 @@ pub fn up(a: UpArgs) -> Result<()> {
     let mgs = format!("127.0.0.1:{}", conf.port_base);
     let running: Vec<bool> = TARGETS
         .iter()
-        .map(|t| lode_process(t.role, &dir.join(t.name)).is_some())
+        .map(|t| server_pid(&dir, t).is_some())
         .collect();
     if running.iter().all(|r| *r) && live_mount {
         println!(
@@ -550,12 +545,12 @@ pub fn down(a: DirArgs) -> Result<()> {
             Command::new("umount").arg("-l").arg(&conf.mount).status()?;
         }
     }
-    if let Some(pid) = pid_alive(&dir, "mount") {
+    if let Some(pid) = lode_process("mount", &conf.mount) {
         stop_pid(pid);
     }
     let _ = std::fs::remove_file(dir.join("mount.pid"));
     for t in TARGETS.iter().rev() {
-        if let Some(pid) = pid_alive(&dir, t.name) {
+        if let Some(pid) = server_pid(&dir, t) {
             stop_pid(pid);
         }
         let _ = std::fs::remove_file(dir.join(format!("{}.pid", t.name)));
@@ -608,7 +603,7 @@ pub fn status(a: DirArgs) -> Result<()> {
             _ => format!("{}-OST{:04x}", conf.fsname, t.index),
         };
         let addr = format!("127.0.0.1:{}", port(conf.port_base, t));
-        let up = pid_alive(&dir, t.name).is_some() && std::net::TcpStream::connect(&addr).is_ok();
+        let up = server_pid(&dir, t).is_some() && std::net::TcpStream::connect(&addr).is_ok();
         let (used, avail, pct) = match usage.get(&name) {
             Some(s) => {
                 let b = u64::from(s.bsize);

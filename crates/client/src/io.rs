@@ -338,50 +338,25 @@ impl Client {
         let Some(layout) = layout else {
             return Ok((md.size, md.blocks, md.mtime));
         };
-        let objs = objects(fid, layout);
-        let mut per_ost: std::collections::HashMap<u32, Vec<(usize, u32, ObjId)>> =
-            Default::default();
-        for (ci, stripe, ost, obj) in objs {
-            per_ost.entry(ost).or_default().push((ci, stripe, obj));
-        }
-        let futs = per_ost.into_iter().map(|(ost, objs)| async move {
-            let osc = self.osc(ost).await?;
-            let req = ObjsReq {
-                objs: objs.iter().map(|o| o.2).collect(),
-            };
-            match osc.call(Request::OstGetattr(req)).await?.reply {
-                Reply::OstGetattr(a) if a.attrs.len() == objs.len() => Ok((objs, a.attrs)),
-                _ => Err(Errno::EPROTO),
-            }
-        });
-        let (mut size, mut blocks, mut mtime) = (md.size, 0u64, md.mtime);
-        for r in futures::future::join_all(futs).await {
-            let (objs, attrs) = r?;
-            for ((ci, stripe, _), a) in objs.iter().zip(attrs) {
-                if let Some((start, ss, count, _)) = raid0_geometry(layout, *ci) {
-                    size = size.max(file_size_from_object(start, ss, count, *stripe, a.size));
-                }
-                blocks += a.blocks;
-                if a.size > 0 || a.blocks > 0 {
-                    mtime = mtime.max(a.mtime);
-                }
-            }
-        }
-        Ok((size, blocks, mtime))
+        self.glimpse_many(&[(fid, layout, md)])
+            .await
+            .pop()
+            .unwrap_or(Err(Errno::EPROTO))
     }
 
-    /// [`Client::complete`] of many bodies with one glimpse RPC per OST for all of them
-    /// (the OST answers up to 4,096 objects at once), as a readdir+ page wants: a walk
-    /// of files with data then costs one OST round trip per page, not per file.
-    pub async fn complete_many(&self, bodies: Vec<MdtBody>) -> Vec<Result<MdtBody, Errno>> {
+    /// Size, blocks and mtime of each file from its OST objects and its MDT
+    /// attributes: one OST_GETATTR per OST for all the files' objects on it (up to
+    /// 4,096 objects each). A file whose objects an OST could not answer gets its error.
+    async fn glimpse_many(
+        &self,
+        files: &[(Fid, &Layout, &Attr)],
+    ) -> Vec<Result<(u64, u64, i64), Errno>> {
         const OBJS_PER_GLIMPSE: usize = 4096;
         let mut per_ost: std::collections::HashMap<u32, Vec<(usize, usize, u32, ObjId)>> =
             Default::default();
-        for (bi, b) in bodies.iter().enumerate() {
-            if let (true, Some(l)) = (b.glimpse, b.layout.as_ref()) {
-                for (ci, stripe, ost, obj) in objects(b.attr.fid, l) {
-                    per_ost.entry(ost).or_default().push((bi, ci, stripe, obj));
-                }
+        for (fi, (fid, layout, _)) in files.iter().enumerate() {
+            for (ci, stripe, ost, obj) in objects(*fid, layout) {
+                per_ost.entry(ost).or_default().push((fi, ci, stripe, obj));
             }
         }
         let futs = per_ost.into_iter().flat_map(|(ost, objs)| {
@@ -401,40 +376,61 @@ impl Client {
                 (objs, r)
             })
         });
-        let mut out: Vec<Result<MdtBody, Errno>> = bodies
-            .into_iter()
-            .map(|mut b| {
-                if b.glimpse && b.layout.is_some() {
-                    b.attr.blocks = 0;
-                }
-                Ok(b)
-            })
+        let mut out: Vec<Result<(u64, u64, i64), Errno>> = files
+            .iter()
+            .map(|(_, _, md)| Ok((md.size, 0, md.mtime)))
             .collect();
         for (objs, r) in futures::future::join_all(futs).await {
-            match r {
-                Ok(attrs) => {
-                    for ((bi, ci, stripe, _), a) in objs.iter().zip(attrs) {
-                        let Ok(b) = &mut out[*bi] else { continue };
-                        let Some(layout) = b.layout.as_ref() else {
-                            continue;
-                        };
-                        if let Some((start, ss, count, _)) = raid0_geometry(layout, *ci) {
-                            b.attr.size = b
-                                .attr
-                                .size
-                                .max(file_size_from_object(start, ss, count, *stripe, a.size));
-                        }
-                        b.attr.blocks += a.blocks;
-                        if a.size > 0 || a.blocks > 0 {
-                            b.attr.mtime = b.attr.mtime.max(a.mtime);
-                        }
-                    }
-                }
+            let attrs = match r {
+                Ok(a) => a,
                 Err(e) => {
-                    for (bi, ..) in &objs {
-                        out[*bi] = Err(e);
+                    for (fi, ..) in &objs {
+                        out[*fi] = Err(e);
+                    }
+                    continue;
+                }
+            };
+            for ((fi, ci, stripe, _), a) in objs.iter().zip(attrs) {
+                let Ok((size, blocks, mtime)) = &mut out[*fi] else {
+                    continue;
+                };
+                if let Some((start, ss, count, _)) = raid0_geometry(files[*fi].1, *ci) {
+                    *size = (*size).max(file_size_from_object(start, ss, count, *stripe, a.size));
+                }
+                *blocks += a.blocks;
+                if a.size > 0 || a.blocks > 0 {
+                    *mtime = (*mtime).max(a.mtime);
+                }
+            }
+        }
+        out
+    }
+
+    /// [`Client::complete`] of many bodies with one glimpse RPC per OST for all of them
+    /// (see [`Client::glimpse_many`]), as a readdir+ page wants: a walk of files with
+    /// data then costs one OST round trip per page, not per file.
+    pub async fn complete_many(&self, bodies: Vec<MdtBody>) -> Vec<Result<MdtBody, Errno>> {
+        let wanted: Vec<usize> = (0..bodies.len())
+            .filter(|&i| bodies[i].glimpse && bodies[i].layout.is_some())
+            .collect();
+        let files: Vec<(Fid, &Layout, &Attr)> = wanted
+            .iter()
+            .filter_map(|&i| {
+                let b = &bodies[i];
+                Some((b.attr.fid, b.layout.as_ref()?, &b.attr))
+            })
+            .collect();
+        let got = self.glimpse_many(&files).await;
+        drop(files);
+        let mut out: Vec<Result<MdtBody, Errno>> = bodies.into_iter().map(Ok).collect();
+        for (i, r) in wanted.into_iter().zip(got) {
+            match r {
+                Ok((size, blocks, mtime)) => {
+                    if let Ok(b) = &mut out[i] {
+                        (b.attr.size, b.attr.blocks, b.attr.mtime) = (size, blocks, mtime);
                     }
                 }
+                Err(e) => out[i] = Err(e),
             }
         }
         out

@@ -105,6 +105,20 @@ impl Default for Statahead {
 }
 
 impl Statahead {
+    /// `dir`'s entry, made if new: room for it is made by forgetting another
+    /// directory's, whose fetched names never looked up count as misses.
+    fn dir<'a>(&self, dirs: &'a mut HashMap<Fid, Dir>, dir: Fid) -> &'a mut Dir {
+        if !dirs.contains_key(&dir) && dirs.len() >= DIRS_MAX {
+            if let Some(k) = dirs.keys().next().copied() {
+                if let Some(d) = dirs.remove(&k) {
+                    self.misses
+                        .fetch_add(d.fetched.len() as u64, Ordering::Relaxed);
+                }
+            }
+        }
+        dirs.entry(dir).or_default()
+    }
+
     fn max(&self) -> usize {
         match self.max.load(Ordering::Relaxed) {
             usize::MAX => STATAHEAD_MAX_DEFAULT,
@@ -156,17 +170,7 @@ impl Client {
             return;
         }
         let mut dirs = self.statahead.dirs.lock();
-        if !dirs.contains_key(&dir) && dirs.len() >= DIRS_MAX {
-            // Room for this one: forget another directory's.
-            if let Some(k) = dirs.keys().next().copied() {
-                if let Some(d) = dirs.remove(&k) {
-                    self.statahead
-                        .misses
-                        .fetch_add(d.fetched.len() as u64, Ordering::Relaxed);
-                }
-            }
-        }
-        let d = dirs.entry(dir).or_default();
+        let d = self.statahead.dir(&mut dirs, dir);
         for e in entries {
             if d.listed.len() >= NAMES_MAX {
                 break;
@@ -308,16 +312,10 @@ impl Client {
         }
         {
             let mut dirs = self.statahead.dirs.lock();
-            if !dirs.contains_key(&parent) && dirs.len() >= DIRS_MAX {
-                if let Some(k) = dirs.keys().next().copied() {
-                    if let Some(d) = dirs.remove(&k) {
-                        self.statahead
-                            .misses
-                            .fetch_add(d.fetched.len() as u64, Ordering::Relaxed);
-                    }
-                }
-            }
-            dirs.entry(parent).or_default().fetched.extend(fetched);
+            self.statahead
+                .dir(&mut dirs, parent)
+                .fetched
+                .extend(fetched);
         }
         self.statahead.hits.fetch_add(1, Ordering::Relaxed);
         mine.map(Ok)

@@ -1302,11 +1302,7 @@ impl Service for Mdt {
                 };
             }
         };
-        if self.squash_on.load(Ordering::Relaxed) {
-            if let Some(cred) = req.cred_mut() {
-                self.squash.read().apply(inc.peer.ip(), cred);
-            }
-        }
+        self.squash_cred(inc, &mut req);
         if let MdtRequest::Connect(c) = req {
             if lode_rpc::fail::check(lode_rpc::fail::MDS_DROP_CONNECT) {
                 warn!(peer = %inc.peer, "fail_loc: CONNECT dropped");
@@ -1689,6 +1685,34 @@ impl Mdt {
         w
     }
 
+    /// Applies root squash to a request's credentials (a batch's sub-requests too).
+    fn squash_cred(&self, inc: &Incoming, req: &mut MdtRequest) {
+        if self.squash_on.load(Ordering::Relaxed) {
+            if let Some(cred) = req.cred_mut() {
+                self.squash.read().apply(inc.peer.ip(), cred);
+            }
+        }
+    }
+
+    /// Records the outcome of a modification that failed (`sub` as in
+    /// [`ReplySlot`]): a resent failing request fails the same way even if it could
+    /// succeed now. If the record cannot be written, the caller gets the store error.
+    fn record_failure(&self, exp: &Export, tag: u16, xid: u64, sub: u16, out: &mut Outgoing) {
+        if out.status >= 0 || self.ns.store.is_stopped() {
+            return;
+        }
+        let slot = ReplySlot {
+            slot: exp.slot,
+            tag,
+            xid,
+            replay_transno: 0,
+            sub,
+        };
+        if let Err(e) = self.ns.store.record_reply(slot, out.status) {
+            *out = self.error_out(OpError::Store(e));
+        }
+    }
+
     fn untag(&self, slot: u32, tag: u16, xid: u64) {
         let mut tags = self.tags.lock();
         if let Some(ct) = tags.get_mut(&slot) {
@@ -1744,20 +1768,7 @@ impl Mdt {
                 abort("after the change is committed, before it is answered");
             }
         }
-        if out.status < 0 && !self.ns.store.is_stopped() {
-            // Recorded too: a resent failing request fails the same way even if it
-            // could succeed now.
-            let slot = ReplySlot {
-                slot: exp.slot,
-                tag,
-                xid,
-                replay_transno: 0,
-                sub: 0,
-            };
-            if let Err(e) = self.ns.store.record_reply(slot, out.status) {
-                out = self.error_out(OpError::Store(e));
-            }
-        }
+        self.record_failure(exp, tag, xid, 0, &mut out);
         let parent = match (parent_intent, out.status) {
             (Some((p, pre)), 0) => self.parent_attrs(p, pre),
             _ => None,

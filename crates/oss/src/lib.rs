@@ -78,10 +78,6 @@ pub struct Commit {
 /// `commit_interval_ms` unless set (the MDT's too).
 pub const COMMIT_INTERVAL_MS_DEFAULT: u64 = 100;
 
-fn objects_root_for(dir: &std::path::Path) -> PathBuf {
-    dir.join("O")
-}
-
 impl Commit {
     /// Starts the commit thread over the objects under `root`; it ends with the OST.
     fn start(root: PathBuf) -> std::io::Result<Arc<Commit>> {
@@ -162,12 +158,12 @@ fn io_errno(e: &std::io::Error) -> Errno {
 impl Ost {
     /// Opens the OST over its directory.
     pub fn open(cfg: OstConfig) -> std::io::Result<Ost> {
-        let cfg_dir = cfg.dir.clone();
         let objects = cfg.dir.join("O");
         if !objects.exists() {
             std::fs::create_dir_all(&objects)?;
             File::open(&cfg.dir)?.sync_all()?;
         }
+        let commit = Commit::start(objects.clone())?;
         Ok(Ost {
             cfg,
             objects,
@@ -176,7 +172,7 @@ impl Ost {
             syncs: Offload::new("ost-sync", 2)?,
             readcache_max: READCACHE_MAX_FILESIZE_DEFAULT.into(),
             readcache_dropped: 0.into(),
-            commit: Commit::start(objects_root_for(&cfg_dir))?,
+            commit,
         })
     }
 

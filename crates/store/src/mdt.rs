@@ -288,6 +288,12 @@ impl MdtStore {
             c.misses += 1;
             c.gen
         };
+        self.load_inode(key, gen)
+    }
+
+    /// Reads `key` from the engine and keeps it in the cache if no inode was written
+    /// since generation `gen` (the reader's look at the cache).
+    fn load_inode(&self, key: &[u8], gen: u64) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
         let Some(v) = self.engine.get(Cf::Inode, key)? else {
             return Ok(None);
         };
@@ -309,14 +315,7 @@ impl MdtStore {
             }
             c.gen
         };
-        let Some(v) = self.engine.get(Cf::Inode, key)? else {
-            return Ok(false);
-        };
-        let mut c = self.inodes.lock();
-        if c.gen == gen {
-            c.insert(key.to_vec(), Arc::new(v));
-        }
-        Ok(true)
+        Ok(self.load_inode(key, gen)?.is_some())
     }
 
     /// The inode cache's size and counters.

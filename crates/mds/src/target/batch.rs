@@ -20,7 +20,6 @@ use lode_proto::frame::FLAG_RESENT;
 use lode_proto::{BatchRep, BatchReq, DecodeError, Header, MdtRequest, Reply, SubRep, SubReq};
 use lode_rpc::server::Deferred;
 use lode_rpc::{Incoming, Outgoing};
-use lode_store::mdt::ReplySlot;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -76,11 +75,7 @@ impl Mdt {
         if !allowed {
             return Err(Errno::EINVAL);
         }
-        if self.squash_on.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Some(cred) = req.cred_mut() {
-                self.squash.read().apply(inc.peer.ip(), cred);
-            }
-        }
+        self.squash_cred(inc, &mut req);
         Ok(req)
     }
 
@@ -207,19 +202,7 @@ impl Mdt {
             }
             let mut out = self.run_sub(inc, &exp, req, sub);
             drop(locks);
-            if out.status < 0 && !self.ns.store.is_stopped() {
-                // Recorded too: a resent failing change fails the same way.
-                let slot = ReplySlot {
-                    slot: exp.slot,
-                    tag: run.header.tag,
-                    xid: run.header.xid,
-                    replay_transno: 0,
-                    sub,
-                };
-                if let Err(e) = self.ns.store.record_reply(slot, out.status) {
-                    out = self.error_out(OpError::Store(e));
-                }
-            }
+            self.record_failure(&exp, run.header.tag, run.header.xid, sub, &mut out);
             run.results.push(sub_rep(out));
         }
         Step::Done(Box::new(run))
