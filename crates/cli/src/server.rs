@@ -179,13 +179,13 @@ pub fn run(role: Role, a: ServerArgs) -> Result<()> {
         }
         Role::Mdt => start_mdt(&cfg, &a, &listen, rt.handle())?,
         Role::Ost => {
-            let ost = Arc::new(lode_oss::Ost::open(lode_oss::OstConfig {
+            let ost = lode_oss::Ost::open(lode_oss::OstConfig {
                 fsname: cfg.fsname.clone(),
                 index: cfg.index,
                 uuid: cfg.uuid.clone(),
                 dir: a.dir.clone(),
                 key: cfg.key(),
-            })?);
+            })?;
             spawn_register(&cfg, TargetKind::Ost, &listen, rt.handle());
             (ost.clone(), Arc::new(lode_oss::OstParams(ost)))
         }

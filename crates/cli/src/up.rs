@@ -429,14 +429,25 @@ pub fn up(a: UpArgs) -> Result<()> {
             // otherwise hold the new mount for the whole window).
             if let Ok(uuid) = std::fs::read_to_string(dir.join(MOUNT_UUID_FILE)) {
                 let uuid = uuid.trim().to_string();
-                let line = format!("set mdt.*.evict_client={uuid}");
-                wait_started(
-                    &dir,
-                    &mut started,
-                    "the MDT's admin socket",
-                    Duration::from_secs(30),
-                    || lode_rpc::admin::admin_request(&sock, &line).is_ok(),
-                )?;
+                let mut targets = vec![(
+                    "the MDT's admin socket".to_string(),
+                    sock.clone(),
+                    format!("set mdt.*.evict_client={uuid}"),
+                )];
+                // The OSTs' recoveries too wait for the writers they had.
+                for t in TARGETS.iter().filter(|t| t.role == "oss") {
+                    targets.push((
+                        format!("the admin socket of {}", t.name),
+                        dir.join("run")
+                            .join(format!("{}-OST{:04x}.sock", conf.fsname, t.index)),
+                        format!("set obdfilter.*.evict_client={uuid}"),
+                    ));
+                }
+                for (what, sock, line) in targets {
+                    wait_started(&dir, &mut started, &what, Duration::from_secs(30), || {
+                        lode_rpc::admin::admin_request(&sock, &line).is_ok()
+                    })?;
+                }
             }
         }
         wait_started(

@@ -193,6 +193,9 @@ impl Client {
         // restart of the MDT.
         self.mdc.closed(fh.handle);
         let rep = rep?;
+        if fh.wrote.load(Ordering::Acquire) {
+            self.check_lost(fh)?;
+        }
         if let Reply::Close(r) = rep {
             if r.exact_size {
                 self.size_exact(fh.fid, cached);
@@ -559,9 +562,33 @@ impl Client {
                 r?;
             }
         }
+        self.check_lost(fh)?;
         self.md(Request::Sync(lode_proto::Empty {}))
             .await
             .map(|_| ())
+    }
+
+    /// EIO if an OST lost data written to the file that it had answered: it restarted
+    /// and ended its recovery without this client, or refused a replay. Said once, to
+    /// the next fsync or close, as Lustre reports a failed write-back.
+    fn check_lost(&self, fh: &FileHandle) -> Result<(), Errno> {
+        let Some(layout) = &fh.layout else {
+            return Ok(());
+        };
+        let osts: std::collections::BTreeSet<u32> = objects(fh.fid, layout)
+            .into_iter()
+            .map(|(_, _, ost, _)| ost)
+            .collect();
+        let oscs = self.oscs.read();
+        let mut lost = false;
+        for ost in osts {
+            lost |= oscs.get(&ost).is_some_and(|i| i.take_lost(fh.fid));
+        }
+        if lost {
+            tracing::warn!(fid = %fh.fid, "data written to this file was lost by an OST restart: EIO");
+            return Err(Errno::EIO);
+        }
+        Ok(())
     }
 }
 

@@ -90,7 +90,31 @@ static MDC: [Param<Import>; 6] = [
 ];
 
 /// Parameters of an OSC.
-static OSC: [Param<Import>; 4] = [max_rpcs(1), RPC_STATS, STATS, NET_DELAY];
+static OSC: [Param<Import>; 6] = [
+    max_rpcs(1),
+    RPC_STATS,
+    STATS,
+    NET_DELAY,
+    Param {
+        name: "unstable_stats",
+        help: "written data the OST answered but has not committed (kept for replay), what was replayed after restarts, and what was lost",
+        get: |i| i.unstable_stats(),
+        set: Set::No,
+    },
+    Param {
+        name: "max_unstable_mb",
+        help: "most unstable data kept before a write waits for the OST to commit",
+        get: |i| (i.max_unstable() >> 20).to_string(),
+        set: Set::Num {
+            min: 1,
+            max: lode_base::limits::MAX_UNSTABLE_MB_MAX,
+            f: |i, n| {
+                i.set_max_unstable(n << 20);
+                Ok(())
+            },
+        },
+    },
+];
 
 impl ClientParams {
     /// This client's instance name.

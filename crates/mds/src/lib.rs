@@ -10,7 +10,6 @@ pub mod ldlm;
 mod ns;
 pub mod params;
 pub mod pdo;
-mod recovery;
 mod reint;
 pub mod squash;
 mod target;

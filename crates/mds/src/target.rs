@@ -3,7 +3,6 @@
 //! dispatch of `MdtRequest` to the namespace layer.
 
 use crate::ldlm::{self, Acquired, Ldlm, LockMode, MdtLocks, ResId, Want};
-use crate::recovery::{Next, RecState};
 use crate::{Ctx, MdtConfig, Namespace, OpError, OpResult, OstState, Tunables};
 use lode_base::{Cred, Errno, Fid};
 use lode_proto::frame::{FLAG_REPLAY, FLAG_REPLAY_DONE};
@@ -11,6 +10,7 @@ use lode_proto::{
     ConnectRep, ConnectReq, Empty, LdlmCancelReq, LdlmEnqueueRep, MdtRequest, Opcode, ParentAttrs,
     ReaddirRep, Reply, Request, SyncRep, UnlinkRep, CONNECT_SUPPORTED,
 };
+use lode_rpc::recovery::{Next, RecState};
 use lode_rpc::server::Deferred;
 use lode_rpc::{CallbackChannel, Incoming, OpStats, Outgoing, Service};
 use lode_store::mdt::ReplySlot;
@@ -1130,45 +1130,10 @@ impl Mdt {
 
     /// `mdt.*.recovery_status`, in Lustre's format.
     pub fn recovery_status(&self) -> String {
-        let rec = self.recovery.lock();
-        let st = &rec.st;
-        let start = std::time::SystemTime::now()
-            .checked_sub(st.start.elapsed())
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs());
-        let total = st.expected.len() as u64 + st.evicted;
-        if st.active {
-            let hard = self.recovery_hard_s.load(Ordering::Relaxed);
-            let soft = self.recovery_soft_s.load(Ordering::Relaxed);
-            let left = if st.connected.len() < st.expected.len() {
-                soft
-            } else {
-                hard
-            }
-            .saturating_sub(st.start.elapsed().as_secs());
-            format!(
-                "status: RECOVERING\nrecovery_start: {start}\ntime_remaining: {left}\nconnected_clients: {}/{total}\nreq_replay_clients: {}\ncompleted_clients: {}\nevicted_clients: {}\nreplayed_requests: {}\nreplayed_locks: {}\nqueued_requests: {}\nnext_transno: {}\n",
-                st.connected.len(),
-                st.connected.len().saturating_sub(st.done.len()),
-                st.done.len(),
-                st.evicted,
-                st.replayed,
-                st.locks_replayed,
-                st.queued_len(),
-                st.last + 1,
-            )
-        } else {
-            format!(
-                "status: COMPLETE\nrecovery_start: {start}\nrecovery_duration: {}\ncompleted_clients: {}/{total}\nreplayed_requests: {}\nreplayed_locks: {}\nlast_transno: {}\nVBR: ENABLED\nvbr_gaps: {}\nvbr_refused: {}\nIR: DISABLED\n",
-                st.duration.unwrap_or_default().as_secs(),
-                st.done.len(),
-                st.replayed,
-                st.locks_replayed,
-                st.last,
-                st.gaps,
-                st.version_mismatches,
-            )
-        }
+        self.recovery.lock().st.status(
+            self.recovery_soft_s.load(Ordering::Relaxed),
+            self.recovery_hard_s.load(Ordering::Relaxed),
+        )
     }
 
     /// Changes the squash policy with `f`.

@@ -3,6 +3,7 @@
 
 use lode_base::limits::BULK_MAX;
 use lode_base::Errno;
+use lode_proto::frame::FLAG_REPLAY;
 use lode_proto::{
     ConnectRep, DataRep, Empty, ObjAttr, ObjAttrsRep, ObjId, OstRequest, Reply, StatfsRep,
     CONNECT_SUPPORTED,
@@ -18,6 +19,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tracing::{info, warn};
+
+pub mod powercut;
+mod recovery;
+
+/// The file in the OST directory that keeps `last_committed` across restarts.
+const LAST_COMMITTED_FILE: &str = "last_committed";
 
 /// Identity of an OST.
 #[derive(Clone, Debug)]
@@ -45,8 +52,9 @@ impl OstConfig {
 pub struct Ost {
     cfg: OstConfig,
     objects: PathBuf,
-    /// Connection handle → the TCP connection it was granted on.
-    handles: RwLock<HashMap<u64, u64>>,
+    /// Connection handle → its export (the client, and the TCP connection the handle
+    /// was granted on).
+    handles: RwLock<HashMap<u64, Arc<Export>>>,
     stats: OpStats,
     /// fsyncs run here, parked, so a slow disk does not hold a service thread.
     syncs: Offload,
@@ -58,35 +66,92 @@ pub struct Ost {
     readcache_dropped: std::sync::atomic::AtomicU64,
     /// Objects written since the last commit, and the commit's interval and counters.
     commit: Arc<Commit>,
+    /// Clients that may have changes to replay, durably (see [`recovery::Clients`]).
+    clients: Arc<recovery::Clients>,
+    /// Replay recovery after a restart (see [`recovery`]).
+    recovery: Mutex<recovery::Recovery>,
+    in_recovery: std::sync::atomic::AtomicBool,
+    /// This start of the OST: a client that sees it change knows the OST restarted.
+    instance: u64,
+    /// `recovery_time_soft` and `recovery_time_hard`, seconds.
+    recovery_soft_s: AtomicU64,
+    recovery_hard_s: AtomicU64,
+}
+
+/// A client's connection to the OST.
+struct Export {
+    conn_id: u64,
+    uuid: String,
+    /// On the list of clients recovery waits for: done before its first change is
+    /// answered.
+    listed: std::sync::atomic::AtomicBool,
 }
 
 /// What the OST's commit thread makes durable: every object written since the last
 /// commit, fsynced with the directory that names it (never `syncfs`, whose cost grows
-/// with everything else written to the disk).
+/// with everything else written to the disk). Every change (write, punch, destroy,
+/// setattr) gets a transno; a commit covers every transno given before it took the
+/// list, and records the highest in `last_committed` once it is durable: clients keep
+/// what is above it, and replay it if the OST restarts.
 pub struct Commit {
-    dirty: Mutex<std::collections::HashSet<ObjId>>,
+    dirty: Mutex<Dirty>,
     /// Held through a commit: a sync that finds the list empty still waits for the
     /// commit that took it.
     running: Mutex<()>,
+    /// Highest transno durable, and the file that keeps it across restarts.
+    committed: AtomicU64,
+    record: File,
     /// `commit_interval_ms`.
     interval_ms: AtomicU64,
     /// Commits that synced something, and objects synced by them.
     commits: AtomicU64,
     synced: AtomicU64,
+    /// The power-cut model, if on (see [`powercut`]).
+    undo: Option<Arc<powercut::Undo>>,
+    /// Told of each commit: clients whose connection went leave the list recovery
+    /// waits for once a commit covers their changes.
+    clients: Arc<recovery::Clients>,
+}
+
+/// Changes since the last commit.
+#[derive(Default)]
+struct Dirty {
+    objs: std::collections::HashSet<ObjId>,
+    /// Highest transno given.
+    last: u64,
 }
 
 /// `commit_interval_ms` unless set (the MDT's too).
 pub const COMMIT_INTERVAL_MS_DEFAULT: u64 = 100;
 
 impl Commit {
-    /// Starts the commit thread over the objects under `root`; it ends with the OST.
-    fn start(root: PathBuf) -> std::io::Result<Arc<Commit>> {
+    /// Starts the commit thread over the objects under `root`, its transnos from what
+    /// `record` (`last_committed`) says; it ends with the OST.
+    fn start(
+        root: PathBuf,
+        record: File,
+        undo: Option<Arc<powercut::Undo>>,
+        clients: Arc<recovery::Clients>,
+    ) -> std::io::Result<Arc<Commit>> {
+        let mut b = [0u8; 8];
+        let committed = match record.read_exact_at(&mut b, 0) {
+            Ok(()) => u64::from_le_bytes(b),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(e),
+        };
         let c = Arc::new(Commit {
-            dirty: Mutex::default(),
+            dirty: Mutex::new(Dirty {
+                objs: Default::default(),
+                last: committed,
+            }),
             running: Mutex::default(),
+            committed: committed.into(),
+            record,
             interval_ms: AtomicU64::new(COMMIT_INTERVAL_MS_DEFAULT),
             commits: AtomicU64::default(),
             synced: AtomicU64::default(),
+            undo,
+            clients,
         });
         let weak = Arc::downgrade(&c);
         std::thread::Builder::new()
@@ -104,40 +169,73 @@ impl Commit {
         Ok(c)
     }
 
-    /// Notes an object written (its data and, if new, its name are not durable yet).
-    fn wrote(&self, o: ObjId) {
-        self.dirty.lock().insert(o);
+    /// Notes a change to an object (its data and, if new, its name are not durable
+    /// yet) and gives it a transno: `at` for a replay (its original one), else the
+    /// next. Called after the change is made, so a commit that takes the list
+    /// meanwhile does not miss it.
+    fn wrote(&self, o: ObjId, at: Option<u64>) -> u64 {
+        let mut d = self.dirty.lock();
+        d.objs.insert(o);
+        match at {
+            Some(t) => {
+                d.last = d.last.max(t);
+                t
+            }
+            None => {
+                d.last += 1;
+                d.last
+            }
+        }
     }
 
-    /// Makes every object written so far durable, with the directories naming them.
-    /// Several at once, so the file system commits their journal entries together.
-    fn run(&self, root: &std::path::Path) -> Result<(), Errno> {
+    /// Highest transno durable.
+    fn last_committed(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
+    }
+
+    /// Makes every change so far durable, with the directories naming the objects,
+    /// then records the highest transno it covered. Several objects at once, so the
+    /// file system commits their journal entries together. Returns `last_committed`.
+    fn run(&self, root: &std::path::Path) -> Result<u64, Errno> {
         let _one = self.running.lock();
-        let objs: Vec<ObjId> = std::mem::take(&mut *self.dirty.lock())
-            .into_iter()
-            .collect();
-        if objs.is_empty() {
-            return Ok(());
+        let (objs, last) = {
+            let mut d = self.dirty.lock();
+            (
+                std::mem::take(&mut d.objs).into_iter().collect::<Vec<_>>(),
+                d.last,
+            )
+        };
+        if last <= self.last_committed() && objs.is_empty() {
+            return Ok(last);
         }
         let n = objs.len() as u64;
-        let per = objs.len().div_ceil(COMMIT_THREADS);
-        let r = std::thread::scope(|s| {
-            let hs: Vec<_> = objs
-                .chunks(per)
-                .map(|chunk| s.spawn(move || sync_objects_unbounded(root, chunk)))
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap_or(Err(Errno::EIO)))
-                .collect::<Result<Vec<()>, Errno>>()
-        });
-        if let Err(e) = r {
-            // Not durable: tried again at the next commit.
-            self.dirty.lock().extend(objs);
-            return Err(e);
+        if !objs.is_empty() {
+            let per = objs.len().div_ceil(COMMIT_THREADS);
+            let undo = self.undo.as_deref();
+            let r = std::thread::scope(|s| {
+                let hs: Vec<_> = objs
+                    .chunks(per)
+                    .map(|chunk| s.spawn(move || sync_objects_unbounded(root, chunk, undo)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().unwrap_or(Err(Errno::EIO)))
+                    .collect::<Result<Vec<()>, Errno>>()
+            });
+            if let Err(e) = r {
+                // Not durable: tried again at the next commit.
+                self.dirty.lock().objs.extend(objs);
+                return Err(e);
+            }
         }
+        self.record
+            .write_all_at(&last.to_le_bytes(), 0)
+            .and_then(|()| self.record.sync_data())
+            .map_err(|e| io_errno(&e))?;
+        self.committed.fetch_max(last, Ordering::AcqRel);
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.synced.fetch_add(n, Ordering::Relaxed);
-        Ok(())
+        self.clients.committed(last);
+        Ok(last)
     }
 }
 
@@ -156,15 +254,48 @@ fn io_errno(e: &std::io::Error) -> Errno {
 }
 
 impl Ost {
-    /// Opens the OST over its directory.
-    pub fn open(cfg: OstConfig) -> std::io::Result<Ost> {
+    /// Opens the OST over its directory. What a power cut (in the test model) would
+    /// have lost is rolled back first; then, if clients were connected when it
+    /// stopped, recovery waits for them to replay what it had not committed.
+    pub fn open(cfg: OstConfig) -> std::io::Result<Arc<Ost>> {
         let objects = cfg.dir.join("O");
         if !objects.exists() {
             std::fs::create_dir_all(&objects)?;
             File::open(&cfg.dir)?.sync_all()?;
         }
-        let commit = Commit::start(objects.clone())?;
-        Ok(Ost {
+        let rolled = powercut::restore(&cfg.dir, &objects)?;
+        if rolled > 0 {
+            warn!(
+                target = %cfg.target_name(),
+                objects = rolled,
+                "power-cut model: writes not synced before the stop are dropped"
+            );
+        }
+        let undo = powercut::Undo::from_env(&cfg.dir)?.map(Arc::new);
+        let (clients, expected) = recovery::Clients::load(&cfg.dir)?;
+        let clients = Arc::new(clients);
+        let record = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(cfg.dir.join(LAST_COMMITTED_FILE))?;
+        let commit = Commit::start(objects.clone(), record, undo, clients.clone())?;
+        let st = lode_rpc::recovery::RecState::new(
+            expected,
+            commit.last_committed(),
+            std::time::Instant::now(),
+        );
+        let recovering = st.active;
+        if recovering {
+            info!(
+                target = %cfg.target_name(),
+                clients = st.expected.len(),
+                last_committed = commit.last_committed(),
+                "recovery: waiting for the clients connected when the target stopped"
+            );
+        }
+        let ost = Arc::new(Ost {
             cfg,
             objects,
             handles: RwLock::new(HashMap::new()),
@@ -173,7 +304,17 @@ impl Ost {
             readcache_max: READCACHE_MAX_FILESIZE_DEFAULT.into(),
             readcache_dropped: 0.into(),
             commit,
-        })
+            clients,
+            recovery: Mutex::new(recovery::Recovery::new(st)),
+            in_recovery: recovering.into(),
+            instance: rand::random::<u64>() | 1,
+            recovery_soft_s: lode_base::limits::RECOVERY_TIME_SOFT_DEFAULT_S.into(),
+            recovery_hard_s: lode_base::limits::RECOVERY_TIME_HARD_DEFAULT_S.into(),
+        });
+        if recovering {
+            recovery::start_timer(&ost)?;
+        }
+        Ok(ost)
     }
 
     /// The file of an object. Every part is a number, so no input can name a path
@@ -214,7 +355,9 @@ impl Ost {
         Ok(buf)
     }
 
-    fn write(&self, o: &ObjId, off: u64, data: &[u8]) -> Result<(), Errno> {
+    /// Writes `data` at `off` of an object, creating it; returns the change's transno
+    /// (`at` for a replay).
+    fn write(&self, o: &ObjId, off: u64, data: &[u8], at: Option<u64>) -> Result<u64, Errno> {
         if data.len() > BULK_MAX {
             return Err(Errno::EINVAL);
         }
@@ -224,11 +367,16 @@ impl Ost {
         {
             return Err(Errno::EFBIG);
         }
+        let _journaled = match &self.commit.undo {
+            Some(u) => {
+                Some(u.before_write(&self.objects, &self.object_path(o), off, data.len())?)
+            }
+            None => None,
+        };
         let f = self.open_obj(o, true)?.ok_or(Errno::EIO)?;
         let written = f.write_all_at(data, off);
-        // After the write (a commit taking the list meanwhile must not miss it), and
-        // even after a failed one (part of it may be there, and a new object is).
-        self.commit.wrote(*o);
+        // Even after a failed write: part of it may be there, and a new object is.
+        let transno = self.commit.wrote(*o, at);
         if let Err(e) = written {
             let errno = io_errno(&e);
             if errno == Errno::ENOSPC {
@@ -236,7 +384,7 @@ impl Ost {
             }
             return Err(errno);
         }
-        Ok(())
+        Ok(transno)
     }
 
     fn getattr(&self, objs: &[ObjId]) -> Result<ObjAttrsRep, Errno> {
@@ -255,29 +403,41 @@ impl Ost {
         Ok(ObjAttrsRep { attrs })
     }
 
-    fn set_mtime(&self, objs: &[ObjId], mtime: i64) -> Result<(), Errno> {
+    /// Sets the objects' mtime; returns the change's transno (`at` for a replay).
+    fn set_mtime(&self, objs: &[ObjId], mtime: i64, at: Option<u64>) -> Result<u64, Errno> {
         let t = if mtime >= 0 {
             std::time::UNIX_EPOCH + std::time::Duration::from_nanos(mtime as u64)
         } else {
             std::time::UNIX_EPOCH - std::time::Duration::from_nanos(mtime.unsigned_abs())
         };
+        let mut transno = at.unwrap_or(0);
         for o in objs {
             if let Some(f) = self.open_obj(o, false)? {
                 f.set_modified(t).map_err(|e| io_errno(&e))?;
+                transno = self.commit.wrote(*o, at);
             }
         }
-        Ok(())
+        Ok(transno)
     }
 
-    fn destroy(&self, objs: &[ObjId]) -> Result<(), Errno> {
+    /// Removes objects; returns the change's transno (`at` for a replay). The removal
+    /// is durable with the next commit, which syncs the directories.
+    fn destroy(&self, objs: &[ObjId], at: Option<u64>) -> Result<u64, Errno> {
+        let mut transno = at.unwrap_or(0);
         for o in objs {
-            match std::fs::remove_file(self.object_path(o)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(io_errno(&e)),
+            let p = self.object_path(o);
+            let remove = || match std::fs::remove_file(&p) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(io_errno(&e)),
+            };
+            match &self.commit.undo {
+                Some(u) => u.synced(&self.objects, &p, remove)?,
+                None => remove()?,
             }
+            transno = self.commit.wrote(*o, at);
         }
-        Ok(())
+        Ok(transno)
     }
 
     fn statfs(&self) -> Result<StatfsRep, Errno> {
@@ -286,73 +446,187 @@ impl Ost {
             .map_err(|e| io_errno(&e))
     }
 
-    /// ENOTCONN unless the request's handle was granted by a CONNECT on this very
-    /// connection.
-    fn check_export(&self, inc: &Incoming) -> Result<(), Errno> {
-        if self.handles.read().get(&inc.header.handle) != Some(&inc.conn_id) {
-            return Err(Errno::ENOTCONN);
+    /// The export of the request's handle: ENOTCONN unless a CONNECT on this very
+    /// connection granted it.
+    fn export(&self, inc: &Incoming) -> Result<Arc<Export>, Errno> {
+        match self.handles.read().get(&inc.header.handle) {
+            Some(e) if e.conn_id == inc.conn_id => Ok(e.clone()),
+            _ => Err(Errno::ENOTCONN),
+        }
+    }
+
+    /// Puts the client on the list recovery waits for, durably, before its first
+    /// change is answered.
+    fn list(&self, exp: &Export) -> Result<(), Errno> {
+        if !exp.listed.load(Ordering::Acquire) {
+            self.clients.list(&exp.uuid)?;
+            exp.listed.store(true, Ordering::Release);
         }
         Ok(())
     }
 
-    fn dispatch(&self, inc: &Incoming, req: OstRequest) -> Result<Reply, Errno> {
-        if let OstRequest::Connect(c) = &req {
-            if c.fsname != self.cfg.fsname {
-                warn!(peer = %inc.peer, "refusing connect for file system {:?}", c.fsname);
-                return Err(Errno::EINVAL);
-            }
-            if c.target != self.cfg.target_name() {
-                return Err(Errno::ENODEV);
-            }
-            if !inc.verify_handshake(&self.cfg.key, &c.client_uuid, &c.target, &c.auth) {
-                return Err(Errno::EACCES);
-            }
-            let handle = rand::random::<u64>() | 1;
-            let mut handles = self.handles.write();
-            // One export per connection: a second CONNECT on it replaces the first.
-            handles.retain(|_, conn| *conn != inc.conn_id);
-            handles.insert(handle, inc.conn_id);
-            drop(handles);
-            info!(client = %c.client_uuid, peer = %inc.peer, "client connected");
-            return Ok(Reply::Connect(ConnectRep {
-                handle,
-                flags: c.flags & CONNECT_SUPPORTED,
-                max_mod_rpcs: 1,
-                target_uuid: self.cfg.uuid.clone(),
-                index: self.cfg.index,
-                // Nothing to replay here: only the MDT runs recovery.
-                instance: 0,
-                recovering: false,
-            }));
+    /// Exports `gone` lost their connection (or said goodbye): once a commit covers
+    /// what they changed, their clients need not be waited for after a restart.
+    fn forget(&self, gone: Vec<Arc<Export>>) {
+        let now = self.commit.dirty.lock().last;
+        for e in gone {
+            self.clients.gone(&e.uuid, now);
         }
-        self.check_export(inc)?;
-        Ok(match req {
-            OstRequest::Ping(_) => Reply::Ping(Empty {}),
+    }
+
+    fn connect(&self, inc: &Incoming, c: &lode_proto::ConnectReq) -> Result<Reply, Errno> {
+        if c.fsname != self.cfg.fsname {
+            warn!(peer = %inc.peer, "refusing connect for file system {:?}", c.fsname);
+            return Err(Errno::EINVAL);
+        }
+        if c.target != self.cfg.target_name() {
+            return Err(Errno::ENODEV);
+        }
+        if !inc.verify_handshake(&self.cfg.key, &c.client_uuid, &c.target, &c.auth) {
+            return Err(Errno::EACCES);
+        }
+        if !recovery::valid_uuid(&c.client_uuid) {
+            warn!(peer = %inc.peer, "refusing connect: bad client UUID");
+            return Err(Errno::EINVAL);
+        }
+        let recovering = self.in_recovery.load(Ordering::Acquire) && {
+            let slot = self.clients.slot(&c.client_uuid);
+            let mut rec = self.recovery.lock();
+            if rec.st.active && !rec.st.expects(slot) {
+                // Recovery waits for the clients it had; others come after it.
+                return Err(Errno::EAGAIN);
+            }
+            if rec.st.active {
+                rec.st.connected.insert(slot);
+            }
+            rec.st.active
+        };
+        let handle = rand::random::<u64>() | 1;
+        self.clients.connected(&c.client_uuid);
+        let exp = Arc::new(Export {
+            conn_id: inc.conn_id,
+            uuid: c.client_uuid.clone(),
+            listed: self.clients.is_listed(&c.client_uuid).into(),
+        });
+        let mut handles = self.handles.write();
+        // One export per connection: a second CONNECT on it replaces the first.
+        let replaced: Vec<Arc<Export>> = handles
+            .values()
+            .filter(|e| e.conn_id == inc.conn_id)
+            .cloned()
+            .collect();
+        handles.retain(|_, e| e.conn_id != inc.conn_id);
+        handles.insert(handle, exp);
+        drop(handles);
+        self.forget(replaced);
+        info!(client = %c.client_uuid, peer = %inc.peer, recovering, "client connected");
+        Ok(Reply::Connect(ConnectRep {
+            handle,
+            flags: c.flags & CONNECT_SUPPORTED,
+            max_mod_rpcs: 1,
+            target_uuid: self.cfg.uuid.clone(),
+            index: self.cfg.index,
+            instance: self.instance,
+            recovering,
+        }))
+    }
+
+    /// An answer, with `last_committed` (clients drop what they keep for replay up to
+    /// it).
+    fn out(&self, r: Result<Reply, Errno>) -> Outgoing {
+        let mut out = Outgoing::answer(r);
+        out.last_committed = self.commit.last_committed();
+        out
+    }
+
+    /// The answer to a change: its transno, and `last_committed`.
+    fn changed(&self, r: Result<u64, Errno>, rep: Reply) -> Outgoing {
+        match r {
+            Ok(transno) => Outgoing {
+                transno,
+                ..self.out(Ok(rep))
+            },
+            Err(e) => self.out(Err(e)),
+        }
+    }
+
+    /// Serves a request of a connected client (recovery is over, or never was).
+    fn serve(&self, inc: &Incoming, exp: &Arc<Export>, req: OstRequest) -> Outgoing {
+        let change = matches!(
+            req,
+            OstRequest::OstWrite(_)
+                | OstRequest::Punch(_)
+                | OstRequest::Destroy(_)
+                | OstRequest::OstSetattr(_)
+        );
+        if change {
+            if let Err(e) = self.list(exp) {
+                return self.out(Err(e));
+            }
+        }
+        match req {
+            OstRequest::OstSync(r) => {
+                let root = self.objects.clone();
+                let commit = self.commit.clone();
+                self.syncs.run(inc, move || {
+                    // Everything: what was written since the last commit (the rest is
+                    // durable already).
+                    let r = if r.objs.is_empty() {
+                        commit.run(&root).map(|_| ())
+                    } else {
+                        sync_objects(&root, &r.objs, commit.undo.as_deref())
+                    };
+                    let mut out = Outgoing::answer(r.map(|_| Reply::OstSync(Empty {})));
+                    out.last_committed = commit.last_committed();
+                    out
+                })
+            }
+            OstRequest::Punch(r) => {
+                let root = self.objects.clone();
+                let commit = self.commit.clone();
+                self.syncs.run(inc, move || {
+                    let r = punch_object(&root, &r.obj, r.size, commit.undo.as_deref())
+                        .map(|()| commit.wrote(r.obj, None));
+                    match r {
+                        Ok(transno) => Outgoing {
+                            transno,
+                            last_committed: commit.last_committed(),
+                            ..Outgoing::answer(Ok(Reply::Punch(Empty {})))
+                        },
+                        Err(e) => Outgoing::error(e),
+                    }
+                })
+            }
+            OstRequest::OstWrite(r) => self.changed(
+                self.write(&r.obj, r.offset, &r.data, None),
+                Reply::OstWrite(Empty {}),
+            ),
+            OstRequest::OstSetattr(r) => self.changed(
+                bounded(&r.objs).and_then(|objs| self.set_mtime(objs, r.mtime, None)),
+                Reply::OstSetattr(Empty {}),
+            ),
+            OstRequest::Destroy(r) => self.changed(
+                bounded(&r.objs).and_then(|objs| self.destroy(objs, None)),
+                Reply::Destroy(Empty {}),
+            ),
+            OstRequest::Ping(_) => self.out(Ok(Reply::Ping(Empty {}))),
             OstRequest::Disconnect(_) => {
-                self.handles.write().remove(&inc.header.handle);
-                Reply::Disconnect(Empty {})
+                let gone = self.handles.write().remove(&inc.header.handle);
+                self.forget(gone.into_iter().collect());
+                self.out(Ok(Reply::Disconnect(Empty {})))
             }
-            OstRequest::Statfs(_) => Reply::Statfs(self.statfs()?),
-            OstRequest::OstRead(r) => Reply::OstRead(DataRep {
-                data: self.read(&r.obj, r.offset, r.len)?,
-            }),
-            OstRequest::OstWrite(r) => {
-                self.write(&r.obj, r.offset, &r.data)?;
-                Reply::OstWrite(Empty {})
-            }
-            OstRequest::OstGetattr(r) => Reply::OstGetattr(self.getattr(bounded(&r.objs)?)?),
-            // Parked on the offload threads in `handle` before dispatch.
-            OstRequest::OstSync(_) | OstRequest::Punch(_) => return Err(Errno::EPROTO),
-            OstRequest::OstSetattr(r) => {
-                self.set_mtime(bounded(&r.objs)?, r.mtime)?;
-                Reply::OstSetattr(Empty {})
-            }
-            OstRequest::Destroy(r) => {
-                self.destroy(bounded(&r.objs)?)?;
-                Reply::Destroy(Empty {})
-            }
-            OstRequest::Connect(_) => return Err(Errno::EALREADY),
-        })
+            OstRequest::Statfs(_) => self.out(self.statfs().map(Reply::Statfs)),
+            OstRequest::OstRead(r) => self.out(
+                self.read(&r.obj, r.offset, r.len)
+                    .map(|data| Reply::OstRead(DataRep { data })),
+            ),
+            OstRequest::OstGetattr(r) => self.out(
+                bounded(&r.objs)
+                    .and_then(|objs| self.getattr(objs))
+                    .map(Reply::OstGetattr),
+            ),
+            OstRequest::Connect(_) => self.out(Err(Errno::EALREADY)),
+        }
     }
 }
 
@@ -420,15 +694,26 @@ fn sync_dir(dir: &std::path::Path) -> Result<(), Errno> {
 /// Sets an object's size and makes the change durable before the reply: a shrink the
 /// client was told of must not come back after a power cut (the MDT has the new size
 /// already, and a glimpse takes the larger of the two). Runs on an offload thread.
-fn punch_object(root: &std::path::Path, o: &ObjId, size: u64) -> Result<(), Errno> {
+fn punch_object(
+    root: &std::path::Path,
+    o: &ObjId,
+    size: u64,
+    undo: Option<&powercut::Undo>,
+) -> Result<(), Errno> {
     if size > lode_base::limits::FILE_SIZE_MAX {
         return Err(Errno::EFBIG);
     }
     let Some((f, created)) = open_object(root, o, size > 0)? else {
         return Ok(());
     };
-    f.set_len(size).map_err(|e| io_errno(&e))?;
-    f.sync_data().map_err(|e| io_errno(&e))?;
+    let sync = || {
+        f.set_len(size).map_err(|e| io_errno(&e))?;
+        f.sync_data().map_err(|e| io_errno(&e))
+    };
+    match undo {
+        Some(u) => u.synced(root, &object_path_in(root, o), sync)?,
+        None => sync()?,
+    }
     if created {
         if let Some(d) = object_path_in(root, o).parent() {
             sync_dir(d)?;
@@ -438,19 +723,32 @@ fn punch_object(root: &std::path::Path, o: &ObjId, size: u64) -> Result<(), Errn
 }
 
 /// fsyncs objects and the directories that name them; runs on an offload thread.
-fn sync_objects(root: &std::path::Path, objs: &[ObjId]) -> Result<(), Errno> {
-    sync_objects_unbounded(root, bounded(objs)?)
+fn sync_objects(
+    root: &std::path::Path,
+    objs: &[ObjId],
+    undo: Option<&powercut::Undo>,
+) -> Result<(), Errno> {
+    sync_objects_unbounded(root, bounded(objs)?, undo)
 }
 
-/// [`sync_objects`] of any number of objects (the commit's own list).
-fn sync_objects_unbounded(root: &std::path::Path, objs: &[ObjId]) -> Result<(), Errno> {
+/// [`sync_objects`] of any number of objects (the commit's own list). An object that
+/// is gone (destroyed) has its directory synced, so the removal is durable too.
+fn sync_objects_unbounded(
+    root: &std::path::Path,
+    objs: &[ObjId],
+    undo: Option<&powercut::Undo>,
+) -> Result<(), Errno> {
     let mut dirs = std::collections::BTreeSet::new();
     for o in objs {
         let p = object_path_in(root, o);
-        match File::open(&p) {
-            Ok(f) => f.sync_all().map_err(|e| io_errno(&e))?,
-            Err(e) if e.kind() == ErrorKind::NotFound => continue,
-            Err(e) => return Err(io_errno(&e)),
+        let sync = || match File::open(&p) {
+            Ok(f) => f.sync_all().map_err(|e| io_errno(&e)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_errno(&e)),
+        };
+        match undo {
+            Some(u) => u.synced(root, &p, sync)?,
+            None => sync()?,
         }
         if let Some(d) = p.parent() {
             dirs.insert(d.to_path_buf());
@@ -458,7 +756,12 @@ fn sync_objects_unbounded(root: &std::path::Path, objs: &[ObjId]) -> Result<(), 
     }
     // A new object's name is in its directory, which its own fsync does not cover.
     for d in dirs {
-        sync_dir(&d)?;
+        match File::open(&d) {
+            Ok(f) => f.sync_all().map_err(|e| io_errno(&e))?,
+            // Never made: the object was destroyed before its first write.
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_errno(&e)),
+        }
     }
     Ok(())
 }
@@ -476,39 +779,41 @@ impl Service for Ost {
             Ok(r) => r,
             Err(e) => return Outgoing::error(e),
         };
-        if let OstRequest::OstSync(r) = req {
-            if let Err(e) = self.check_export(inc) {
-                return Outgoing::error(e);
-            }
-            let root = self.objects.clone();
-            let commit = self.commit.clone();
-            return self.syncs.run(inc, move || {
-                // Everything: what was written since the last commit (the rest is
-                // durable already).
-                let r = if r.objs.is_empty() {
-                    commit.run(&root)
-                } else {
-                    sync_objects(&root, &r.objs)
-                };
-                Outgoing::answer(r.map(|_| Reply::OstSync(Empty {})))
-            });
+        if let OstRequest::Connect(c) = &req {
+            return self.out(self.connect(inc, c));
         }
-        if let OstRequest::Punch(r) = req {
-            if let Err(e) = self.check_export(inc) {
-                return Outgoing::error(e);
+        let exp = match self.export(inc) {
+            Ok(e) => e,
+            Err(e) => return self.out(Err(e)),
+        };
+        let req = if self.in_recovery.load(Ordering::Acquire) {
+            match self.during_recovery(inc, &exp, req) {
+                Ok(out) => return out,
+                Err(req) => *req,
             }
-            let root = self.objects.clone();
-            return self.syncs.run(inc, move || {
-                Outgoing::answer(
-                    punch_object(&root, &r.obj, r.size).map(|_| Reply::Punch(Empty {})),
-                )
-            });
+        } else {
+            req
+        };
+        if inc.header.flags & FLAG_REPLAY != 0 {
+            // Its client came back after recovery ended without it (evicted): the
+            // change is lost, and the client is told.
+            warn!(peer = %inc.peer, client = %exp.uuid, xid = inc.header.xid, transno = inc.header.transno, "replay after recovery ended: refused");
+            return self.out(Err(Errno::ESTALE));
         }
-        Outgoing::answer(self.dispatch(inc, req))
+        self.serve(inc, &exp, req)
     }
 
     fn disconnected(&self, conn_id: u64) {
-        self.handles.write().retain(|_, conn| *conn != conn_id);
+        let mut gone = Vec::new();
+        self.handles.write().retain(|_, e| {
+            if e.conn_id == conn_id {
+                gone.push(e.clone());
+                false
+            } else {
+                true
+            }
+        });
+        self.forget(gone);
     }
 
     fn key(&self) -> &[u8] {
@@ -524,7 +829,7 @@ impl Service for Ost {
 pub struct OstParams(pub std::sync::Arc<Ost>);
 
 /// `obdfilter.FS-OSTxxxx.*`.
-static OBDFILTER: [lode_rpc::admin::Param<Ost>; 11] = {
+static OBDFILTER: [lode_rpc::admin::Param<Ost>; 15] = {
     use lode_rpc::admin::{Param, Set};
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Ost>();
     [
@@ -561,12 +866,13 @@ static OBDFILTER: [lode_rpc::admin::Param<Ost>; 11] = {
         },
         Param {
             name: "commits",
-            help: "commits that synced written objects, and the objects they synced",
+            help: "commits that synced written objects, the objects they synced, and the highest transno durable",
             get: |o| {
                 format!(
-                    "commits: {}\nobjects: {}\n",
+                    "commits: {}\nobjects: {}\nlast_committed: {}\n",
                     o.commit.commits.load(Ordering::Relaxed),
-                    o.commit.synced.load(Ordering::Relaxed)
+                    o.commit.synced.load(Ordering::Relaxed),
+                    o.commit.last_committed()
                 )
             },
             set: Set::No,
@@ -589,6 +895,44 @@ static OBDFILTER: [lode_rpc::admin::Param<Ost>; 11] = {
             help: "reads whose pages were dropped from the cache for readcache_max_filesize",
             get: |o| o.readcache_dropped.load(Ordering::Relaxed).to_string(),
             set: Set::Clear(|o| o.readcache_dropped.store(0, Ordering::Relaxed)),
+        },
+        Param {
+            name: "recovery_status",
+            help: "replay recovery after the last start: clients, replays, duration",
+            get: |o| o.recovery_status(),
+            set: Set::No,
+        },
+        Param {
+            name: "recovery_time_soft",
+            help: "seconds recovery waits for a client that was connected to come back",
+            get: |o| o.recovery_soft_s.load(Ordering::Relaxed).to_string(),
+            set: Set::Num {
+                min: 1,
+                max: 86_400,
+                f: |o, v| {
+                    o.recovery_soft_s.store(v, Ordering::Relaxed);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "recovery_time_hard",
+            help: "seconds after which recovery ends whatever is missing",
+            get: |o| o.recovery_hard_s.load(Ordering::Relaxed).to_string(),
+            set: Set::Num {
+                min: 1,
+                max: 86_400,
+                f: |o, v| {
+                    o.recovery_hard_s.store(v, Ordering::Relaxed);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "evict_client",
+            help: "write a client UUID to evict it now (recovery stops waiting for it)",
+            get: |_| String::new(),
+            set: Set::Text(|o, v| o.evict_client(v.trim())),
         },
         fail_loc,
         fail_val,

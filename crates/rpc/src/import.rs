@@ -399,7 +399,17 @@ pub struct Import {
     /// restarted): what the target held for it, such as open files, is gone.
     forgotten: AtomicU64,
     /// Changes answered and not yet committed, by transno: replayed after a restart.
-    replay: Mutex<BTreeMap<u64, Replayable>>,
+    replay: Mutex<ReplayList>,
+    /// `max_unstable_mb` in bytes: a reply that finds more than this kept for replay
+    /// asks the target for a commit before its caller goes on.
+    max_unstable: AtomicU64,
+    /// Changes and bytes replayed to restarted targets, and changes lost (the target
+    /// ended its recovery without this client, or refused a replay).
+    replayed: AtomicU64,
+    replayed_bytes: AtomicU64,
+    lost: AtomicU64,
+    /// Files with a change the target lost: their next fsync or close gets EIO.
+    lost_fids: Mutex<std::collections::HashSet<lode_base::Fid>>,
     /// Files this client holds open: opened again (same handle) in the target's
     /// recovery, committed or not, until their close is committed.
     opens: Mutex<HeldOpens>,
@@ -409,6 +419,58 @@ pub struct Import {
     /// The highest `last_committed` the two lists above were pruned to: most replies
     /// repeat it, and then neither list is locked.
     pruned: AtomicU64,
+}
+
+/// The changes kept for replay, by transno, and their size.
+#[derive(Default)]
+struct ReplayList {
+    map: BTreeMap<u64, Replayable>,
+    bytes: u64,
+}
+
+impl ReplayList {
+    fn insert(&mut self, transno: u64, r: Replayable) {
+        self.bytes += r.body.len() as u64;
+        if let Some(old) = self.map.insert(transno, r) {
+            self.bytes -= old.body.len() as u64;
+        }
+    }
+
+    fn remove(&mut self, transno: &u64) -> Option<Replayable> {
+        let r = self.map.remove(transno)?;
+        self.bytes -= r.body.len() as u64;
+        Some(r)
+    }
+
+    /// Drops everything at or below `transno`.
+    fn prune(&mut self, transno: u64) {
+        if self
+            .map
+            .first_key_value()
+            .is_some_and(|(t, _)| *t <= transno)
+        {
+            let keep = self.map.split_off(&(transno + 1));
+            let gone = std::mem::replace(&mut self.map, keep);
+            self.bytes -= gone.values().map(|r| r.body.len() as u64).sum::<u64>();
+        }
+    }
+
+    fn take(&mut self) -> BTreeMap<u64, Replayable> {
+        self.bytes = 0;
+        std::mem::take(&mut self.map)
+    }
+}
+
+/// The files a change names (an OST write, punch or setattr; a metadata setattr), for
+/// telling their writers when it is lost.
+fn fids_of(opcode: u16, body: &[u8]) -> Vec<lode_base::Fid> {
+    match Request::decode(opcode, body) {
+        Ok(Request::OstWrite(w)) => vec![w.obj.fid],
+        Ok(Request::Punch(p)) => vec![p.obj.fid],
+        Ok(Request::OstSetattr(r)) => r.objs.iter().map(|o| o.fid).collect(),
+        Ok(Request::Setattr(r)) => vec![r.fid],
+        _ => Vec::new(),
+    }
 }
 
 /// Gives the lock requests (opcode, encoded body) that re-take what the client holds.
@@ -607,7 +669,12 @@ impl Import {
             stats: crate::stats::OpStats::default(),
             md_stats: crate::stats::MdStats::default(),
             forgotten: AtomicU64::new(0),
-            replay: Mutex::new(BTreeMap::new()),
+            replay: Mutex::new(ReplayList::default()),
+            max_unstable: AtomicU64::new(lode_base::limits::MAX_UNSTABLE_MB_DEFAULT << 20),
+            replayed: AtomicU64::new(0),
+            replayed_bytes: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            lost_fids: Mutex::new(std::collections::HashSet::new()),
             opens: Mutex::new(HeldOpens::default()),
             lock_replay: Mutex::new(None),
             pruned: AtomicU64::new(0),
@@ -913,11 +980,17 @@ impl Import {
             .fetch_max(frame.header.last_committed, Ordering::Relaxed);
         if frame.header.transno > frame.header.last_committed
             && op != Opcode::Sync
-            && self.replay_count() > lode_base::limits::REPLAY_LIST_MAX
+            && op != Opcode::OstSync
+            && self.replay_full()
         {
             // The list is full: wait for a commit, which empties it, instead of growing.
             debug!(target = %self.cfg.target, "replay list full: asking for a commit");
-            let _ = Box::pin(self.call_with(Request::Sync(Empty {}), 0, &[])).await;
+            let sync = if self.is_mdc() {
+                Request::Sync(Empty {})
+            } else {
+                Request::OstSync(lode_proto::ObjsReq { objs: Vec::new() })
+            };
+            let _ = Box::pin(self.call_with(sync, 0, &[])).await;
         }
         if frame.header.status < 0 {
             return Err(Errno::from_status(frame.header.status));
@@ -930,6 +1003,12 @@ impl Import {
             header: frame.header,
             reply,
         })
+    }
+
+    /// Whether the replay list holds as much as it may.
+    fn replay_full(&self) -> bool {
+        let r = self.replay.lock();
+        r.map.len() > lode_base::limits::REPLAY_LIST_MAX || r.bytes > self.max_unstable()
     }
 
     fn resend_interval(&self) -> Duration {
@@ -1257,7 +1336,7 @@ impl Import {
     /// wait for a replay, and always to an MDT, whose recovery after a restart waits
     /// for every client that was connected (an idle one too).
     fn wants_connection(&self) -> bool {
-        self.is_mdc() || !self.pending.lock().map.is_empty() || !self.replay.lock().is_empty()
+        self.is_mdc() || !self.pending.lock().map.is_empty() || !self.replay.lock().map.is_empty()
     }
 
     /// The target says everything up to `transno` is on disk: nothing there needs a
@@ -1270,12 +1349,7 @@ impl Import {
             // it goes at the next advance, and its replay is answered as done.)
             return;
         }
-        {
-            let mut r = self.replay.lock();
-            if r.first_key_value().is_some_and(|(t, _)| *t <= transno) {
-                *r = r.split_off(&(transno + 1));
-            }
-        }
+        self.replay.lock().prune(transno);
         let mut o = self.opens.lock();
         while let Some(e) = o.closing.first_entry() {
             if *e.key() > transno {
@@ -1352,7 +1426,57 @@ impl Import {
 
     /// Changes kept for replay now (`replay_list` in Lustre's import state).
     pub fn replay_count(&self) -> usize {
-        self.replay.lock().len()
+        self.replay.lock().map.len()
+    }
+
+    /// Bytes of the changes kept for replay now (an OSC's unstable data).
+    pub fn replay_bytes(&self) -> u64 {
+        self.replay.lock().bytes
+    }
+
+    /// `max_unstable_mb`, in bytes.
+    pub fn max_unstable(&self) -> u64 {
+        self.max_unstable.load(Ordering::Relaxed)
+    }
+
+    /// Sets `max_unstable_mb`, in bytes.
+    pub fn set_max_unstable(&self, bytes: u64) {
+        self.max_unstable.store(bytes, Ordering::Relaxed);
+    }
+
+    /// `unstable_stats`: what is kept for replay now, what was replayed to restarted
+    /// targets, and what was lost, in Lustre's style.
+    pub fn unstable_stats(&self) -> String {
+        let (n, bytes) = {
+            let r = self.replay.lock();
+            (r.map.len(), r.bytes)
+        };
+        format!(
+            "unstable_check: 1\nunstable_rpcs: {n}\nunstable_pages: {}\nunstable_mb: {}\nmax_unstable_mb: {}\nreplayed_rpcs: {}\nreplayed_mb: {}\nlost_rpcs: {}\n",
+            bytes.div_ceil(4096),
+            bytes >> 20,
+            self.max_unstable() >> 20,
+            self.replayed.load(Ordering::Relaxed),
+            self.replayed_bytes.load(Ordering::Relaxed) >> 20,
+            self.lost.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Changes the target will never have: counted, and their files' next fsync or
+    /// close is told.
+    fn lose(&self, gone: impl Iterator<Item = Replayable>) {
+        let mut fids = self.lost_fids.lock();
+        for r in gone {
+            self.lost.fetch_add(1, Ordering::Relaxed);
+            fids.extend(fids_of(r.opcode, &r.body));
+        }
+    }
+
+    /// Whether a change to `fid` was lost since the last ask (then forgotten: one EIO
+    /// per loss, as Lustre reports a write error once).
+    pub fn take_lost(&self, fid: lode_base::Fid) -> bool {
+        let mut f = self.lost_fids.lock();
+        !f.is_empty() && f.remove(&fid)
     }
 
     /// Replays, on a new connection to a target in recovery, every change it had not
@@ -1396,6 +1520,7 @@ impl Import {
         let mut frames: BTreeMap<u64, (Header, Arc<Vec<u8>>)> = self
             .replay
             .lock()
+            .map
             .iter()
             .map(|(transno, r)| {
                 let h = Header {
@@ -1414,6 +1539,7 @@ impl Import {
             })
             .collect();
         let changes = frames.len();
+        let change_bytes: u64 = frames.values().map(|(_, b)| b.len() as u64).sum();
         for (handle, o) in self.opens.lock().held.iter() {
             let f = frames.entry(o.transno).or_insert_with(|| {
                 let h = Header {
@@ -1505,7 +1631,9 @@ impl Import {
                     if open_handle != 0 {
                         self.opens.lock().held.remove(&open_handle);
                     }
-                    if self.replay.lock().remove(&transno).is_some() {
+                    let lost = self.replay.lock().remove(&transno);
+                    if let Some(r) = lost {
+                        self.lose(std::iter::once(r));
                         warn!(target = %self.cfg.target, xid = f.header.xid, transno, "replay refused ({e}): a change this client was told succeeded is lost");
                     } else {
                         warn!(target = %self.cfg.target, transno, "an open file could not be opened again ({e}): its handle is lost");
@@ -1525,6 +1653,9 @@ impl Import {
         ));
         match tokio::time::timeout(limit, async { tokio::join!(write, read) }).await {
             Ok((true, true)) => {
+                self.replayed.fetch_add(changes as u64, Ordering::Relaxed);
+                self.replayed_bytes
+                    .fetch_add(change_bytes, Ordering::Relaxed);
                 if !frames.is_empty() || !locks.is_empty() {
                     info!(target = %self.cfg.target, "replay done");
                 }
@@ -1795,7 +1926,9 @@ impl Import {
             self.replay_all(&mut sock, &rep, conn_cnt, session.as_mut())
                 .await?;
         } else if restarted {
-            let lost = std::mem::take(&mut *self.replay.lock()).len();
+            let gone = self.replay.lock().take();
+            let lost = gone.len();
+            self.lose(gone.into_values());
             // Nothing this client held there survived: its open handles are stale.
             *self.opens.lock() = HeldOpens::default();
             self.forgotten.fetch_add(1, Ordering::AcqRel);

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod auth;
 pub mod fail;
 pub mod import;
+pub mod recovery;
 pub mod server;
 pub mod stats;
 mod wire;

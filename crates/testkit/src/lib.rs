@@ -22,6 +22,7 @@ pub struct Cluster {
     osts: u32,
     key: Option<Vec<u8>>,
     server_args: BTreeMap<String, Vec<String>>,
+    server_env: BTreeMap<String, Vec<(String, String)>>,
 }
 
 /// Ports handed out are below Linux's ephemeral range (32768 and up by default): a
@@ -85,6 +86,7 @@ impl Cluster {
             osts,
             key: key.map(|k| k.to_vec()),
             server_args: BTreeMap::new(),
+            server_env: BTreeMap::new(),
         };
         if let Some(k) = key {
             // 0600, or servers and mounts refuse it.
@@ -172,6 +174,16 @@ impl Cluster {
         );
     }
 
+    /// An environment variable for target `name`'s server from its next start (e.g.
+    /// the OST's power-cut model); restart it with [`Cluster::kill9`] and
+    /// [`Cluster::start_target`].
+    pub fn set_server_env(&mut self, name: &str, key: &str, value: &str) {
+        self.server_env
+            .entry(name.to_string())
+            .or_default()
+            .push((key.to_string(), value.to_string()));
+    }
+
     /// Starts (or restarts) the server of target `name`.
     pub fn start_target(&mut self, name: &str) {
         let role = match name {
@@ -197,6 +209,7 @@ impl Cluster {
             .args(extra)
             .arg(self.target_dir(name))
             .env("LODE_LOG", log_level())
+            .envs(self.server_env.get(name).cloned().unwrap_or_default())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

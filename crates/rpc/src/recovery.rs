@@ -1,9 +1,10 @@
-//! Replay recovery (Lustre's target recovery): after a restart the MDT waits for the
+//! Replay recovery (Lustre's target recovery): after a restart a target (the MDT, an
+//! OST) waits for the
 //! clients that were connected when it stopped, executes the changes they replay in
 //! the order of their original transnos, across clients, and only then serves anything
 //! else.
 //!
-//! A client replays what it was answered and the MDT had not committed; its replays
+//! A client replays what it was answered and the target had not committed; its replays
 //! arrive in transno order on its connection, followed by a PING flagged
 //! `FLAG_REPLAY_DONE`. The next replay to run is the one with the next transno; if no
 //! client holds it (a change whose reply never arrived, resent later as new work), the
@@ -13,14 +14,15 @@
 //! `recovery_time_hard` it ends whatever is missing.
 //!
 //! This module is the bookkeeping and the decisions, generic over what a queued replay
-//! is, so the order can be tested without sockets; `target` runs them.
+//! is, so the order can be tested without sockets; the MDT's `target` and the OSS run
+//! them.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// What recovery does next.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Next<Q> {
+pub enum Next<Q> {
     /// Execute this replay.
     Run(Q),
     /// Answer this replay as done: its change is already in the store.
@@ -35,7 +37,7 @@ pub(crate) enum Next<Q> {
 }
 
 /// The state of one recovery.
-pub(crate) struct RecState<Q> {
+pub struct RecState<Q> {
     /// False once recovery is over (or if there was nothing to recover).
     pub active: bool,
     /// When the target started.
@@ -225,6 +227,45 @@ impl<Q> RecState<Q> {
     /// Replays queued now.
     pub fn queued_len(&self) -> usize {
         self.queue.len()
+    }
+
+    /// `recovery_status` in Lustre's format, with the windows in seconds.
+    pub fn status(&self, soft: u64, hard: u64) -> String {
+        let start = std::time::SystemTime::now()
+            .checked_sub(self.start.elapsed())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let total = self.expected.len() as u64 + self.evicted;
+        if self.active {
+            let left = if self.connected.len() < self.expected.len() {
+                soft
+            } else {
+                hard
+            }
+            .saturating_sub(self.start.elapsed().as_secs());
+            format!(
+                "status: RECOVERING\nrecovery_start: {start}\ntime_remaining: {left}\nconnected_clients: {}/{total}\nreq_replay_clients: {}\ncompleted_clients: {}\nevicted_clients: {}\nreplayed_requests: {}\nreplayed_locks: {}\nqueued_requests: {}\nnext_transno: {}\n",
+                self.connected.len(),
+                self.connected.len().saturating_sub(self.done.len()),
+                self.done.len(),
+                self.evicted,
+                self.replayed,
+                self.locks_replayed,
+                self.queued_len(),
+                self.last + 1,
+            )
+        } else {
+            format!(
+                "status: COMPLETE\nrecovery_start: {start}\nrecovery_duration: {}\ncompleted_clients: {}/{total}\nreplayed_requests: {}\nreplayed_locks: {}\nlast_transno: {}\nVBR: ENABLED\nvbr_gaps: {}\nvbr_refused: {}\nIR: DISABLED\n",
+                self.duration.unwrap_or_default().as_secs(),
+                self.done.len(),
+                self.replayed,
+                self.locks_replayed,
+                self.last,
+                self.gaps,
+                self.version_mismatches,
+            )
+        }
     }
 
     /// Takes the replays still queued (recovery ended without running them).
