@@ -149,6 +149,20 @@ fn an_oss_power_cut_loses_no_write_a_live_client_was_answered() {
     }
 }
 
+/// Evicts a client from the OST, once the restarted OSS's admin socket is up.
+fn evict(c: &Cluster, uuid: &str) {
+    wait_for(
+        "the OSS to take evict_client",
+        Duration::from_secs(30),
+        || {
+            c.lode()
+                .args(["set-param", &format!("obdfilter.*.evict_client={uuid}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        },
+    );
+}
+
 /// The UUID of the last client other than the MDT to connect to the OST.
 fn last_client_uuid(c: &Cluster) -> String {
     c.log("ost0")
@@ -193,11 +207,46 @@ fn without_its_writer_a_power_cut_loses_what_the_oss_had_not_synced() {
     lode_testkit::abort_fuse(m.path());
     drop(f);
     power_cut_oss(&mut c);
-    c.set_param(&format!("obdfilter.*.evict_client={uuid}"));
+    evict(&c, &uuid);
     wait_recovered(&c);
     let status = c.get_param("obdfilter.*.recovery_status");
     assert!(status.contains("replayed_requests: 0"), "{status}");
     let reader = c.mount();
     let got = std::fs::read(reader.path().join("lost")).expect("read");
     assert!(got.is_empty(), "{} bytes survived the power cut", got.len());
+}
+
+/// A live writer that could not replay (the restarted OSS ignored it until it was
+/// evicted and recovery had ended) gets EIO at its next fsync, once.
+#[test]
+fn a_write_the_oss_lost_fails_the_next_fsync_once() {
+    let mut c = power_cut_cluster();
+    let m = c.mount();
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(m.path().join("lost"))
+        .expect("create");
+    f.write_all_at(&record(0, 0, 1), 0).expect("write");
+    wait_for(
+        "unstable data on the mount",
+        Duration::from_secs(30),
+        || unstable(&c, "unstable_rpcs").iter().any(|n| *n > 0),
+    );
+    let uuid = last_client_uuid(&c);
+    // The restarted OSS drops every request, so the mount cannot reconnect and
+    // replay; evicted, it is not waited for, and then it may come back.
+    c.set_server_args("ost0", &["--fail-loc", "0x08000101"]);
+    power_cut_oss(&mut c);
+    evict(&c, &uuid);
+    wait_recovered(&c);
+    c.set_param("obdfilter.*.fail_loc=0");
+    let e = f.sync_all().expect_err("fsync of a write the OST lost");
+    assert_eq!(e.raw_os_error(), Some(nix::libc::EIO), "{e}");
+    f.sync_all()
+        .expect("the second fsync: the loss is reported once");
+    assert!(unstable(&c, "lost_rpcs").iter().any(|n| *n > 0));
+    let status = c.get_param("obdfilter.*.recovery_status");
+    assert!(status.contains("replayed_requests: 0"), "{status}");
 }

@@ -552,12 +552,12 @@ impl Ost {
 
     /// Serves a request of a connected client (recovery is over, or never was).
     fn serve(&self, inc: &Incoming, exp: &Arc<Export>, req: OstRequest) -> Outgoing {
+        // A destroy does not list its client: it frees space, so it must work on a full
+        // disk, where the list cannot be written; one lost to a crash leaves only an
+        // orphan object behind.
         let change = matches!(
             req,
-            OstRequest::OstWrite(_)
-                | OstRequest::Punch(_)
-                | OstRequest::Destroy(_)
-                | OstRequest::OstSetattr(_)
+            OstRequest::OstWrite(_) | OstRequest::Punch(_) | OstRequest::OstSetattr(_)
         );
         if change {
             if let Err(e) = self.list(exp) {
