@@ -111,11 +111,7 @@ struct Replay {
     d: Deferred,
 }
 
-struct Recovery {
-    st: RecState<Replay>,
-    /// Requests other than replays that arrived during recovery: served after it.
-    held: Vec<(Incoming, Deferred)>,
-}
+type Recovery = lode_rpc::recovery::Recovery<Replay>;
 
 /// `Cf::Server` keys `connected/<slot>` → UUID: clients connected now. Written (and
 /// synced) before a client's first change is accepted, deleted once it has gone; the
@@ -213,10 +209,7 @@ impl Mdt {
             channels: Mutex::new(HashMap::new()),
             ldlm_timeout_s: AtomicU64::new(lode_base::limits::LDLM_TIMEOUT_DEFAULT_S),
             me: me.clone(),
-            recovery: Mutex::new(Recovery {
-                st,
-                held: Vec::new(),
-            }),
+            recovery: Mutex::new(Recovery::new(st)),
             in_recovery: AtomicBool::new(recovering),
             instance: rand::random::<u64>() | 1,
             recovery_soft_s: AtomicU64::new(lode_base::limits::RECOVERY_TIME_SOFT_DEFAULT_S),
@@ -1087,28 +1080,20 @@ impl Mdt {
                 Next::Evict(gone) => self.evict_unrecovered(&gone),
                 Next::End(gone) => {
                     self.evict_unrecovered(&gone);
-                    let (left, held, st) = {
+                    let ended = {
                         let mut rec = self.recovery.lock();
                         self.in_recovery.store(false, Ordering::Release);
-                        let left = rec.st.drain();
-                        let held = std::mem::take(&mut rec.held);
-                        let st = (
-                            rec.st.duration.unwrap_or_default(),
-                            rec.st.replayed,
-                            rec.st.gaps,
-                            rec.st.evicted,
-                        );
-                        (left, held, st)
+                        rec.end()
                     };
-                    for r in left {
+                    for r in ended.left {
                         r.d.send(self.error_out(Errno::ESTALE.into()));
                     }
                     // Open-unlinked files nobody opened again go now.
                     if let Err(e) = self.ns.clean_orphans() {
                         warn!("cleaning orphans after recovery: {e:?}");
                     }
-                    info!(duration = ?st.0, replayed = st.1, gaps = st.2, evicted = st.3, "recovery over");
-                    for (inc, d) in held {
+                    info!(duration = ?ended.duration, replayed = ended.replayed, gaps = ended.gaps, evicted = ended.evicted, "recovery over");
+                    for (inc, d) in ended.held {
                         let out = Service::handle(self, &inc);
                         if Service::flush(self) {
                             d.send(out);

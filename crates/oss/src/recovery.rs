@@ -13,7 +13,7 @@ use crate::{Export, Ost};
 use lode_base::Errno;
 use lode_proto::frame::{FLAG_REPLAY, FLAG_REPLAY_DONE};
 use lode_proto::{Empty, OstRequest, Reply};
-use lode_rpc::recovery::{Next, RecState};
+use lode_rpc::recovery::Next;
 use lode_rpc::server::Deferred;
 use lode_rpc::{Incoming, Outgoing, Service};
 use parking_lot::Mutex;
@@ -198,19 +198,7 @@ pub(crate) struct OstReplay {
 }
 
 /// Recovery's state and the requests held until it ends.
-pub(crate) struct Recovery {
-    pub st: RecState<OstReplay>,
-    held: Vec<(Incoming, Deferred)>,
-}
-
-impl Recovery {
-    pub fn new(st: RecState<OstReplay>) -> Recovery {
-        Recovery {
-            st,
-            held: Vec::new(),
-        }
-    }
-}
+pub(crate) type Recovery = lode_rpc::recovery::Recovery<OstReplay>;
 
 /// Moves recovery on when nothing arrives: the windows pass, clients are evicted.
 pub(crate) fn start_timer(ost: &Arc<Ost>) -> std::io::Result<()> {
@@ -339,24 +327,16 @@ impl Ost {
                     if let Err(e) = self.commit.run(&self.objects) {
                         warn!("commit after recovery failed: {e}");
                     }
-                    let (left, held, st) = {
+                    let ended = {
                         let mut rec = self.recovery.lock();
                         self.in_recovery.store(false, Ordering::Release);
-                        let left = rec.st.drain();
-                        let held = std::mem::take(&mut rec.held);
-                        let st = (
-                            rec.st.duration.unwrap_or_default(),
-                            rec.st.replayed,
-                            rec.st.gaps,
-                            rec.st.evicted,
-                        );
-                        (left, held, st)
+                        rec.end()
                     };
-                    for r in left {
+                    for r in ended.left {
                         r.d.send(self.out(Err(Errno::ESTALE)));
                     }
-                    info!(target = %self.cfg.target_name(), duration = ?st.0, replayed = st.1, gaps = st.2, evicted = st.3, "recovery over");
-                    for (inc, d) in held {
+                    info!(target = %self.cfg.target_name(), duration = ?ended.duration, replayed = ended.replayed, gaps = ended.gaps, evicted = ended.evicted, "recovery over");
+                    for (inc, d) in ended.held {
                         d.send(Service::handle(self, &inc));
                     }
                     return;

@@ -17,6 +17,8 @@
 //! is, so the order can be tested without sockets; the MDT's `target` and the OSS run
 //! them.
 
+use crate::server::Deferred;
+use crate::Incoming;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -34,6 +36,53 @@ pub enum Next<Q> {
     Evict(Vec<(u32, String)>),
     /// Recovery is over; these clients never finished and are evicted.
     End(Vec<(u32, String)>),
+}
+
+/// A target's recovery: its state, and the requests other than replays that arrived
+/// during it, served once it ends.
+pub struct Recovery<Q> {
+    /// The bookkeeping.
+    pub st: RecState<Q>,
+    /// Requests held until the end, each with its promise of a reply.
+    pub held: Vec<(Incoming, Deferred)>,
+}
+
+/// What is left to do when recovery ends.
+pub struct Ended<Q> {
+    /// Replays still queued: never run (answered ESTALE).
+    pub left: Vec<Q>,
+    /// Requests held: served now.
+    pub held: Vec<(Incoming, Deferred)>,
+    /// For the "recovery over" log line.
+    pub duration: Duration,
+    /// Replays executed.
+    pub replayed: u64,
+    /// Transnos no client replayed that recovery went past.
+    pub gaps: u64,
+    /// Clients evicted.
+    pub evicted: u64,
+}
+
+impl<Q> Recovery<Q> {
+    /// Recovery over `st`, nothing held yet.
+    pub fn new(st: RecState<Q>) -> Recovery<Q> {
+        Recovery {
+            st,
+            held: Vec::new(),
+        }
+    }
+
+    /// Takes what is left once [`Next::End`] said recovery is over.
+    pub fn end(&mut self) -> Ended<Q> {
+        Ended {
+            left: self.st.drain(),
+            held: std::mem::take(&mut self.held),
+            duration: self.st.duration.unwrap_or_default(),
+            replayed: self.st.replayed,
+            gaps: self.st.gaps,
+            evicted: self.st.evicted,
+        }
+    }
 }
 
 /// The state of one recovery.
