@@ -1,10 +1,14 @@
 //! Composite (PFL) layouts and the striping arithmetic that maps file bytes to objects.
 //!
-//! A layout is a list of components with extents `[start, end)`; this issue's
-//! components are raid0 over OSTs. Pure functions only: the client uses them to split
-//! I/O, the MDS to instantiate layouts, the tests to check both.
+//! A layout is a list of components with extents `[start, end)`: the first may be
+//! Data-on-MDT (its bytes in the MDT's store), the others raid0 over OSTs. A raid0
+//! component is instantiated (OSTs chosen, Lustre's `init` flag) lazily, when the first
+//! write reaches it. Pure functions only: the client uses them to split I/O, the MDS to
+//! check and instantiate layouts, the tests to check both.
 
-use crate::limits::{COMPONENTS_MAX, STRIPE_COUNT_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_UNIT};
+use crate::limits::{
+    COMPONENTS_MAX, DOM_SIZE_MAX, STRIPE_COUNT_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_UNIT,
+};
 use crate::Errno;
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +44,48 @@ pub struct Component {
     pub end: u64,
     /// Where the bytes go.
     pub pattern: Pattern,
+}
+
+impl Component {
+    /// Instantiated (Lustre's `lcme_flags: init`): a DoM component always is, a raid0
+    /// one once its OSTs are chosen.
+    pub fn is_init(&self) -> bool {
+        match &self.pattern {
+            Pattern::Mdt => true,
+            Pattern::Raid0 { osts, .. } => !osts.is_empty(),
+        }
+    }
+}
+
+/// Why a layout was refused: the errno for the caller and the rule, in words, for the
+/// admin (the same words `lode setstripe` prints).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LayoutError {
+    /// What the system call returns.
+    pub errno: Errno,
+    /// The rule broken.
+    pub reason: &'static str,
+}
+
+impl LayoutError {
+    fn inval(reason: &'static str) -> LayoutError {
+        LayoutError {
+            errno: Errno::EINVAL,
+            reason,
+        }
+    }
+}
+
+impl From<LayoutError> for Errno {
+    fn from(e: LayoutError) -> Errno {
+        e.errno
+    }
+}
+
+impl std::fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.reason, self.errno)
+    }
 }
 
 /// A composite layout (a plain layout is one component covering `[0, EOF)`).
@@ -102,24 +148,64 @@ impl Layout {
         self.components.len() == 1 && self.components[0].start == 0 && self.components[0].end == EOF
     }
 
-    /// Checks a layout (or template) from outside: bounded, contiguous from 0, sane
-    /// stripe sizes and counts. `ost_count` bounds counts and OST indices.
+    /// Checks a layout (or template) from outside with the largest DoM component
+    /// allowed ([`DOM_SIZE_MAX`]); see [`Layout::check`].
     pub fn validate(&self, ost_count: u32) -> Result<(), Errno> {
-        if self.components.is_empty() || self.components.len() > COMPONENTS_MAX {
-            return Err(Errno::EINVAL);
+        self.check(ost_count, DOM_SIZE_MAX).map_err(|e| e.errno)
+    }
+
+    /// Checks a layout (or template) from outside with Lustre's rules: bounded,
+    /// components contiguous from 0 with ends on 64 KiB boundaries, `mdt` only as the
+    /// first component and no larger than `dom_max` (the MDT's `dom_stripesize`; 0:
+    /// Data-on-MDT disabled), raid0 stripe sizes dividing their component's extent,
+    /// counts and OST indices within `ost_count`.
+    pub fn check(&self, ost_count: u32, dom_max: u64) -> Result<(), LayoutError> {
+        if self.components.is_empty() {
+            return Err(LayoutError::inval("a layout needs at least one component"));
+        }
+        if self.components.len() > COMPONENTS_MAX {
+            return Err(LayoutError::inval("too many components (at most 64)"));
         }
         let mut expect = 0u64;
         for (i, c) in self.components.iter().enumerate() {
-            if c.start != expect || c.end <= c.start {
-                return Err(Errno::EINVAL);
+            if c.start != expect {
+                return Err(LayoutError::inval(
+                    "components must be contiguous, starting at 0",
+                ));
+            }
+            if c.end <= c.start {
+                return Err(LayoutError::inval("a component must end after it starts"));
+            }
+            if c.end != EOF && c.end % STRIPE_SIZE_UNIT != 0 {
+                return Err(LayoutError::inval(
+                    "component end must be a multiple of 64 KiB",
+                ));
             }
             if c.id == 0 || self.components[..i].iter().any(|o| o.id == c.id) {
-                return Err(Errno::EINVAL);
+                return Err(LayoutError::inval(
+                    "component ids must be unique and non-zero",
+                ));
             }
             match &c.pattern {
                 Pattern::Mdt => {
-                    if i != 0 || c.end == EOF {
-                        return Err(Errno::EINVAL);
+                    if i != 0 {
+                        return Err(LayoutError::inval("'mdt' layout can be only the first one"));
+                    }
+                    if c.end == EOF || c.end > DOM_SIZE_MAX {
+                        return Err(LayoutError {
+                            errno: Errno::EFBIG,
+                            reason: "'mdt' layout size is too big (at most 1 GiB)",
+                        });
+                    }
+                    if dom_max == 0 {
+                        return Err(LayoutError::inval(
+                            "Data-on-MDT is disabled on this MDT (lod.*.dom_stripesize=0)",
+                        ));
+                    }
+                    if c.end > dom_max {
+                        return Err(LayoutError::inval(
+                            "'mdt' component is larger than lod.*.dom_stripesize",
+                        ));
                     }
                 }
                 Pattern::Raid0 {
@@ -132,34 +218,87 @@ impl Layout {
                         || stripe_size % STRIPE_SIZE_UNIT != 0
                         || *stripe_size > STRIPE_SIZE_MAX
                     {
-                        return Err(Errno::EINVAL);
+                        return Err(LayoutError::inval(
+                            "stripe size must be a multiple of 64 KiB, below 4 GiB",
+                        ));
                     }
                     if *stripe_count < -1 || *stripe_count > STRIPE_COUNT_MAX as i32 {
-                        return Err(Errno::EINVAL);
+                        return Err(LayoutError::inval("stripe count must be -1, 0 or 1..2000"));
                     }
                     if *stripe_offset < -1
                         || (*stripe_offset >= 0 && *stripe_offset as u32 >= ost_count)
                     {
-                        return Err(Errno::EINVAL);
+                        return Err(LayoutError::inval("stripe index names no OST"));
                     }
                     if !osts.is_empty()
                         && (osts.len() as i64 != i64::from(*stripe_count)
                             || osts.iter().any(|&o| o >= ost_count))
                     {
-                        return Err(Errno::EINVAL);
+                        return Err(LayoutError::inval("objects name OSTs that do not exist"));
                     }
-                    // An extent boundary inside a stripe chunk would split chunks across components.
+                    // An extent boundary inside a stripe chunk would split chunks across
+                    // components.
                     if c.end != EOF && c.end % stripe_size != 0 {
-                        return Err(Errno::EINVAL);
+                        return Err(LayoutError::inval(
+                            "component end must be a multiple of its stripe size",
+                        ));
                     }
                 }
             }
             expect = c.end;
         }
-        if expect != EOF && self.components.len() == COMPONENTS_MAX {
-            return Err(Errno::EINVAL);
-        }
         Ok(())
+    }
+
+    /// The Data-on-MDT component's end (0: none): bytes below it live on the MDT.
+    pub fn dom_end(&self) -> u64 {
+        match self.components.first() {
+            Some(c) if c.pattern == Pattern::Mdt => c.end,
+            _ => 0,
+        }
+    }
+
+    /// True if some raid0 component has OSTs chosen (its objects may hold data).
+    pub fn has_objects(&self) -> bool {
+        self.components
+            .iter()
+            .any(|c| matches!(&c.pattern, Pattern::Raid0 { osts, .. } if !osts.is_empty()))
+    }
+
+    /// Indices of the components that `[off, off+len)` touches and that are not
+    /// instantiated yet.
+    pub fn uninit_in(&self, off: u64, len: u64) -> Vec<usize> {
+        let end = off.saturating_add(len.max(1));
+        self.components
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.start < end && c.end > off && !c.is_init())
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Fits an inherited template to the MDT's `dom_stripesize` as Lustre does: a DoM
+    /// component larger than `dom_max` is cut to it (the next component then starts
+    /// there); with `dom_max` 0 it is dropped when another component follows. `None`:
+    /// a DoM-only template while Data-on-MDT is disabled.
+    pub fn fit_dom(mut self, dom_max: u64) -> Option<Layout> {
+        let end = self.dom_end();
+        if end == 0 || end <= dom_max {
+            return Some(self);
+        }
+        if dom_max == 0 {
+            if self.components.len() < 2 {
+                return None;
+            }
+            self.components.remove(0);
+            self.components[0].start = 0;
+            return Some(self);
+        }
+        self.components[0].end = dom_max;
+        if let Some(next) = self.components.get_mut(1) {
+            next.start = dom_max;
+        }
+        Some(self)
     }
 
     /// Index of the component holding byte `off`, if any.
@@ -330,6 +469,108 @@ mod tests {
         }
         .validate(2)
         .is_err());
+    }
+
+    fn comp(id: u32, start: u64, end: u64, pattern: Pattern) -> Component {
+        Component {
+            id,
+            start,
+            end,
+            pattern,
+        }
+    }
+
+    fn r0(ss: u64, count: i32) -> Pattern {
+        Pattern::Raid0 {
+            stripe_size: ss,
+            stripe_count: count,
+            stripe_offset: -1,
+            osts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn lustres_composite_rules() {
+        const M: u64 = 1 << 20;
+        let l = |c: Vec<Component>| Layout {
+            gen: 0,
+            components: c,
+        };
+        // The seed's four components: DoM, then 1, 4 and all OSTs.
+        let seed = l(vec![
+            comp(1, 0, M, Pattern::Mdt),
+            comp(2, M, 64 * M, r0(M, 1)),
+            comp(3, 64 * M, 8 << 30, r0(M, 4)),
+            comp(4, 8 << 30, EOF, r0(4 * M, -1)),
+        ]);
+        assert_eq!(seed.check(14, M), Ok(()));
+        assert_eq!(seed.dom_end(), M);
+        assert!(!seed.has_objects());
+        assert_eq!(seed.uninit_in(0, 4096), Vec::<usize>::new());
+        assert_eq!(seed.uninit_in(M - 1, 2), vec![1]);
+        assert_eq!(seed.uninit_in(0, 9 << 30), vec![1, 2, 3]);
+        let reason = |x: &Layout, dom| x.check(14, dom).unwrap_err().reason;
+        // DoM larger than dom_stripesize, or DoM disabled.
+        assert!(reason(&seed, 64 << 10).contains("dom_stripesize"));
+        assert!(reason(&seed, 0).contains("disabled"));
+        // `mdt` only first; never to EOF; at most 1 GiB (EFBIG).
+        let second = l(vec![
+            comp(1, 0, M, r0(M, 1)),
+            comp(2, M, 2 * M, Pattern::Mdt),
+        ]);
+        assert!(reason(&second, M).contains("only the first"));
+        let to_eof = l(vec![comp(1, 0, EOF, Pattern::Mdt)]);
+        assert_eq!(to_eof.check(1, M).unwrap_err().errno, Errno::EFBIG);
+        let huge = l(vec![comp(1, 0, 2 << 30, Pattern::Mdt)]);
+        assert_eq!(huge.check(1, DOM_SIZE_MAX).unwrap_err().errno, Errno::EFBIG);
+        // Extents: contiguous from 0, on 64 KiB boundaries, stripe size dividing them.
+        let gap = l(vec![comp(1, 0, M, r0(M, 1)), comp(2, 2 * M, EOF, r0(M, 1))]);
+        assert!(reason(&gap, M).contains("contiguous"));
+        let odd = l(vec![
+            comp(1, 0, 100_000, r0(65536, 1)),
+            comp(2, 100_000, EOF, r0(M, 1)),
+        ]);
+        assert!(reason(&odd, M).contains("64 KiB"));
+        let split = l(vec![
+            comp(1, 0, M, r0(768 << 10, 1)),
+            comp(2, M, EOF, r0(M, 1)),
+        ]);
+        assert!(reason(&split, M).contains("its stripe size"));
+        // A layout may end before EOF (writes past it get ENODATA).
+        let dom_only = l(vec![comp(1, 0, M, Pattern::Mdt)]);
+        assert_eq!(dom_only.check(1, M), Ok(()));
+        assert_eq!(dom_only.end(), M);
+        assert_eq!(
+            dom_only
+                .map(M - 10, 100)
+                .iter()
+                .map(|c| c.len)
+                .sum::<usize>(),
+            10
+        );
+    }
+
+    #[test]
+    fn inherited_dom_is_fitted_to_dom_stripesize() {
+        const M: u64 = 1 << 20;
+        let l = Layout {
+            gen: 0,
+            components: vec![comp(1, 0, M, Pattern::Mdt), comp(2, M, EOF, r0(M, 1))],
+        };
+        let cut = l.clone().fit_dom(256 << 10).expect("fitted");
+        assert_eq!(cut.components[0].end, 256 << 10);
+        assert_eq!(cut.components[1].start, 256 << 10);
+        assert_eq!(cut.check(1, 256 << 10), Ok(()));
+        let gone = l.clone().fit_dom(0).expect("fitted");
+        assert_eq!(gone.components.len(), 1);
+        assert_eq!(gone.components[0].start, 0);
+        assert_eq!(gone.check(1, 0), Ok(()));
+        let only = Layout {
+            gen: 0,
+            components: vec![comp(1, 0, M, Pattern::Mdt)],
+        };
+        assert_eq!(only.clone().fit_dom(0), None);
+        assert_eq!(only.fit_dom(64 << 10).expect("cut").end(), 64 << 10);
     }
 
     proptest! {

@@ -49,6 +49,20 @@ pub const STRIPE_SIZE_MAX: u64 = (4 << 30) - (64 << 10);
 pub const STRIPE_COUNT_MAX: u32 = 2000;
 /// Most components in one composite layout.
 pub const COMPONENTS_MAX: usize = 64;
+/// Largest Data-on-MDT component, and the largest `lod.*.dom_stripesize` (Lustre: 1 GiB).
+pub const DOM_SIZE_MAX: u64 = 1 << 30;
+/// Smallest non-zero `lod.*.dom_stripesize` (Lustre: 64 KiB, its unit too).
+pub const DOM_SIZE_MIN: u64 = 64 << 10;
+/// Default `lod.*.dom_stripesize` (Lustre: 1 MiB).
+pub const DOM_SIZE_DEFAULT: u64 = 1 << 20;
+/// Default `mdt.*.dom_read_on_open`: bytes of a DoM file sent with an open for
+/// reading (a small file is then read with no RPC of its own).
+pub const DOM_READ_ON_OPEN_DEFAULT: u64 = 64 << 10;
+/// Largest `mdt.*.dom_read_on_open` (an open reply stays small).
+pub const DOM_READ_ON_OPEN_MAX: u64 = 1 << 20;
+/// Bytes per record of Data-on-MDT data in the MDT store: a write rewrites at most
+/// this much per chunk it touches, a read reads whole chunks.
+pub const DOM_CHUNK: u64 = 64 << 10;
 /// Largest file offset (2^63 - 1, the Linux off_t limit).
 pub const FILE_SIZE_MAX: u64 = i64::MAX as u64;
 /// Open handles one client may hold on one MDT.

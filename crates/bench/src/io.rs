@@ -1,5 +1,6 @@
-//! The I/O benchmark, modelled on IOR: sequential write then read, file per client or
-//! one shared file (each client its own block range), `--transfer` bytes per call.
+//! The I/O benchmark, modelled on IOR: write then read, sequential or in a random order
+//! of `--transfer`-sized calls, file per client or one shared file (each client its
+//! own block range).
 
 use crate::report::{Env, PhaseReport, Report};
 use crate::stats::Latencies;
@@ -23,6 +24,9 @@ pub struct IoOptions {
     pub shared: bool,
     /// fsync before the write phase ends.
     pub fsync: bool,
+    /// Calls in a random order (IOR's `-z`) instead of sequential.
+    #[serde(default)]
+    pub random: bool,
     /// Iterations.
     pub iterations: usize,
     /// Keep the files.
@@ -80,10 +84,12 @@ fn phases(o: &IoOptions, top: &str) -> Result<Vec<PhaseReport>> {
                             };
                             let t = Instant::now();
                             let n = if write {
-                                ops.write_range(&file, off, o.block, o.transfer, o.fsync)?;
+                                ops.write_range(
+                                    &file, off, o.block, o.transfer, o.fsync, o.random,
+                                )?;
                                 o.block
                             } else {
-                                ops.read_range(&file, off, o.block, o.transfer)?
+                                ops.read_range(&file, off, o.block, o.transfer, o.random)?
                             };
                             Ok((n, t.elapsed().as_nanos() as u64))
                         })

@@ -54,9 +54,35 @@ pub trait Ops: Send + Sync {
         total: u64,
         transfer: usize,
         fsync: bool,
+        random: bool,
     ) -> Result<()>;
-    /// Reads `total` bytes from `offset` in `transfer`-sized calls.
-    fn read_range(&self, p: &str, offset: u64, total: u64, transfer: usize) -> Result<u64>;
+    /// Reads `total` bytes from `offset` in `transfer`-sized calls (in a random order
+    /// if `random`).
+    fn read_range(
+        &self,
+        p: &str,
+        offset: u64,
+        total: u64,
+        transfer: usize,
+        random: bool,
+    ) -> Result<u64>;
+}
+
+/// The offsets (relative to the range) of the `transfer`-sized calls covering `total`
+/// bytes: in order, or shuffled (the same order every run).
+pub fn call_offsets(total: u64, transfer: usize, random: bool) -> Vec<u64> {
+    let t = transfer.max(1) as u64;
+    let mut v: Vec<u64> = (0..total.div_ceil(t)).map(|i| i * t).collect();
+    if random {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in (1..v.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+    }
+    v
 }
 
 fn errno() -> std::io::Error {
@@ -181,6 +207,7 @@ impl Ops for PosixOps {
         total: u64,
         transfer: usize,
         fsync: bool,
+        random: bool,
     ) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new()
@@ -189,32 +216,39 @@ impl Ops for PosixOps {
             .truncate(false)
             .open(self.root.join(p))?;
         let buf = vec![0xa5u8; transfer];
-        let mut done = 0;
-        while done < total && !crate::stopped() {
-            let n = (total - done).min(transfer as u64) as usize;
-            f.write_all_at(&buf[..n], offset + done)
+        for at in call_offsets(total, transfer, random) {
+            if crate::stopped() {
+                break;
+            }
+            let n = (total - at).min(transfer as u64) as usize;
+            f.write_all_at(&buf[..n], offset + at)
                 .with_context(|| format!("write {p}"))?;
-            done += n as u64;
         }
         if fsync {
             f.sync_all()?;
         }
         Ok(())
     }
-    fn read_range(&self, p: &str, offset: u64, total: u64, transfer: usize) -> Result<u64> {
+    fn read_range(
+        &self,
+        p: &str,
+        offset: u64,
+        total: u64,
+        transfer: usize,
+        random: bool,
+    ) -> Result<u64> {
         use std::os::unix::fs::FileExt;
         let f = std::fs::File::open(self.root.join(p))?;
         let mut buf = vec![0u8; transfer];
         let mut done = 0;
-        while done < total && !crate::stopped() {
-            let n = (total - done).min(transfer as u64) as usize;
-            let got = f
-                .read_at(&mut buf[..n], offset + done)
-                .with_context(|| format!("read {p}"))?;
-            if got == 0 {
+        for at in call_offsets(total, transfer, random) {
+            if crate::stopped() {
                 break;
             }
-            done += got as u64;
+            let n = (total - at).min(transfer as u64) as usize;
+            done += f
+                .read_at(&mut buf[..n], offset + at)
+                .with_context(|| format!("read {p}"))? as u64;
         }
         Ok(done)
     }
@@ -401,6 +435,7 @@ impl Ops for NativeOps {
         total: u64,
         transfer: usize,
         fsync: bool,
+        random: bool,
     ) -> Result<()> {
         let (d, n) = split(p);
         let dir = self.dir(d)?;
@@ -410,15 +445,16 @@ impl Ops for NativeOps {
             .run(c.create_open(&self.cred, dir, n.as_bytes(), 0o644, libc::O_RDWR, None))
             .map_err(|e| anyhow!("open {p}: {e}"))?;
         let buf = vec![0xa5u8; transfer];
-        let mut done = 0;
         let mut r = Ok(());
-        while done < total && !crate::stopped() {
-            let k = (total - done).min(transfer as u64) as usize;
-            if let Err(e) = self.s.run(c.write(&h, offset + done, &buf[..k])) {
+        for at in call_offsets(total, transfer, random) {
+            if crate::stopped() {
+                break;
+            }
+            let k = (total - at).min(transfer as u64) as usize;
+            if let Err(e) = self.s.run(c.write(&h, offset + at, &buf[..k])) {
                 r = Err(anyhow!("write {p}: {e}"));
                 break;
             }
-            done += k as u64;
         }
         if r.is_ok() && fsync {
             r = self
@@ -429,15 +465,24 @@ impl Ops for NativeOps {
         let _ = self.s.run(c.close(&h));
         r
     }
-    fn read_range(&self, p: &str, offset: u64, total: u64, transfer: usize) -> Result<u64> {
+    fn read_range(
+        &self,
+        p: &str,
+        offset: u64,
+        total: u64,
+        transfer: usize,
+        random: bool,
+    ) -> Result<u64> {
         let h = self.open(p, libc::O_RDONLY)?;
         let c = &self.s.client;
         let mut done = 0;
         let mut r = Ok(());
-        while done < total && !crate::stopped() {
-            let k = (total - done).min(transfer as u64) as usize;
-            match self.s.run(c.read(&h, offset + done, k)) {
-                Ok(d) if d.is_empty() => break,
+        for at in call_offsets(total, transfer, random) {
+            if crate::stopped() {
+                break;
+            }
+            let k = (total - at).min(transfer as u64) as usize;
+            match self.s.run(c.read(&h, offset + at, k)) {
                 Ok(d) => done += d.len() as u64,
                 Err(e) => {
                     r = Err(anyhow!("read {p}: {e}"));
@@ -571,4 +616,19 @@ fn remove_below(ops: &dyn Ops, dir: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::call_offsets;
+
+    #[test]
+    fn random_offsets_cover_every_call_once() {
+        let seq = call_offsets(10 * 4096 + 100, 4096, false);
+        assert_eq!(seq.len(), 11);
+        let mut rnd = call_offsets(10 * 4096 + 100, 4096, true);
+        assert_ne!(rnd, seq, "shuffled");
+        rnd.sort_unstable();
+        assert_eq!(rnd, seq);
+    }
 }

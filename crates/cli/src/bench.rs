@@ -133,6 +133,9 @@ pub struct IoArgs {
     /// fsync at the end of the write phase.
     #[arg(long)]
     fsync: bool,
+    /// Calls in a random order within each block (IOR's -z).
+    #[arg(long)]
+    random: bool,
 }
 
 /// Arguments of `lode bench compare`.
@@ -224,6 +227,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 transfer: size(&a.transfer)? as usize,
                 shared: a.shared,
                 fsync: a.fsync,
+                random: a.random,
                 iterations: c.iterations,
                 keep: c.keep,
             };

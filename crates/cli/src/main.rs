@@ -1,6 +1,7 @@
 //! The `lode` command: argument parsing and output only; the work is in the crates.
 
 mod bench;
+mod find;
 mod lfs;
 mod lr_reader;
 mod mount;
@@ -52,6 +53,8 @@ enum Cmd {
     Setstripe(lfs::SetstripeArgs),
     /// Show layouts (lfs getstripe).
     Getstripe(lfs::GetstripeArgs),
+    /// Find files by layout, name, type, size and age (lfs find).
+    Find(find::FindArgs),
     /// Space and inodes per target (lfs df).
     Df(lfs::DfArgs),
     /// Print the FID of files (lfs path2fid).
@@ -165,8 +168,24 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     Ok(())
 }
 
+/// `find`'s one-dash long options (`-type f`, `-name X`), as `lfs find` takes them,
+/// spelt the way the parser wants (`--type f`).
+fn find_style_args() -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "find") {
+        for a in args.iter_mut().skip(2) {
+            if let Some(s) = a.to_str() {
+                if matches!(s, "-type" | "-name" | "-size" | "-mtime" | "-print0") {
+                    *a = format!("-{s}").into();
+                }
+            }
+        }
+    }
+    args
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(find_style_args());
     let r = match cli.cmd {
         Cmd::Mkfs(a) => mkfs(a),
         Cmd::Mgs(a) => server::run(Role::Mgs, a),
@@ -183,6 +202,7 @@ fn main() {
         Cmd::Status(a) => up::status(a),
         Cmd::Setstripe(a) => lfs::setstripe(a),
         Cmd::Getstripe(a) => lfs::getstripe(a),
+        Cmd::Find(a) => find::find(a),
         Cmd::Df(a) => lfs::df(a),
         Cmd::Path2fid(a) => lfs::path2fid(a),
         Cmd::Fid2path(a) => lfs::fid2path(a),

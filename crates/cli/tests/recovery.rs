@@ -662,7 +662,7 @@ fn a_replayed_create_keeps_the_osts_its_data_was_written_to() {
             .expect("create_open");
         let data = vec![b'a' + i; 1000 + usize::from(i)];
         assert_eq!(s.run(cl.write(&fh, 0, &data)), Ok(data.len()));
-        let osts = fh.layout.as_ref().map(|l| l.components[0].pattern.clone());
+        let osts = fh.layout().map(|l| l.components[0].pattern.clone());
         s.run(cl.close(&fh)).expect("close");
         files.push((name, data, osts));
     }
@@ -672,7 +672,7 @@ fn a_replayed_create_keeps_the_osts_its_data_was_written_to() {
     for (name, data, osts) in files {
         let fid = lookup(&s, Fid::ROOT, &name).expect("lookup").attr.fid;
         let fh = s.run(cl.open(&r, fid, libc::O_RDONLY)).expect("open");
-        let now = fh.layout.as_ref().map(|l| l.components[0].pattern.clone());
+        let now = fh.layout().map(|l| l.components[0].pattern.clone());
         assert_eq!(now, osts, "{name}: the layout it was created with");
         assert_eq!(s.run(cl.read(&fh, 0, 4096)), Ok(data), "{name}");
         s.run(cl.close(&fh)).expect("close");

@@ -21,7 +21,7 @@ fn run_model(count: i32, seed: u64) {
             .await
             .unwrap();
         let want = if count < 0 { 3 } else { count as usize };
-        match &fh.layout.as_ref().unwrap().components[0].pattern {
+        match &fh.layout().unwrap().components[0].pattern {
             lode_base::Pattern::Raid0 { osts, .. } => assert_eq!(osts.len(), want),
             p => panic!("unexpected pattern {p:?}"),
         }

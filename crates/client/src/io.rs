@@ -1,14 +1,17 @@
 //! Open files and striped I/O: requests are split by component and stripe, cut to the
-//! bulk size, and sent to the OSTs concurrently; sizes come from glimpses.
+//! bulk size, and sent concurrently to the OSTs (raid0 components) or the MDT
+//! (Data-on-MDT); sizes come from glimpses. A write reaching a component not yet
+//! instantiated first asks the MDT to instantiate it (layout intent).
 
 use crate::Client;
 use lode_base::layout::{file_size_from_object, object_size_for_file, Chunk};
 use lode_base::limits::FILE_SIZE_MAX;
 use lode_base::{Attr, Cred, Errno, Fid, Layout, Pattern, SetAttr};
 use lode_proto::{
-    CloseReq, MdtBody, ObjId, ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply, Request,
-    SetattrReq,
+    CloseReq, DomPrefetch, DomReadReq, DomWriteReq, GetattrReq, LayoutIntentReq, MdtBody, ObjId,
+    ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply, Request, SetattrReq,
 };
+use parking_lot::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -24,8 +27,9 @@ pub struct FileHandle {
     pub handle: u64,
     /// `O_*` flags it was opened with.
     pub flags: i32,
-    /// The layout at open time.
-    pub layout: Option<Layout>,
+    /// The layout: as opened, then as this client instantiated or refreshed it (shared
+    /// by the handle's clones).
+    pub(crate) layout: Arc<RwLock<Option<Layout>>>,
     /// Attributes at open time.
     pub attr: Attr,
     /// Something was (or may have been) written through this handle (shared by its
@@ -34,9 +38,25 @@ pub struct FileHandle {
     /// See `Client::open_epoch`: a handle from before an eviction (or an MDT restart)
     /// is gone on the MDT, and its I/O fails with EIO.
     pub(crate) epoch: (u64, u64),
+    /// Read-on-open: the file's first bytes as the open found them, and the client's
+    /// data epoch then (see `Client::data_epoch`).
+    pub(crate) prefetch: Option<(Arc<DomPrefetch>, u64)>,
 }
 
 impl FileHandle {
+    /// The file's layout as this handle knows it.
+    pub fn layout(&self) -> Option<Layout> {
+        self.layout.read().clone()
+    }
+
+    /// Keeps `l` if it is newer than the layout known.
+    fn newer_layout(&self, l: &Layout) {
+        let mut cur = self.layout.write();
+        if cur.as_ref().is_none_or(|c| c.gen < l.gen) {
+            *cur = Some(l.clone());
+        }
+    }
+
     /// True if opened for writing.
     pub fn writable(&self) -> bool {
         let acc = self.flags & libc::O_ACCMODE;
@@ -89,14 +109,16 @@ impl Client {
             Reply::Open(r) => r,
             _ => return Err(Errno::EPROTO),
         };
+        let data_epoch = self.data_epoch.load(Ordering::Acquire);
         let fh = FileHandle {
             fid,
             handle: rep.handle.ok_or(Errno::EPROTO)?,
             flags,
-            layout: rep.body.layout.clone(),
+            layout: Arc::new(RwLock::new(rep.body.layout.clone())),
             attr: rep.body.attr.clone(),
             wrote: Arc::default(),
             epoch: self.open_epoch(),
+            prefetch: rep.dom_data.map(|d| (Arc::new(d), data_epoch)),
         };
         if flags & libc::O_TRUNC != 0 && fh.attr.ftype() == lode_base::FileType::Regular {
             if let Err(e) = self.truncate_open(cred, &fh, 0).await {
@@ -148,10 +170,11 @@ impl Client {
             fid: rep.body.attr.fid,
             handle: rep.handle.ok_or(Errno::EPROTO)?,
             flags,
-            layout: rep.body.layout.clone(),
+            layout: Arc::new(RwLock::new(rep.body.layout.clone())),
             attr: rep.body.attr.clone(),
             wrote: Arc::default(),
             epoch: self.open_epoch(),
+            prefetch: None,
         };
         if rep.body.attr.fid != fid && flags & libc::O_TRUNC != 0 {
             // An existing file was opened: O_TRUNC applies to it.
@@ -211,12 +234,13 @@ impl Client {
             return Err(Errno::EBADF);
         }
         self.check_live(fh)?;
+        self.data_epoch.fetch_add(1, Ordering::AcqRel);
         if !fh.wrote.swap(true, Ordering::AcqRel) {
             // Its size is the OSTs' from now on, also for this client's cached copy.
             self.data_written(fh.fid);
         }
         let off = if fh.flags & libc::O_APPEND != 0 {
-            self.size_of(fh.fid, fh.layout.as_ref()).await?
+            self.size_of(fh.fid, fh.layout().as_ref()).await?
         } else {
             off
         };
@@ -226,23 +250,41 @@ impl Client {
         {
             return Err(Errno::EFBIG);
         }
-        let layout = fh.layout.as_ref().ok_or(Errno::EINVAL)?;
+        let mut layout = fh.layout().ok_or(Errno::EINVAL)?;
+        let end = (off + data.len() as u64).min(layout.end());
+        if end > off && !layout.uninit_in(off, end - off).is_empty() {
+            layout = self.layout_intent(fh, off, end).await?;
+        }
         let chunks = layout.map(off, data.len());
         let covered: usize = chunks.iter().map(|c| c.len).sum();
         let mut reqs = Vec::new();
         for c in &chunks {
             for p in pieces(c) {
-                let (ost, obj) = self.obj_for(fh.fid, layout, &p)?;
+                let dest = self.dest(fh.fid, &layout, &p)?;
                 let data = data[p.buf_off..p.buf_off + p.len].to_vec();
                 reqs.push(async move {
-                    let osc = self.osc(ost).await?;
-                    osc.call(Request::OstWrite(OstWriteReq {
-                        obj,
-                        offset: p.obj_off,
-                        data,
-                    }))
-                    .await
-                    .map(|_| ())
+                    match dest {
+                        Dest::Mdt => self
+                            .md(Request::DomWrite(DomWriteReq {
+                                fid: fh.fid,
+                                handle: fh.handle,
+                                offset: p.obj_off,
+                                data,
+                            }))
+                            .await
+                            .map(|_| ()),
+                        Dest::Ost(ost, obj) => {
+                            let osc = self.osc(ost).await?;
+                            osc.call(Request::OstWrite(OstWriteReq {
+                                obj,
+                                offset: p.obj_off,
+                                data,
+                            }))
+                            .await
+                            .map(|_| ())
+                        }
+                        Dest::Hole => Err(Errno::EIO),
+                    }
                 });
             }
         }
@@ -259,12 +301,36 @@ impl Client {
         Ok(data.len())
     }
 
-    fn obj_for(&self, fid: Fid, layout: &Layout, c: &Chunk) -> Result<(u32, ObjId), Errno> {
+    /// Asks the MDT to instantiate the components a write to `[start, end)` reaches;
+    /// the handle keeps the new layout.
+    async fn layout_intent(&self, fh: &FileHandle, start: u64, end: u64) -> Result<Layout, Errno> {
+        let b = match self
+            .md(Request::LayoutIntent(LayoutIntentReq {
+                fid: fh.fid,
+                handle: fh.handle,
+                start,
+                end,
+                layout: None,
+            }))
+            .await?
+        {
+            Reply::LayoutIntent(b) => b,
+            _ => return Err(Errno::EPROTO),
+        };
+        let l = b.layout.ok_or(Errno::EPROTO)?;
+        fh.newer_layout(&l);
+        Ok(fh.layout().unwrap_or(l))
+    }
+
+    /// Where a piece's bytes live: the MDT, an OST object, or nowhere yet (a component
+    /// nobody has written to).
+    fn dest(&self, fid: Fid, layout: &Layout, c: &Chunk) -> Result<Dest, Errno> {
         let comp = &layout.components[c.comp_idx];
         match &comp.pattern {
+            Pattern::Raid0 { osts, .. } if osts.is_empty() => Ok(Dest::Hole),
             Pattern::Raid0 { osts, .. } => {
                 let ost = *osts.get(c.stripe as usize).ok_or(Errno::EIO)?;
-                Ok((
+                Ok(Dest::Ost(
                     ost,
                     ObjId {
                         fid,
@@ -273,37 +339,76 @@ impl Client {
                     },
                 ))
             }
-            Pattern::Mdt => Err(Errno::EOPNOTSUPP),
+            Pattern::Mdt => Ok(Dest::Mdt),
         }
     }
 
     /// Reads up to `len` bytes at `off`; short at end of file.
     pub async fn read(&self, fh: &FileHandle, off: u64, len: usize) -> Result<Vec<u8>, Errno> {
         self.check_live(fh)?;
-        let Some(layout) = fh.layout.as_ref() else {
+        let Some(mut layout) = fh.layout() else {
             return Ok(Vec::new());
         };
         let len = len.min(lode_base::limits::BULK_MAX * 4);
+        if let Some((p, at)) = &fh.prefetch {
+            if *at == self.data_epoch.load(Ordering::Acquire) {
+                let have = p.data.len() as u64;
+                let end = off.saturating_add(len as u64);
+                if end <= have || p.eof {
+                    let from = off.min(have) as usize;
+                    return Ok(p.data[from..end.min(have) as usize].to_vec());
+                }
+            }
+        }
+        if !layout.uninit_in(off, len as u64).is_empty() {
+            // Another client may have instantiated it since this handle learnt the
+            // layout (a lock held on the attributes keeps the cached copy current).
+            let b = self.getattr_md(&Cred::root(), fh.fid).await?;
+            if let Some(l) = &b.layout {
+                fh.newer_layout(l);
+            }
+            layout = fh.layout().unwrap_or(layout);
+        }
         let mut buf = vec![0u8; len];
         let chunks = layout.map(off, len);
         let mut reqs = Vec::new();
         for c in &chunks {
             for p in pieces(c) {
-                let (ost, obj) = self.obj_for(fh.fid, layout, &p)?;
+                let dest = self.dest(fh.fid, &layout, &p)?;
                 reqs.push(async move {
-                    let osc = self.osc(ost).await?;
-                    match osc
-                        .call(Request::OstRead(OstReadReq {
-                            obj,
-                            offset: p.obj_off,
-                            len: p.len as u32,
-                        }))
-                        .await?
-                        .reply
-                    {
-                        Reply::OstRead(d) if d.data.len() <= p.len => Ok((p, d.data)),
-                        _ => Err(Errno::EPROTO),
+                    let data = match dest {
+                        Dest::Hole => Vec::new(),
+                        Dest::Mdt => match self
+                            .md(Request::DomRead(DomReadReq {
+                                fid: fh.fid,
+                                offset: p.obj_off,
+                                len: p.len as u32,
+                            }))
+                            .await?
+                        {
+                            Reply::DomRead(d) => d.data,
+                            _ => return Err(Errno::EPROTO),
+                        },
+                        Dest::Ost(ost, obj) => {
+                            let osc = self.osc(ost).await?;
+                            match osc
+                                .call(Request::OstRead(OstReadReq {
+                                    obj,
+                                    offset: p.obj_off,
+                                    len: p.len as u32,
+                                }))
+                                .await?
+                                .reply
+                            {
+                                Reply::OstRead(d) => d.data,
+                                _ => return Err(Errno::EPROTO),
+                            }
+                        }
+                    };
+                    if data.len() > p.len {
+                        return Err(Errno::EPROTO);
                     }
+                    Ok((p, data))
                 });
             }
         }
@@ -315,7 +420,7 @@ impl Client {
         }
         if short || chunks.iter().map(|c| c.len).sum::<usize>() < len {
             // Some object ended early: a hole or the end of the file. The size decides.
-            let size = self.size_of(fh.fid, Some(layout)).await?;
+            let size = self.size_of(fh.fid, Some(&layout)).await?;
             let end = size.saturating_sub(off).min(len as u64) as usize;
             buf.truncate(end);
         }
@@ -326,7 +431,12 @@ impl Client {
     /// (every truncate sets both, writes only grow objects).
     pub(crate) async fn size_of(&self, fid: Fid, layout: Option<&Layout>) -> Result<u64, Errno> {
         let body = self.getattr_md(&Cred::root(), fid).await?;
-        let layout = layout.or(body.layout.as_ref());
+        // The newer of the two: this handle's (it may have instantiated more) or the
+        // MDT's (another client may have).
+        let layout = match (layout, body.layout.as_ref()) {
+            (Some(a), Some(b)) => Some(if a.gen >= b.gen { a } else { b }),
+            (a, b) => a.or(b),
+        };
         let (size, _, _) = self.glimpse(fid, layout, &body.attr).await?;
         Ok(size)
     }
@@ -355,10 +465,44 @@ impl Client {
         files: &[(Fid, &Layout, &Attr)],
     ) -> Vec<Result<(u64, u64, i64), Errno>> {
         const OBJS_PER_GLIMPSE: usize = 4096;
+        // Files with Data-on-MDT bytes: their MDT size, blocks and layout asked afresh
+        // (a cached copy predates the writes a glimpse is for).
+        let fresh: Vec<Option<Result<MdtBody, Errno>>> =
+            futures::future::join_all(files.iter().map(|(fid, l, _)| async move {
+                if l.dom_end() == 0 {
+                    return None;
+                }
+                Some(
+                    match self
+                        .mdc
+                        .call(Request::Getattr(GetattrReq {
+                            cred: Cred::root(),
+                            fid: *fid,
+                        }))
+                        .await
+                        .map(|r| r.reply)
+                    {
+                        Ok(Reply::Getattr(b)) => Ok(b),
+                        Ok(_) => Err(Errno::EPROTO),
+                        Err(e) => Err(e),
+                    },
+                )
+            }))
+            .await;
+        let layouts: Vec<&Layout> = files
+            .iter()
+            .zip(&fresh)
+            .map(|((_, l, _), f)| match f {
+                Some(Ok(MdtBody {
+                    layout: Some(fl), ..
+                })) if fl.gen >= l.gen => fl,
+                _ => *l,
+            })
+            .collect();
         let mut per_ost: std::collections::HashMap<u32, Vec<(usize, usize, u32, ObjId)>> =
             Default::default();
-        for (fi, (fid, layout, _)) in files.iter().enumerate() {
-            for (ci, stripe, ost, obj) in objects(*fid, layout) {
+        for (fi, (fid, _, _)) in files.iter().enumerate() {
+            for (ci, stripe, ost, obj) in objects(*fid, layouts[fi]) {
                 per_ost.entry(ost).or_default().push((fi, ci, stripe, obj));
             }
         }
@@ -381,7 +525,12 @@ impl Client {
         });
         let mut out: Vec<Result<(u64, u64, i64), Errno>> = files
             .iter()
-            .map(|(_, _, md)| Ok((md.size, 0, md.mtime)))
+            .zip(&fresh)
+            .map(|((_, _, md), f)| match f {
+                None => Ok((md.size, 0, md.mtime)),
+                Some(Ok(b)) => Ok((b.attr.size, b.attr.blocks, b.attr.mtime)),
+                Some(Err(e)) => Err(*e),
+            })
             .collect();
         for (objs, r) in futures::future::join_all(futs).await {
             let attrs = match r {
@@ -397,7 +546,7 @@ impl Client {
                 let Ok((size, blocks, mtime)) = &mut out[*fi] else {
                     continue;
                 };
-                if let Some((start, ss, count, _)) = raid0_geometry(files[*fi].1, *ci) {
+                if let Some((start, ss, count, _)) = raid0_geometry(layouts[*fi], *ci) {
                     *size = (*size).max(file_size_from_object(start, ss, count, *stripe, a.size));
                 }
                 *blocks += a.blocks;
@@ -467,6 +616,9 @@ impl Client {
         sa: SetAttr,
         opened: bool,
     ) -> Result<MdtBody, Errno> {
+        if sa.size.is_some() {
+            self.data_epoch.fetch_add(1, Ordering::AcqRel);
+        }
         let body = match self
             .md(Request::Setattr(SetattrReq {
                 cred: cred.clone(),
@@ -547,7 +699,7 @@ impl Client {
     /// Makes the file's data durable (its OST objects) and the MDT's metadata.
     pub async fn fsync(&self, fh: &FileHandle) -> Result<(), Errno> {
         self.check_live(fh)?;
-        if let Some(layout) = &fh.layout {
+        if let Some(layout) = &fh.layout() {
             let mut per_ost: std::collections::HashMap<u32, Vec<ObjId>> = Default::default();
             for (_, _, ost, obj) in objects(fh.fid, layout) {
                 per_ost.entry(ost).or_default().push(obj);
@@ -572,7 +724,7 @@ impl Client {
     /// and ended its recovery without this client, or refused a replay. Said once, to
     /// the next fsync or close, as Lustre reports a failed write-back.
     fn check_lost(&self, fh: &FileHandle) -> Result<(), Errno> {
-        let Some(layout) = &fh.layout else {
+        let Some(layout) = &fh.layout() else {
             return Ok(());
         };
         let osts: std::collections::BTreeSet<u32> = objects(fh.fid, layout)
@@ -590,6 +742,17 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// Where one piece of I/O goes.
+#[derive(Clone, Copy)]
+enum Dest {
+    /// The MDT (Data-on-MDT).
+    Mdt,
+    /// An OST object.
+    Ost(u32, ObjId),
+    /// A component not instantiated: nothing written there yet.
+    Hole,
 }
 
 /// Cuts a chunk into pieces of at most [`PIECE`] bytes.

@@ -96,6 +96,9 @@ pub struct Client {
     statahead: statahead::Statahead,
     /// ioctl command numbers the mount answered ENOTTY, and how often.
     unsupported_ioctls: parking_lot::Mutex<std::collections::BTreeMap<u32, u64>>,
+    /// Moves on every write or truncate through this client: bytes a read-only handle
+    /// was sent with its open (read-on-open) are used only while it has not moved.
+    data_epoch: std::sync::atomic::AtomicU64,
     rt: Handle,
 }
 
@@ -165,6 +168,7 @@ impl Client {
             locks: locks::Locks::default(),
             statahead: statahead::Statahead::default(),
             unsupported_ioctls: Default::default(),
+            data_epoch: Default::default(),
             cfg,
             uuid,
             mdc,

@@ -593,6 +593,7 @@ impl Client {
             Request::Link(r) => vec![dir(r.parent), name(r.parent, &r.name), Key::Attr(r.fid)],
             Request::Setattr(r) => vec![Key::Attr(r.fid)],
             Request::Setxattr(r) => vec![Key::Attr(r.fid)],
+            Request::LayoutIntent(r) => vec![Key::Attr(r.fid)],
             Request::Open(r) => {
                 let acc = r.flags & libc::O_ACCMODE as u32;
                 let write = acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32;

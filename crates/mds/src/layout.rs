@@ -3,6 +3,7 @@
 //! is balanced and by free space when it is not (Lustre's `qos_threshold_rr`, 17%).
 
 use crate::{Namespace, OpResult};
+use lode_base::limits::DOM_SIZE_MAX;
 use lode_base::{Errno, Layout, Pattern};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -97,40 +98,33 @@ impl Osts {
 }
 
 impl Namespace {
-    /// Instantiates a layout for a new regular file from an explicit request, the
-    /// directory's default, or the file system default.
+    /// Makes the layout of a new regular file from an explicit request, else the
+    /// directory's default, else the root's (the file system default), else
+    /// `lod.*.stripecount/stripesize`. Only the first component is instantiated (OSTs
+    /// chosen); the others wait for a write to reach them ([`Namespace::instantiate`]).
+    /// An explicit request breaking a rule is refused; an inherited template is first
+    /// fitted to `dom_stripesize`, as Lustre does. A replay keeps what its client was
+    /// given, so `dom_stripesize` does not bound it.
     pub(crate) fn new_layout(
         &self,
         req: Option<&Layout>,
         dir_default: Option<&Layout>,
+        replay: bool,
     ) -> OpResult<Layout> {
-        let mut n = self.osts.count();
-        let wanted = req.or(dir_default).map_or(0, |l| {
-            l.components
-                .iter()
-                .map(|c| match c.pattern {
-                    Pattern::Raid0 {
-                        stripe_count,
-                        stripe_offset,
-                        ..
-                    } => stripe_count.max(stripe_offset + 1).max(0) as u32,
-                    Pattern::Mdt => 0,
-                })
-                .max()
-                .unwrap_or(0)
-        });
-        if n == 0 || wanted > n {
-            // More stripes (or a higher OST index) than known: the MGS may know more OSTs.
-            self.refresh_osts_now();
-            n = self.osts.count();
-            if n == 0 {
-                return Err(Errno::ENOSPC.into());
+        let root_default;
+        let dir_default = match dir_default {
+            Some(d) => Some(d),
+            None if req.is_none() => {
+                root_default = self.root_default();
+                root_default.as_ref()
             }
-        }
+            None => None,
+        };
         let def_count = self.tun.default_stripe_count.load(Ordering::Relaxed);
         let def_size = self.tun.default_stripe_size.load(Ordering::Relaxed);
-        let mut l = req.or(dir_default).cloned().unwrap_or_else(|| {
-            Layout::plain(
+        let mut l = match req.or(dir_default) {
+            Some(t) => t.clone(),
+            None => Layout::plain(
                 if def_count == u32::MAX {
                     -1
                 } else {
@@ -138,38 +132,112 @@ impl Namespace {
                 },
                 def_size,
                 -1,
-            )
-        });
-        l.validate(n)?;
-        for c in &mut l.components {
-            match &mut c.pattern {
-                Pattern::Mdt => return Err(Errno::EOPNOTSUPP.into()),
+            ),
+        };
+        let dom_max = if replay {
+            DOM_SIZE_MAX
+        } else {
+            self.tun.dom_stripesize.load(Ordering::Relaxed)
+        };
+        if req.is_none() {
+            l = l.fit_dom(dom_max).ok_or(Errno::EFBIG)?;
+        }
+        let n = self.ost_count_for(&l);
+        l.check(n.max(1), dom_max).map_err(|e| {
+            tracing::debug!("layout refused: {e}");
+            e.errno
+        })?;
+        self.instantiate(&mut l, &[0])?;
+        Ok(l)
+    }
+
+    /// The root's default layout (the file system's), read outside version-based
+    /// recovery's bookkeeping: a replay brings its layout and does not read it, so it
+    /// must not count in the original's versions either.
+    fn root_default(&self) -> Option<Layout> {
+        let raw = self.store.inode(&lode_base::Fid::ROOT.to_bytes()).ok()??;
+        lode_store::records::decode::<lode_store::records::InodeRec>("inode", &raw)
+            .ok()?
+            .layout
+    }
+
+    /// Checks a directory's default layout (a template: nothing instantiated) against
+    /// the rules and this MDT's `dom_stripesize`.
+    pub(crate) fn check_template(&self, l: &Layout) -> OpResult<()> {
+        let n = self.ost_count_for(l);
+        l.check(n.max(1), self.tun.dom_stripesize.load(Ordering::Relaxed))
+            .map_err(|e| {
+                tracing::debug!("default layout refused: {e}");
+                e.errno.into()
+            })
+    }
+
+    /// The number of OSTs, asked of the MGS again when the layout wants more stripes (or
+    /// a higher OST index) than are known.
+    fn ost_count_for(&self, l: &Layout) -> u32 {
+        let wanted = l
+            .components
+            .iter()
+            .map(|c| match c.pattern {
                 Pattern::Raid0 {
                     stripe_count,
                     stripe_offset,
-                    osts,
                     ..
-                } => {
-                    if !osts.is_empty() {
-                        continue;
-                    }
-                    let count = match *stripe_count {
-                        -1 => n,
-                        0 => def_count.min(n),
-                        c => (c as u32).min(n),
-                    }
-                    .min(n)
-                    .max(1);
-                    let chosen = self.osts.choose(count, *stripe_offset);
-                    if chosen.is_empty() {
-                        return Err(Errno::ENOSPC.into());
-                    }
-                    *stripe_count = chosen.len() as i32;
-                    *osts = chosen;
+                } => stripe_count.max(stripe_offset + 1).max(1) as u32,
+                Pattern::Mdt => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        let n = self.osts.count();
+        if n == 0 && wanted > 0 || wanted > n {
+            self.refresh_osts_now();
+            return self.osts.count();
+        }
+        n
+    }
+
+    /// Instantiates the raid0 components at `idx` that have no OSTs yet: chooses them,
+    /// round robin or by free space. ENOSPC when no OST is known.
+    pub(crate) fn instantiate(&self, l: &mut Layout, idx: &[usize]) -> OpResult<()> {
+        let def_count = self.tun.default_stripe_count.load(Ordering::Relaxed);
+        for &i in idx {
+            let Some(c) = l.components.get_mut(i) else {
+                continue;
+            };
+            let Pattern::Raid0 {
+                stripe_count,
+                stripe_offset,
+                osts,
+                ..
+            } = &mut c.pattern
+            else {
+                continue;
+            };
+            if !osts.is_empty() {
+                continue;
+            }
+            let mut n = self.osts.count();
+            if n == 0 {
+                self.refresh_osts_now();
+                n = self.osts.count();
+                if n == 0 {
+                    return Err(Errno::ENOSPC.into());
                 }
             }
+            let count = match *stripe_count {
+                -1 => n,
+                0 => def_count.min(n),
+                c => (c as u32).min(n),
+            }
+            .max(1);
+            let chosen = self.osts.choose(count, *stripe_offset);
+            if chosen.is_empty() {
+                return Err(Errno::ENOSPC.into());
+            }
+            *stripe_count = chosen.len() as i32;
+            *osts = chosen;
         }
-        Ok(l)
+        Ok(())
     }
 }
 

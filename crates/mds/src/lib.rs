@@ -3,6 +3,7 @@
 //! and its reply record in one store batch, and answers resends from reply records.
 
 mod background;
+mod dom;
 pub mod flock;
 mod inode;
 mod layout;
@@ -62,12 +63,21 @@ pub struct Tunables {
     /// `mdt.*.max_open_files_per_client`: open handles one client may hold; one more
     /// open (or open-create) gets ENFILE.
     pub max_open_per_client: AtomicU64,
+    /// `lod.*.dom_stripesize`: the largest Data-on-MDT component a new layout may
+    /// have (0: Data-on-MDT disabled for new files).
+    pub dom_stripesize: AtomicU64,
+    /// `mdt.*.dom_read_on_open`: bytes of a DoM file sent with an open for reading
+    /// (0: none).
+    pub dom_read_on_open: AtomicU64,
 }
 
 pub(crate) struct OpenHandle {
     fid: Fid,
     /// The owning client's slot: handles outlive a reconnect of the same client.
     slot: u32,
+    /// Opened for writing (or truncation): may write Data-on-MDT bytes and
+    /// instantiate layout components.
+    write: bool,
 }
 
 #[derive(Default)]
@@ -144,6 +154,9 @@ pub struct Ctx {
     /// A replayed open: the handle its client holds, under which it is registered
     /// again (instead of a new one).
     pub open_handle: Option<u64>,
+    /// A replay in recovery: its open handle may not be registered again yet (opens
+    /// are replayed by their clients too), so it is not asked for.
+    pub replay: bool,
 }
 
 impl Namespace {
@@ -171,6 +184,8 @@ impl Namespace {
                 max_mod_rpcs: AtomicU32::new(u32::from(lode_base::limits::MAX_MOD_RPCS_PER_CLIENT)),
                 default_stripe_count: AtomicU32::new(1),
                 default_stripe_size: AtomicU64::new(1 << 20),
+                dom_stripesize: AtomicU64::new(lode_base::limits::DOM_SIZE_DEFAULT),
+                dom_read_on_open: AtomicU64::new(lode_base::limits::DOM_READ_ON_OPEN_DEFAULT),
                 max_open_per_client: AtomicU64::new(
                     lode_base::limits::OPEN_HANDLES_PER_CLIENT_MAX as u64,
                 ),
@@ -313,6 +328,7 @@ mod tests {
         let ns = namespace(dir.path());
         let ctx = Ctx {
             open_handle: None,
+            replay: false,
             slot: Some(ReplySlot {
                 slot: 0,
                 tag: 1,

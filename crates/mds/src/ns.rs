@@ -34,9 +34,12 @@ const DIR_SIZE: u64 = 4096;
 
 impl Namespace {
     pub(crate) fn body(&self, fid: Fid, rec: &InodeRec) -> MdtBody {
-        let has_objects = rec.layout.as_ref().is_some_and(|l| {
-            l.components.iter().any(|c| matches!(&c.pattern, lode_base::Pattern::Raid0 { osts, .. } if !osts.is_empty()))
-        });
+        // Data on OSTs, or on this MDT: while the file is (or was) open for writing,
+        // its size is asked for afresh (of the OSTs, or of the MDT for DoM bytes).
+        let has_objects = rec
+            .layout
+            .as_ref()
+            .is_some_and(|l| l.has_objects() || l.dom_end() > 0);
         MdtBody {
             attr: rec.attr(fid),
             layout: rec.layout.clone(),
@@ -125,8 +128,20 @@ impl Namespace {
         for k in keys {
             b.delete(Cf::Xattr, k);
         }
+        if rec.layout.as_ref().is_some_and(|l| l.dom_end() > 0) {
+            let mut dom = Vec::new();
+            self.store
+                .engine()
+                .scan(Cf::Dom, &fid.to_bytes(), &fid.to_bytes(), &mut |k, _| {
+                    dom.push(k.to_vec());
+                    true
+                })?;
+            for k in dom {
+                b.delete(Cf::Dom, k);
+            }
+        }
         if rec.flags & INODE_DATA != 0 {
-            if let Some(layout) = &rec.layout {
+            if let Some(layout) = rec.layout.as_ref().filter(|l| l.has_objects()) {
                 b.put(
                     Cf::Destroy,
                     destroy_key(fid),
@@ -334,10 +349,12 @@ impl Namespace {
             mode &= !libc::S_ISGID;
         }
         let layout = match ftype {
-            FileType::Regular => Some(self.new_layout(r.layout.as_ref(), parent.layout.as_ref())?),
+            FileType::Regular => {
+                Some(self.new_layout(r.layout.as_ref(), parent.layout.as_ref(), ctx.replay)?)
+            }
             FileType::Directory => match &r.layout {
                 Some(l) => {
-                    l.validate(self.osts.count().max(1))?;
+                    self.check_template(l)?;
                     Some(l.clone())
                 }
                 None => parent.layout.clone(),
@@ -398,6 +415,7 @@ impl Namespace {
             body,
             handle,
             parent: None,
+            dom_data: None,
         };
         self.pdo.lock_inodes(&mut held, &[r.parent]);
         let mut parent = self.dir_inode(r.parent)?;
@@ -437,7 +455,14 @@ impl Namespace {
 
     fn register_open(&self, handle: u64, fid: Fid, slot: u32, data: DataMark) {
         let mut o = self.opens.lock();
-        o.handles.insert(handle, OpenHandle { fid, slot });
+        o.handles.insert(
+            handle,
+            OpenHandle {
+                fid,
+                slot,
+                write: data != DataMark::Reader,
+            },
+        );
         *o.per_slot.entry(slot).or_insert(0) += 1;
         *o.counts.entry(fid).or_insert(0) += 1;
         match data {
@@ -556,10 +581,11 @@ impl Namespace {
             DataMark::Reader
         };
         let handle = ctx.open_handle.unwrap_or_else(|| self.next_handle());
-        let rep = CreateRep {
+        let mut rep = CreateRep {
             body: self.body(fid, &rec),
             handle: Some(handle),
             parent: None,
+            dom_data: None,
         };
         let transno = if b.is_empty() && ctx.slot.is_none() {
             0
@@ -567,6 +593,9 @@ impl Namespace {
             self.commit(ctx, b, &Reply::Open(rep.clone()))?
         };
         self.register_open(handle, fid, slot, mark);
+        if !write && ft == FileType::Regular {
+            rep.dom_data = self.read_on_open(fid, &rec)?;
+        }
         Ok((rep, transno))
     }
 
@@ -649,6 +678,19 @@ impl Namespace {
                 if last && rec.nlink == 0 {
                     b.delete(Cf::Orphan, fid.to_bytes().to_vec());
                     self.drop_inode(&mut b, fid, &rec)?;
+                } else if last
+                    && rec.flags & INODE_DATA != 0
+                    && rec
+                        .layout
+                        .as_ref()
+                        .is_some_and(|l| l.dom_end() > 0 && !l.has_objects())
+                {
+                    // Every byte is on this MDT: with no writer left, its size is
+                    // exact here (Lustre's strict size on MDT for DoM-only files), and
+                    // new copies need no glimpse. Not `exact_size`: the closing client's
+                    // cached copy may predate its own writes.
+                    rec.flags &= !INODE_DATA;
+                    put_inode(&mut b, fid, &rec);
                 } else if unmark && rec.flags & INODE_DATA != 0 {
                     rec.flags &= !INODE_DATA;
                     put_inode(&mut b, fid, &rec);

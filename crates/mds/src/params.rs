@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 27] = {
+static MDT: [Param<Mdt>; 28] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -133,6 +133,19 @@ static MDT: [Param<Mdt>; 27] = {
                 max: 86_400,
                 f: |m, v| {
                     m.set_recovery_window(true, v);
+                    Ok(())
+                },
+            },
+        },
+        Param {
+            name: "dom_read_on_open",
+            help: "bytes of a Data-on-MDT file sent with an open for reading (0: none)",
+            get: |m| m.tun().dom_read_on_open.load(Ordering::Relaxed).to_string(),
+            set: Set::Num {
+                min: 0,
+                max: lode_base::limits::DOM_READ_ON_OPEN_MAX,
+                f: |m, v| {
+                    m.tun().dom_read_on_open.store(v, Ordering::Relaxed);
                     Ok(())
                 },
             },
@@ -264,7 +277,7 @@ static LDLM: [Param<Mdt>; 3] = [
 ];
 
 /// `lod.FS-MDTxxxx-mdtlov.*`: the default layout of new files, and the OSTs.
-static LOD: [Param<Mdt>; 3] = [
+static LOD: [Param<Mdt>; 4] = [
     Param {
         name: "stripecount",
         help: "default stripe count of new files (-1: every OST)",
@@ -311,6 +324,19 @@ static LOD: [Param<Mdt>; 3] = [
                 Ok(())
             },
         },
+    },
+    Param {
+        name: "dom_stripesize",
+        help: "largest Data-on-MDT component of new files: 0 (disabled) or 65536..1073741824, rounded down to 64 KiB",
+        get: |m| m.tun().dom_stripesize.load(Ordering::Relaxed).to_string(),
+        set: Set::Text(|m, value| {
+            let v = parse_bytes(value)
+                .ok_or_else(|| format!("Invalid argument: {value:?} is not a size"))?;
+            m.tun()
+                .dom_stripesize
+                .store(check_dom_stripesize(v)?, Ordering::Relaxed);
+            Ok(())
+        }),
     },
     Param {
         name: "target_obd",
@@ -393,5 +419,53 @@ impl Registry for MdtParams {
             );
         }
         s
+    }
+}
+
+/// A size in bytes, with an optional k/M/G suffix (binary).
+fn parse_bytes(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, mult) = match v.as_bytes().last()?.to_ascii_lowercase() {
+        b'k' => (&v[..v.len() - 1], 1u64 << 10),
+        b'm' => (&v[..v.len() - 1], 1 << 20),
+        b'g' => (&v[..v.len() - 1], 1 << 30),
+        _ => (v, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// `lod.*.dom_stripesize`: 0, or 64 KiB..1 GiB rounded down to 64 KiB. Unlike Lustre
+/// 2.11 (which silently reset a value below the minimum to 1 MiB), every value out of
+/// range is refused and the old one kept.
+fn check_dom_stripesize(v: u64) -> Result<u64, String> {
+    use lode_base::limits::{DOM_SIZE_MAX, DOM_SIZE_MIN};
+    if v > DOM_SIZE_MAX {
+        return Err(format!(
+            "Invalid argument: dom_stripesize {v} is above the maximum {DOM_SIZE_MAX}"
+        ));
+    }
+    if v != 0 && v < DOM_SIZE_MIN {
+        return Err(format!(
+            "Invalid argument: dom_stripesize {v} is below the minimum {DOM_SIZE_MIN} (0 disables Data-on-MDT)"
+        ));
+    }
+    Ok(v / DOM_SIZE_MIN * DOM_SIZE_MIN)
+}
+
+#[cfg(test)]
+mod dom_stripesize_tests {
+    use super::*;
+
+    #[test]
+    fn limits_as_the_seed_wants_them() {
+        assert_eq!(check_dom_stripesize(0), Ok(0));
+        assert_eq!(check_dom_stripesize(65536), Ok(65536));
+        assert_eq!(check_dom_stripesize(131072 + 1000), Ok(131072));
+        assert_eq!(check_dom_stripesize(1 << 30), Ok(1 << 30));
+        assert!(check_dom_stripesize(32768).is_err());
+        assert!(check_dom_stripesize((1 << 30) + (1 << 20)).is_err());
+        assert_eq!(parse_bytes("1M"), Some(1 << 20));
+        assert_eq!(parse_bytes("65536"), Some(65536));
+        assert_eq!(parse_bytes("x"), None);
     }
 }

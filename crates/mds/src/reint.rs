@@ -339,6 +339,10 @@ impl Namespace {
             if !opened_for_write && !may_access(&attr, cred, MAY_WRITE) {
                 return Err(Errno::EACCES.into());
             }
+            if rec.layout.as_ref().is_some_and(|l| size > l.end()) {
+                // No component holds the new end (Lustre: ENODATA).
+                return Err(Errno::ENODATA.into());
+            }
         }
         if let Some(m) = sa.mode {
             // Dropping set-user/group-ID bits is never an escalation: the kernel does it
@@ -435,6 +439,11 @@ impl Namespace {
             rec.ctime = now;
         }
         let mut b = Batch::new();
+        if let Some(size) = sa.size {
+            if rec.layout.as_ref().is_some_and(|l| l.dom_end() > 0) {
+                self.dom_truncate(&mut b, fid, &mut rec, size)?;
+            }
+        }
         put_inode(&mut b, fid, &rec);
         let body = self.body(fid, &rec);
         let t = self.commit(ctx, b, &Reply::Setattr(body.clone()))?;

@@ -731,6 +731,7 @@ impl Mdt {
         let ctx = Ctx {
             slot,
             open_handle: (replay && inc.header.last_xid != 0).then_some(inc.header.last_xid),
+            replay,
         };
         Ok(match req {
             MdtRequest::Ping(_) => (Reply::Ping(Empty {}), 0),
@@ -872,9 +873,19 @@ impl Mdt {
                         .setxattr(&ctx, &r.cred, r.fid, &r.name, value, r.flags)?,
                 )
             }
-            // Data-on-MDT arrives with its own issue; say so rather than pretend.
-            MdtRequest::DomRead(_) | MdtRequest::DomWrite(_) => {
-                return Err(Errno::EOPNOTSUPP.into())
+            MdtRequest::DomRead(r) => (
+                Reply::DomRead(lode_proto::DataRep {
+                    data: self.ns.dom_read(r.fid, r.offset, r.len)?,
+                }),
+                0,
+            ),
+            MdtRequest::DomWrite(r) => (
+                Reply::DomWrite(Empty {}),
+                self.ns.dom_write(&ctx, exp.slot, &r)?,
+            ),
+            MdtRequest::LayoutIntent(r) => {
+                let (b, t) = self.ns.layout_intent(&ctx, exp.slot, &r)?;
+                (Reply::LayoutIntent(b), t)
             }
             MdtRequest::LdlmCallbackChannel(r) => {
                 // On a keyed file system only the export's own client may take its
@@ -1594,6 +1605,8 @@ impl Mdt {
             }
             MdtRequest::Link(r) => vec![dir(r.parent), name(r.parent, &r.name), obj(r.fid, UPDATE)],
             MdtRequest::Setattr(r) => vec![obj(r.fid, UPDATE | PERM)],
+            // Everyone's cached layout (kept with the attributes) goes.
+            MdtRequest::LayoutIntent(r) => vec![obj(r.fid, UPDATE | ldlm::bits::LAYOUT)],
             // An ACL is a permission; every xattr change moves ctime.
             MdtRequest::Setxattr(r) => vec![obj(r.fid, UPDATE | PERM | XATTR)],
             // A truncating open changes the size; the first open for write marks the

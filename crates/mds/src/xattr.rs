@@ -271,7 +271,7 @@ impl Namespace {
         };
         if ft == libc::S_IFDIR {
             if let Some(l) = &parsed {
-                l.validate(self.osts.count().max(1))?;
+                self.check_template(l)?;
             }
             rec.layout = parsed;
             return Ok(());
@@ -286,7 +286,7 @@ impl Namespace {
             // Lustre refuses to change the layout of a file that has objects with data.
             return Err(Errno::EBUSY.into());
         }
-        let new: Layout = self.new_layout(Some(&l), None)?;
+        let new: Layout = self.new_layout(Some(&l), None, false)?;
         rec.layout = Some(Layout {
             gen: rec.layout.as_ref().map_or(0, |o| o.gen + 1),
             ..new

@@ -371,6 +371,20 @@ pub struct CreateRep {
     pub handle: Option<u64>,
     /// With `FLAG_INTENT` on a create: the directory after it.
     pub parent: Option<ParentAttrs>,
+    /// Read-on-open: an open for reading of a Data-on-MDT file with no writer gets its
+    /// first bytes (up to `mdt.*.dom_read_on_open`), so a small file's read needs no
+    /// RPC. Never kept in a reply record (a reconstructed reply comes without).
+    pub dom_data: Option<DomPrefetch>,
+}
+
+/// The first bytes of a Data-on-MDT file, sent with its open.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomPrefetch {
+    /// Bytes from offset 0.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// The file ends where `data` does.
+    pub eof: bool,
 }
 
 /// A directory's attributes after a change in it, handed to the client that made the
@@ -540,11 +554,31 @@ pub struct DomReadReq {
 pub struct DomWriteReq {
     /// Inode.
     pub fid: Fid,
+    /// The writer's open handle (opened for writing): a write after close or
+    /// eviction is refused, as the handle is gone.
+    pub handle: u64,
     /// Offset.
     pub offset: u64,
     /// Bytes.
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+}
+
+/// Layout intent (Lustre's `IT_LAYOUT` with a write extent): instantiate the
+/// components a write to `[start, end)` reaches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutIntentReq {
+    /// Inode.
+    pub fid: Fid,
+    /// The writer's open handle (opened for writing).
+    pub handle: u64,
+    /// First byte to be written.
+    pub start: u64,
+    /// One past the last byte to be written.
+    pub end: u64,
+    /// Set in a replay: the layout the original reply gave, whose OST choices the
+    /// restarted MDT keeps (data may already be in those objects).
+    pub layout: Option<Layout>,
 }
 
 /// Bytes read.
@@ -863,6 +897,9 @@ messages! {
     /// A batch with changes among its sub-requests (Lustre's `MDS_BATCH` with reint
     /// sub-requests): each change exactly once, answered once they are all committed.
     BatchModify = 28, Mdt, true: BatchReq => BatchRep,
+    /// Instantiate the layout components a write reaches (Lustre's layout intent):
+    /// OSTs chosen, `layout_gen` bumped; the new layout comes back.
+    LayoutIntent = 29, Mdt, true: LayoutIntentReq => MdtBody,
     /// Read from an OST object.
     OstRead = 40, Ost, false: OstReadReq => DataRep,
     /// Write to an OST object.
@@ -939,7 +976,7 @@ service_requests! {
     /// What a metadata target answers.
     MdtRequest, Mdt: Connect, Disconnect, Ping, Statfs, SeqAlloc, Getattr, Lookup, Readdir,
     Batch, BatchModify, Create, Open, Close, Unlink, Rename, Link, Setattr, Getxattr, Setxattr,
-    Listxattr, DomRead, DomWrite, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel, Flock,
+    Listxattr, DomRead, DomWrite, LayoutIntent, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel, Flock,
 }
 
 service_requests! {

@@ -516,13 +516,26 @@ struct Replayable {
     reply: Option<Arc<Vec<u8>>>,
 }
 
-/// The body a change is replayed with. A create of a regular file asks for the layout
-/// its reply gave, OSTs and all: the restarted target would otherwise choose the OSTs
-/// again, and data already written to the objects of the first choice would be lost.
+/// The body a change is replayed with. A create of a regular file, or a layout intent,
+/// asks for the layout its reply gave, OSTs and all: the restarted target would
+/// otherwise choose the OSTs again, and data already written to the objects of the
+/// first choice would be lost.
 fn replay_body(r: &Replayable) -> Arc<Vec<u8>> {
     let Some(reply) = &r.reply else {
         return r.body.clone();
     };
+    if r.opcode == Opcode::LayoutIntent as u16 {
+        return match (
+            Request::decode(r.opcode, &r.body),
+            Reply::decode(r.opcode, reply),
+        ) {
+            (Ok(Request::LayoutIntent(mut req)), Ok(Reply::LayoutIntent(rep))) => {
+                req.layout = rep.layout;
+                Arc::new(Request::LayoutIntent(req).encode())
+            }
+            _ => r.body.clone(),
+        };
+    }
     let (Ok(Request::Create(mut req)), Ok(Reply::Create(rep))) = (
         Request::decode(r.opcode, &r.body),
         Reply::decode(r.opcode, reply),
@@ -1295,7 +1308,8 @@ impl Import {
                             flags: p.flags,
                             open_handle,
                             pre_version: frame.header.pre_version,
-                            reply: (p.opcode == Opcode::Create as u16)
+                            reply: (p.opcode == Opcode::Create as u16
+                                || p.opcode == Opcode::LayoutIntent as u16)
                                 .then(|| Arc::new(frame.body.clone())),
                         },
                     );

@@ -251,6 +251,7 @@ pub fn lustre_name(op: Opcode) -> &'static str {
         Opcode::Listxattr => "mds_listxattr",
         Opcode::DomRead => "dom_read",
         Opcode::DomWrite => "dom_write",
+        Opcode::LayoutIntent => "ldlm_intent_layout",
         Opcode::Sync => "mds_sync",
         Opcode::OstRead => "ost_read",
         Opcode::OstWrite => "ost_write",

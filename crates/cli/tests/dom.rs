@@ -1,0 +1,760 @@
+//! Data-on-MDT and composite (PFL) layouts, against real servers, the `lode` command
+//! and FUSE mounts: Lustre's layout rules (the seed's examples among them),
+//! `dom_stripesize`, lazy instantiation, DoM data against an in-memory model, ENODATA
+//! past the end of a layout, and DoM data through an MDS crash.
+
+mod common;
+
+use common::*;
+use lode_base::layout::EOF;
+use lode_base::{Component, Fid, Layout, Pattern};
+use lode_testkit::{wait_for, Cluster};
+use rand::{Rng, SeedableRng};
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+fn lode(c: &Cluster, args: &[&str]) -> Output {
+    c.lode().args(args).output().expect("lode runs")
+}
+
+/// Runs `lode ARGS`, which must succeed; its standard output.
+fn ok(c: &Cluster, args: &[&str]) -> String {
+    let o = lode(c, args);
+    assert!(
+        o.status.success(),
+        "lode {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).expect("utf-8")
+}
+
+/// Runs `lode ARGS`, which must fail saying `why`.
+fn refused(c: &Cluster, args: &[&str], why: &str) {
+    let o = lode(c, args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "lode {args:?} was accepted");
+    assert!(err.contains(why), "lode {args:?}: {err:?} lacks {why:?}");
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The seed's four-component layout: DoM, then 1, 4 and all OSTs.
+const SEED_PFL: [&str; 15] = [
+    "-E", "1M", "-L", "mdt", "-E", "64M", "-c1", "-S", "1M", "-E", "8G", "-c4", "-E", "-1", "-c",
+];
+
+#[test]
+fn layouts_follow_lustres_rules() {
+    let c = cluster(2);
+    let m = c.mount();
+    let p = |n: &str| s(&m.path().join(n));
+
+    // The seed's examples are accepted.
+    ok(&c, &["setstripe", "-E", "1M", "-L", "mdt", &p("dom1")]);
+    let g = ok(&c, &["getstripe", &p("dom1")]);
+    assert!(g.contains("  lcm_entry_count:   1\n"), "{g}");
+    assert!(g.contains("      lmm_pattern:       mdt\n"), "{g}");
+    assert!(g.contains("    lcme_flags:          init\n"), "{g}");
+    assert!(g.contains("    lcme_extent.e_end:   1048576\n"), "{g}");
+    assert!(g.contains("      lmm_stripe_size:   1048576\n"), "{g}");
+
+    ok(
+        &c,
+        &[
+            "setstripe",
+            "-L",
+            "mdt",
+            "-E",
+            "1M",
+            "-E",
+            "-1",
+            "-S",
+            "1M",
+            &p("dom2"),
+        ],
+    );
+    let g = ok(&c, &["getstripe", &p("dom2")]);
+    assert!(g.contains("  lcm_entry_count:   2\n"), "{g}");
+    assert!(g.contains("    lcme_extent.e_end:   EOF\n"), "{g}");
+    // The OST component waits for data.
+    assert!(g.contains("    lcme_flags:          0\n"), "{g}");
+    assert!(g.contains("      lmm_stripe_offset: -1\n"), "{g}");
+
+    let mut args = vec!["setstripe"];
+    args.extend(SEED_PFL);
+    let f = p("pfl4");
+    args.extend(["-1", "-S", "4M", &f]);
+    ok(&c, &args);
+    let g = ok(&c, &["getstripe", &f]);
+    assert!(g.contains("  lcm_entry_count:   4\n"), "{g}");
+    assert!(g.contains("    lcme_extent.e_end:   8589934592\n"), "{g}");
+    assert_eq!(g.matches("lcme_flags:          0\n").count(), 3, "{g}");
+
+    // And the refused ones, each before anything is created, naming its rule.
+    for (args, why) in [
+        (
+            &["-E", "1M", "-E", "2M", "-L", "mdt"][..],
+            "'mdt' layout can be only the first one",
+        ),
+        (
+            &["-E", "1M", "-L", "mdt", "-c", "1"][..],
+            "Option 'stripe-count' can't be specified with Data-on-MDT",
+        ),
+        (
+            &["-E", "1M", "-L", "mdt", "-S", "1M"][..],
+            "Option 'stripe-size' can't be specified",
+        ),
+        (
+            &["-E", "2G", "-L", "mdt", "-E", "-1"][..],
+            "'mdt' layout size is too big",
+        ),
+        (
+            &["-E", "-1", "-L", "mdt"][..],
+            "'mdt' layout size is too big",
+        ),
+        (
+            &["-E", "100k", "-c", "1", "-E", "-1"][..],
+            "multiple of 64 KiB",
+        ),
+        (
+            &["-E", "1M", "-S", "768k", "-E", "-1"][..],
+            "multiple of its stripe size",
+        ),
+        (&["-E", "2M", "-E", "1M"][..], "must end after it starts"),
+        (&["-L", "mdt"][..], "needs a component end"),
+        (&["-E", "1M", "-L", "ost"][..], "unknown layout"),
+    ] {
+        let f = p("refused");
+        let mut v = vec!["setstripe"];
+        v.extend(args);
+        v.push(&f);
+        refused(&c, &v, why);
+        assert!(!Path::new(&f).exists(), "{args:?} left a file behind");
+    }
+
+    // A directory's default is inherited by new files and subdirectories.
+    let d = p("domdir");
+    std::fs::create_dir(&d).unwrap();
+    ok(
+        &c,
+        &[
+            "setstripe",
+            "-E",
+            "256k",
+            "-L",
+            "mdt",
+            "-E",
+            "-1",
+            "-c",
+            "2",
+            &d,
+        ],
+    );
+    let g = ok(&c, &["getstripe", "-d", &d]);
+    assert!(g.contains("    lcme_id:             N/A\n"), "{g}");
+    assert!(g.contains("pattern:       mdt"), "{g}");
+    std::fs::create_dir(format!("{d}/sub")).unwrap();
+    std::fs::write(format!("{d}/sub/f"), b"hello").unwrap();
+    let g = ok(&c, &["getstripe", &format!("{d}/sub/f")]);
+    assert!(g.contains("      lmm_pattern:       mdt\n"), "{g}");
+    assert!(g.contains("    lcme_extent.e_end:   262144\n"), "{g}");
+    assert_eq!(std::fs::read(format!("{d}/sub/f")).unwrap(), b"hello");
+
+    // A file-system-wide default on the root reaches directories made before it.
+    let old = p("olddir");
+    std::fs::create_dir(&old).unwrap();
+    ok(
+        &c,
+        &[
+            "setstripe",
+            "-E",
+            "128k",
+            "-L",
+            "mdt",
+            "-E",
+            "-1",
+            &s(m.path()),
+        ],
+    );
+    std::fs::write(format!("{old}/f"), b"x").unwrap();
+    let g = ok(&c, &["getstripe", &format!("{old}/f")]);
+    assert!(g.contains("    lcme_extent.e_end:   131072\n"), "{g}");
+}
+
+#[test]
+fn dom_stripesize_limits_are_kept_and_refused_not_reset() {
+    let c = cluster(1);
+    let m = c.mount();
+    let p = |n: &str| s(&m.path().join(n));
+    let get = || c.get_param("lod.*.dom_stripesize").trim().to_string();
+    assert_eq!(get(), "1048576", "the default");
+    c.set_param("lod.*.dom_stripesize=65536");
+    assert_eq!(get(), "65536");
+    refused(
+        &c,
+        &["setstripe", "-E", "1M", "-L", "mdt", &p("big")],
+        "dom_stripesize",
+    );
+    assert!(!Path::new(&p("big")).exists());
+    ok(&c, &["setstripe", "-E", "64k", "-L", "mdt", &p("small")]);
+    // An inherited default is fitted, as Lustre does: the DoM part cut to the limit.
+    let d = p("d");
+    std::fs::create_dir(&d).unwrap();
+    c.set_param("lod.*.dom_stripesize=1048576");
+    ok(&c, &["setstripe", "-E", "1M", "-L", "mdt", "-E", "-1", &d]);
+    c.set_param("lod.*.dom_stripesize=65536");
+    std::fs::write(format!("{d}/f"), b"data").unwrap();
+    let g = ok(&c, &["getstripe", &format!("{d}/f")]);
+    assert!(g.contains("    lcme_extent.e_end:   65536\n"), "{g}");
+    assert!(g.contains("    lcme_extent.e_start: 65536\n"), "{g}");
+
+    // Out of range: refused, the old value kept (the seed's 2.11 reset 32K to 1M).
+    for bad in ["32768", "1", "1074790400", "lots"] {
+        let o = lode(&c, &["set-param", &format!("lod.*.dom_stripesize={bad}")]);
+        assert!(!o.status.success(), "{bad} was accepted");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("Invalid argument"),
+            "{bad}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(get(), "65536", "after {bad}");
+    }
+    // Rounded down to 64 KiB.
+    c.set_param("lod.*.dom_stripesize=132072");
+    assert_eq!(get(), "131072");
+    c.set_param("lod.*.dom_stripesize=1073741824");
+    assert_eq!(get(), "1073741824");
+
+    // 0 disables DoM: new `-L mdt` layouts are refused, inherited ones lose the DoM part.
+    c.set_param("lod.*.dom_stripesize=0");
+    refused(
+        &c,
+        &["setstripe", "-E", "64k", "-L", "mdt", &p("none")],
+        "Invalid argument",
+    );
+    std::fs::write(format!("{d}/g"), b"data").unwrap();
+    let g = ok(&c, &["getstripe", &format!("{d}/g")]);
+    assert!(!g.contains("mdt"), "{g}");
+    assert_eq!(std::fs::read(format!("{d}/g")).unwrap(), b"data");
+}
+
+/// The obdfilter `ost_write` and `ost_read` counts summed over the OSTs.
+fn ost_io(c: &Cluster) -> u64 {
+    c.get_param("obdfilter.*.stats")
+        .lines()
+        .filter(|l| l.starts_with("ost_write ") || l.starts_with("ost_read "))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn components_are_instantiated_when_data_reaches_them() {
+    let c = cluster(2);
+    let m = c.mount();
+    let f = s(&m.path().join("grow"));
+    let mut args = vec!["setstripe"];
+    args.extend(SEED_PFL);
+    args.extend(["-1", "-S", "4M", &f]);
+    ok(&c, &args);
+    let gen = |g: &str| -> u32 {
+        g.lines()
+            .find_map(|l| l.trim().strip_prefix("lcm_layout_gen:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("a layout gen")
+    };
+    let before = ost_io(&c);
+    let file = OpenOptions::new().read(true).write(true).open(&f).unwrap();
+    file.write_all_at(&[7u8; 4096], 0).unwrap();
+    file.sync_all().unwrap();
+    let g0 = ok(&c, &["getstripe", &f]);
+    assert_eq!(g0.matches("lcme_flags:          0\n").count(), 3, "{g0}");
+    assert!(
+        !g0.contains("lmm_objects"),
+        "a 4 KiB file has no OST object: {g0}"
+    );
+    assert_eq!(ost_io(&c), before, "no OST I/O for DoM bytes");
+
+    // Into the second component: it alone is instantiated, the layout generation moves.
+    file.write_all_at(&[8u8; 4096], 2 << 20).unwrap();
+    let g1 = ok(&c, &["getstripe", &f]);
+    assert_eq!(g1.matches("lcme_flags:          0\n").count(), 2, "{g1}");
+    assert_eq!(g1.matches("l_ost_idx").count(), 1, "{g1}");
+    assert_eq!(gen(&g1), gen(&g0) + 1, "{g0}\n{g1}");
+    // Far out: the fourth, over every OST; the third stays a hole.
+    file.write_all_at(&[9u8; 4096], 9 << 30).unwrap();
+    let g2 = ok(&c, &["getstripe", &f]);
+    assert_eq!(g2.matches("lcme_flags:          0\n").count(), 1, "{g2}");
+    assert_eq!(g2.matches("l_ost_idx").count(), 3, "{g2}");
+    drop(file);
+    let file = OpenOptions::new().read(true).open(&f).unwrap();
+    let mut buf = vec![0u8; 4096];
+    for (off, want) in [(0u64, 7u8), (2 << 20, 8), (9 << 30, 9), (100 << 20, 0)] {
+        file.read_exact_at(&mut buf, off).unwrap();
+        assert!(buf.iter().all(|&b| b == want), "at {off}");
+    }
+    assert_eq!(file.metadata().unwrap().len(), (9 << 30) + 4096);
+    // `getstripe -I` and `--component-end`.
+    let g = ok(&c, &["getstripe", "-I", "2", &f]);
+    assert!(
+        g.contains("    lcme_id:             2\n") && !g.contains("lcme_id:             3"),
+        "{g}"
+    );
+    let g = ok(&c, &["getstripe", "--component-end", &f]);
+    assert!(g.contains("lcme_extent.e_end:   67108864\n"), "{g}");
+    assert!(g.contains("lcme_extent.e_end:   EOF\n"), "{g}");
+    assert_eq!(ok(&c, &["getstripe", "-c", &f]), "2\n");
+}
+
+#[test]
+fn a_write_past_a_dom_only_layout_fails_with_enodata_after_the_bytes_that_fit() {
+    let c = cluster(1);
+    let m = c.mount();
+    let f = s(&m.path().join("dom.1c"));
+    ok(&c, &["setstripe", "-E", "1M", "-L", "mdt", &f]);
+    let mut file = OpenOptions::new().write(true).open(&f).unwrap();
+    let mb = vec![0x5au8; 1 << 20];
+    // The seed's `dd bs=1M count=10`: one MiB written, then "No data available".
+    file.write_all(&mb).unwrap();
+    let e = file.write(&mb).expect_err("past the layout's end");
+    assert_eq!(e.raw_os_error(), Some(libc::ENODATA), "{e}");
+    // A write straddling the end: the bytes that fit, then ENODATA.
+    let n = file.write_at(&mb[..8192], (1 << 20) - 4096).unwrap();
+    assert_eq!(n, 4096);
+    drop(file);
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 1 << 20);
+    let e = OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(2 << 20)
+        .expect_err("a truncate past the end");
+    assert_eq!(e.raw_os_error(), Some(libc::ENODATA), "{e}");
+    assert_eq!(std::fs::read(&f).unwrap(), mb);
+}
+
+fn dom_layout() -> Layout {
+    Layout {
+        gen: 0,
+        components: vec![
+            Component {
+                id: 1,
+                start: 0,
+                end: 256 << 10,
+                pattern: Pattern::Mdt,
+            },
+            Component {
+                id: 2,
+                start: 256 << 10,
+                end: 1 << 20,
+                pattern: Pattern::Raid0 {
+                    stripe_size: 64 << 10,
+                    stripe_count: 1,
+                    stripe_offset: -1,
+                    osts: Vec::new(),
+                },
+            },
+            Component {
+                id: 3,
+                start: 1 << 20,
+                end: EOF,
+                pattern: Pattern::Raid0 {
+                    stripe_size: 64 << 10,
+                    stripe_count: 2,
+                    stripe_offset: -1,
+                    osts: Vec::new(),
+                },
+            },
+        ],
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("LODE_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(rand::random)
+}
+
+/// One random step against the model: a write, a truncate or a read-and-compare.
+enum Step {
+    Write(u64, Vec<u8>),
+    Truncate(u64),
+    Read(u64, usize),
+}
+
+fn step(rng: &mut rand::rngs::StdRng) -> Step {
+    // Offsets cluster around the DoM end and the component boundary.
+    let near = |rng: &mut rand::rngs::StdRng| -> u64 {
+        let base = [0u64, 256 << 10, 1 << 20, 1_500_000][rng.random_range(0..4)];
+        base.saturating_add_signed(rng.random_range(-70_000i64..70_000))
+    };
+    match rng.random_range(0..10) {
+        0..=4 => {
+            let len = rng.random_range(1..200_000usize);
+            Step::Write(near(rng), (0..len).map(|_| rng.random()).collect())
+        }
+        5 => Step::Truncate(near(rng)),
+        _ => Step::Read(near(rng), rng.random_range(0..400_000)),
+    }
+}
+
+fn apply(model: &mut Vec<u8>, st: &Step) {
+    match st {
+        Step::Write(off, data) => {
+            let end = *off as usize + data.len();
+            if model.len() < end {
+                model.resize(end, 0);
+            }
+            model[*off as usize..end].copy_from_slice(data);
+        }
+        Step::Truncate(size) => model.resize(*size as usize, 0),
+        Step::Read(..) => {}
+    }
+}
+
+fn expect(model: &[u8], off: u64, len: usize) -> &[u8] {
+    let from = (off as usize).min(model.len());
+    let to = (off as usize + len).min(model.len());
+    &model[from..to]
+}
+
+#[test]
+fn dom_data_matches_a_model_through_the_mount_and_natively() {
+    let seed = seed();
+    println!("seed {seed} (LODE_TEST_SEED={seed} repeats it)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let c = cluster(2);
+    let m = c.mount();
+    let sess = c.client();
+    let cl = &sess.client;
+    let r = root();
+
+    // Through the mount: a file under a directory default of DoM + two OST components.
+    let d = m.path().join("model");
+    std::fs::create_dir(&d).unwrap();
+    ok(
+        &c,
+        &[
+            "setstripe",
+            "-E",
+            "256k",
+            "-L",
+            "mdt",
+            "-E",
+            "1M",
+            "-c",
+            "1",
+            "-S",
+            "64k",
+            "-E",
+            "-1",
+            "-c",
+            "2",
+            "-S",
+            "64k",
+            &s(&d),
+        ],
+    );
+    let path = d.join("f");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let mut model = Vec::new();
+    for i in 0..150 {
+        let st = step(&mut rng);
+        match &st {
+            Step::Write(off, data) => file.write_all_at(data, *off).unwrap(),
+            Step::Truncate(size) => file.set_len(*size).unwrap(),
+            Step::Read(off, len) => {
+                let mut buf = vec![0u8; *len];
+                let mut got = 0;
+                while got < *len {
+                    let n = file.read_at(&mut buf[got..], off + got as u64).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                buf.truncate(got);
+                assert!(
+                    buf == expect(&model, *off, *len),
+                    "mount: read of {len} at {off} differs at step {i} (seed {seed})"
+                );
+            }
+        }
+        apply(&mut model, &st);
+        if i % 25 == 0 {
+            file.sync_all().unwrap();
+            assert_eq!(
+                file.metadata().unwrap().len(),
+                model.len() as u64,
+                "step {i}"
+            );
+        }
+    }
+    drop(file);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        model,
+        "mount: the whole file (seed {seed})"
+    );
+
+    // The native client sees the same bytes, then runs its own steps.
+    let dfid = fid(&sess, "/model").unwrap();
+    let ffid = sess.run(cl.lookup(&r, dfid, b"f")).unwrap().attr.fid;
+    let fh = sess.run(cl.open(&r, ffid, libc::O_RDWR)).unwrap();
+    assert_eq!(
+        sess.run(cl.read(&fh, 0, model.len() + 10)).unwrap(),
+        model,
+        "native: the whole file"
+    );
+    let fh2 = sess
+        .run(cl.create_open(
+            &r,
+            Fid::ROOT,
+            b"native",
+            0o644,
+            libc::O_RDWR,
+            Some(dom_layout()),
+        ))
+        .unwrap();
+    let mut model2 = Vec::new();
+    for i in 0..150 {
+        let st = step(&mut rng);
+        match &st {
+            Step::Write(off, data) => {
+                assert_eq!(
+                    sess.run(cl.write(&fh2, *off, data)),
+                    Ok(data.len()),
+                    "step {i}"
+                )
+            }
+            Step::Truncate(size) => sess.run(cl.truncate_open(&r, &fh2, *size)).unwrap(),
+            Step::Read(off, len) => {
+                let got = sess.run(cl.read(&fh2, *off, *len)).unwrap();
+                assert!(
+                    got == expect(&model2, *off, *len),
+                    "native: read of {len} at {off} differs at step {i} (seed {seed})"
+                );
+            }
+        }
+        apply(&mut model2, &st);
+        let a = sess.run(cl.getattr(&r, fh2.fid)).unwrap();
+        assert_eq!(
+            a.size,
+            model2.len() as u64,
+            "native size at step {i} (seed {seed})"
+        );
+    }
+    sess.run(cl.close(&fh2)).unwrap();
+    sess.run(cl.close(&fh)).unwrap();
+    // Closed and all on the MDT below 256 KiB: exact size, no glimpse needed.
+    assert_eq!(
+        std::fs::read(m.path().join("native")).unwrap(),
+        model2,
+        "the mount reads what the native client wrote (seed {seed})"
+    );
+}
+
+/// Waits until every change so far is committed, then holds commits back.
+fn hold_commits(c: &Cluster) {
+    let n = |p: &str| c.get_param(p).trim().parse::<u64>().expect("a number");
+    wait_for("everything to commit", Duration::from_secs(10), || {
+        n("mdt.*.last_transno") == n("mdt.*.last_committed")
+    });
+    c.set_param("mdt.*.commit_interval_ms=60000");
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+#[test]
+fn dom_data_survives_an_mds_crash_committed_or_replayed() {
+    let mut c = cluster(1);
+    let sess = c.client();
+    let cl = &sess.client;
+    let r = root();
+    let only_dom = Layout {
+        gen: 0,
+        components: vec![Component {
+            id: 1,
+            start: 0,
+            end: 1 << 20,
+            pattern: Pattern::Mdt,
+        }],
+    };
+    let fh = sess
+        .run(cl.create_open(&r, Fid::ROOT, b"d", 0o644, libc::O_RDWR, Some(only_dom)))
+        .unwrap();
+    let a: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(sess.run(cl.write(&fh, 0, &a)), Ok(a.len()));
+    sess.run(cl.fsync(&fh)).unwrap();
+    // Committed by the fsync: a kill -9 loses nothing, with or without the client.
+    c.kill9("mdt0");
+    c.start_target("mdt0");
+    wait_recovered(&c);
+    assert_eq!(
+        sess.run(cl.read(&fh, 0, 1 << 20)),
+        Ok(a.clone()),
+        "after the crash"
+    );
+
+    // Answered, not committed: the client replays it.
+    hold_commits(&c);
+    let b = vec![0xb5u8; 70_000];
+    assert_eq!(sess.run(cl.write(&fh, 200_000, &b)), Ok(b.len()));
+    c.kill9("mdt0");
+    c.start_target("mdt0");
+    let status = wait_recovered(&c);
+    assert_ne!(status_field(&status, "replayed_requests"), "0", "{status}");
+    let mut want = a.clone();
+    want.resize(270_000.max(want.len()), 0);
+    want[200_000..270_000].copy_from_slice(&b);
+    assert_eq!(
+        sess.run(cl.read(&fh, 0, 1 << 20)),
+        Ok(want),
+        "after the replay"
+    );
+    sess.run(cl.close(&fh)).unwrap();
+}
+
+#[test]
+fn find_selects_by_layout_name_size_and_component_end() {
+    let c = cluster(2);
+    let m = c.mount();
+    let root = m.path();
+    let p = |n: &str| root.join(n);
+    std::fs::create_dir(p("dom")).unwrap();
+    ok(
+        &c,
+        &[
+            "setstripe",
+            "-E",
+            "1M",
+            "-L",
+            "mdt",
+            "-E",
+            "-1",
+            &s(&p("dom")),
+        ],
+    );
+    std::fs::create_dir(p("dom/sub")).unwrap();
+    std::fs::create_dir(p("plain")).unwrap();
+    std::fs::write(p("dom/a"), b"0123456789").unwrap();
+    std::fs::write(p("dom/b.txt"), vec![1u8; 200_000]).unwrap();
+    std::fs::write(p("dom/sub/c"), b"c").unwrap();
+    std::fs::write(p("plain/x"), vec![2u8; 100]).unwrap();
+    std::fs::write(p("plain/y.txt"), b"y").unwrap();
+    ok(
+        &c,
+        &[
+            "setstripe",
+            "-E",
+            "64k",
+            "-L",
+            "mdt",
+            "-E",
+            "-1",
+            &s(&p("plain/small")),
+        ],
+    );
+    let find = |args: &[&str]| -> Vec<String> {
+        let mut v = vec!["find", root.to_str().unwrap()];
+        v.extend(args);
+        let mut out: Vec<String> = ok(&c, &v)
+            .lines()
+            .map(|l| {
+                l.strip_prefix(root.to_str().unwrap())
+                    .unwrap_or(l)
+                    .trim_start_matches('/')
+                    .to_string()
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    assert_eq!(
+        find(&["-L", "mdt", "-type", "f"]),
+        ["dom/a", "dom/b.txt", "dom/sub/c", "plain/small"]
+    );
+    assert_eq!(find(&["-L", "mdt", "-type", "d"]), ["dom", "dom/sub"]);
+    // The seed's `lfs find -L mdt -S -180K`.
+    assert_eq!(find(&["-L", "mdt", "-S", "-180K"]), ["plain/small"]);
+    assert_eq!(
+        find(&["-E", "1M", "-type", "f"]),
+        ["dom/a", "dom/b.txt", "dom/sub/c"]
+    );
+    assert_eq!(
+        find(&["--component-count", "1", "-type", "f"]),
+        ["plain/x", "plain/y.txt"]
+    );
+    assert_eq!(find(&["-name", "*.txt"]), ["dom/b.txt", "plain/y.txt"]);
+    assert_eq!(find(&["-type", "f", "-size", "+100k"]), ["dom/b.txt"]);
+    assert_eq!(
+        find(&["-type", "f", "-mtime", "-1", "-name", "c"]),
+        ["dom/sub/c"]
+    );
+    let z = ok(&c, &["find", &s(&p("dom")), "-name", "a", "-print0"]);
+    assert_eq!(z, format!("{}\0", s(&p("dom/a"))));
+}
+
+/// The count of `name` in the MDT's `stats`.
+fn mdt_stat(c: &Cluster, name: &str) -> u64 {
+    c.get_param("mdt.*.stats")
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_small_dom_file_is_read_with_its_open() {
+    let c = cluster(1);
+    let m = c.mount();
+    let d = m.path().join("small");
+    std::fs::create_dir(&d).unwrap();
+    ok(
+        &c,
+        &["setstripe", "-E", "1M", "-L", "mdt", "-E", "-1", &s(&d)],
+    );
+    let body = |i: usize| -> Vec<u8> { (0..4096).map(|k| (i * 31 + k) as u8).collect() };
+    let closes = mdt_stat(&c, "mds_close");
+    for i in 0..100 {
+        std::fs::write(d.join(format!("f{i}")), body(i)).unwrap();
+    }
+    // Every writer's close has reached the MDT (they go in the background).
+    wait_for("the closes", Duration::from_secs(10), || {
+        mdt_stat(&c, "mds_close") >= closes + 100
+    });
+    let (reads, opens, ost) = (
+        mdt_stat(&c, "dom_read"),
+        mdt_stat(&c, "mds_reint_open"),
+        ost_io(&c),
+    );
+    for i in 0..100 {
+        assert_eq!(
+            std::fs::read(d.join(format!("f{i}"))).unwrap(),
+            body(i),
+            "f{i}"
+        );
+    }
+    assert_eq!(mdt_stat(&c, "mds_reint_open") - opens, 100, "one open each");
+    assert_eq!(
+        mdt_stat(&c, "dom_read"),
+        reads,
+        "no read RPC: the bytes came with the open"
+    );
+    assert_eq!(ost_io(&c), ost, "nothing from the OSTs");
+    // With read-on-open off, each read is a DOM_READ.
+    c.set_param("mdt.*.dom_read_on_open=0");
+    assert_eq!(std::fs::read(d.join("f7")).unwrap(), body(7));
+    assert!(mdt_stat(&c, "dom_read") > reads);
+}

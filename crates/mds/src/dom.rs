@@ -1,0 +1,296 @@
+//! Data-on-MDT: the bytes of a layout's `mdt` component, kept in the store's `dom`
+//! keyspace in [`DOM_CHUNK`] records keyed `(FID, chunk number)`. A write rewrites the
+//! chunks it touches and the inode's size, blocks and times in one batch, under one
+//! transno and reply record, so it is exactly-once, committed and replayed like any
+//! other change. A missing chunk, or a short one, is a hole.
+
+use crate::inode::{now_ns, put_inode};
+use crate::{Ctx, Namespace, OpResult};
+use lode_base::limits::{BULK_MAX, DOM_CHUNK};
+use lode_base::{Errno, Fid, Layout, Pattern};
+use lode_proto::{DomPrefetch, DomWriteReq, Empty, LayoutIntentReq, MdtBody, Reply};
+use lode_store::records::{self, InodeRec, INODE_DATA};
+use lode_store::{Batch, Cf};
+
+/// Key of chunk `n` of `fid`'s DoM data.
+fn chunk_key(fid: Fid, n: u64) -> Vec<u8> {
+    let mut k = fid.to_bytes().to_vec();
+    k.extend_from_slice(&n.to_be_bytes());
+    k
+}
+
+/// 512-byte blocks a chunk of `len` bytes is charged (whole 4 KiB blocks, as a
+/// local file system allocates them).
+fn chunk_blocks(len: usize) -> u64 {
+    (len as u64).div_ceil(4096) * 8
+}
+
+impl Namespace {
+    /// A chunk's bytes (empty: a hole).
+    fn dom_chunk(&self, fid: Fid, n: u64) -> OpResult<Vec<u8>> {
+        match self.store.engine().get(Cf::Dom, &chunk_key(fid, n))? {
+            Some(v) => match v.split_first() {
+                Some((&records::RECORD_V1, rest)) => Ok(rest.to_vec()),
+                _ => Err(lode_store::StoreError::Corrupt("dom", fid.to_string()).into()),
+            },
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn put_dom_chunk(b: &mut Batch, fid: Fid, n: u64, data: &[u8]) {
+        if data.is_empty() {
+            b.delete(Cf::Dom, chunk_key(fid, n));
+        } else {
+            let mut v = Vec::with_capacity(data.len() + 1);
+            v.push(records::RECORD_V1);
+            v.extend_from_slice(data);
+            b.put(Cf::Dom, chunk_key(fid, n), v);
+        }
+    }
+
+    /// The open handle `handle` of this client on `fid`, opened for writing (a replay
+    /// is not asked: its open may be replayed after it).
+    fn check_write_handle(&self, ctx: &Ctx, slot: u32, fid: Fid, handle: u64) -> OpResult<()> {
+        if ctx.replay {
+            return Ok(());
+        }
+        let o = self.opens.lock();
+        match o.handles.get(&handle) {
+            Some(h) if h.fid == fid && h.slot == slot && h.write => Ok(()),
+            _ => Err(Errno::EBADF.into()),
+        }
+    }
+
+    /// DOM_WRITE: `data` at `offset`, all within the file's DoM component.
+    pub(crate) fn dom_write(&self, ctx: &Ctx, slot: u32, r: &DomWriteReq) -> OpResult<u64> {
+        if r.data.len() > BULK_MAX {
+            return Err(Errno::EINVAL.into());
+        }
+        self.check_space()?;
+        let mut held = self.pdo.lock(&[], &[]);
+        self.pdo.lock_inodes(&mut held, &[r.fid]);
+        let mut rec = self.inode(r.fid)?;
+        if rec.mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Errno::EINVAL.into());
+        }
+        self.check_write_handle(ctx, slot, r.fid, r.handle)?;
+        let dom_end = rec.layout.as_ref().map_or(0, Layout::dom_end);
+        let end = r
+            .offset
+            .checked_add(r.data.len() as u64)
+            .ok_or(Errno::EFBIG)?;
+        if end > dom_end {
+            // The client splits writes at the component's end; past it is not ours.
+            return Err(Errno::ENODATA.into());
+        }
+        let mut b = Batch::new();
+        let mut pos = r.offset;
+        while pos < end {
+            let n = pos / DOM_CHUNK;
+            let within = (pos % DOM_CHUNK) as usize;
+            let take = ((DOM_CHUNK as usize) - within).min((end - pos) as usize);
+            let src = &r.data[(pos - r.offset) as usize..][..take];
+            let mut chunk = if within == 0 && take == DOM_CHUNK as usize {
+                Vec::new()
+            } else {
+                self.dom_chunk(r.fid, n)?
+            };
+            let before = chunk_blocks(chunk.len());
+            if chunk.len() < within + take {
+                chunk.resize(within + take, 0);
+            }
+            chunk[within..within + take].copy_from_slice(src);
+            rec.blocks = rec.blocks.saturating_sub(before) + chunk_blocks(chunk.len());
+            Self::put_dom_chunk(&mut b, r.fid, n, &chunk);
+            pos += take as u64;
+        }
+        let now = now_ns();
+        rec.size = rec.size.max(end);
+        rec.mtime = now;
+        rec.ctime = now;
+        rec.flags |= INODE_DATA;
+        put_inode(&mut b, r.fid, &rec);
+        self.commit(ctx, b, &Reply::DomWrite(Empty {}))
+    }
+
+    /// DOM_READ: up to `len` bytes at `offset`, ending at the MDT's size or the DoM
+    /// component's end, holes as zeros. Short only there.
+    pub(crate) fn dom_read(&self, fid: Fid, offset: u64, len: u32) -> OpResult<Vec<u8>> {
+        let len = (len as usize).min(BULK_MAX);
+        // Under the inode's lock: a write is seen whole or not at all.
+        let mut held = self.pdo.lock(&[], &[]);
+        self.pdo.lock_inodes(&mut held, &[fid]);
+        let rec = self.inode(fid)?;
+        if rec.mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Errno::EINVAL.into());
+        }
+        self.dom_bytes(fid, &rec, offset, len)
+    }
+
+    /// The DoM bytes of `fid` in `[offset, offset+len)`, cut at the MDT's size and the
+    /// component's end (the caller holds the inode's lock).
+    fn dom_bytes(&self, fid: Fid, rec: &InodeRec, offset: u64, len: usize) -> OpResult<Vec<u8>> {
+        let dom_end = rec.layout.as_ref().map_or(0, Layout::dom_end);
+        let end = offset.saturating_add(len as u64).min(rec.size).min(dom_end);
+        if end <= offset {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        let mut pos = offset;
+        while pos < end {
+            let n = pos / DOM_CHUNK;
+            let within = (pos % DOM_CHUNK) as usize;
+            let take = ((DOM_CHUNK as usize) - within).min((end - pos) as usize);
+            let chunk = self.dom_chunk(fid, n)?;
+            if chunk.len() > within {
+                let have = (chunk.len() - within).min(take);
+                let at = (pos - offset) as usize;
+                out[at..at + have].copy_from_slice(&chunk[within..within + have]);
+            }
+            pos += take as u64;
+        }
+        Ok(out)
+    }
+
+    /// Read-on-open: the first `dom_read_on_open` bytes of a DoM file that nobody is
+    /// writing (its size is then exact here), for an open for reading.
+    pub(crate) fn read_on_open(&self, fid: Fid, rec: &InodeRec) -> OpResult<Option<DomPrefetch>> {
+        let limit = self
+            .tun
+            .dom_read_on_open
+            .load(std::sync::atomic::Ordering::Relaxed) as usize;
+        let dom_end = rec.layout.as_ref().map_or(0, Layout::dom_end);
+        if limit == 0 || dom_end == 0 || rec.flags & INODE_DATA != 0 {
+            return Ok(None);
+        }
+        let data = self.dom_bytes(fid, rec, 0, limit)?;
+        let eof = rec.size <= data.len() as u64;
+        Ok(Some(DomPrefetch { data, eof }))
+    }
+
+    /// Cuts the DoM data of `fid` to `size` bytes inside batch `b` (truncate), and
+    /// its blocks with it.
+    pub(crate) fn dom_truncate(
+        &self,
+        b: &mut Batch,
+        fid: Fid,
+        rec: &mut InodeRec,
+        size: u64,
+    ) -> OpResult<()> {
+        let first = size.div_ceil(DOM_CHUNK);
+        let mut gone = Vec::new();
+        let prefix = fid.to_bytes();
+        self.store
+            .engine()
+            .scan(Cf::Dom, &prefix, &chunk_key(fid, first), &mut |k, v| {
+                gone.push((k.to_vec(), v.len().saturating_sub(1)));
+                true
+            })?;
+        for (k, len) in gone {
+            rec.blocks = rec.blocks.saturating_sub(chunk_blocks(len));
+            b.delete(Cf::Dom, k);
+        }
+        if !size.is_multiple_of(DOM_CHUNK) {
+            let n = size / DOM_CHUNK;
+            let mut chunk = self.dom_chunk(fid, n)?;
+            let keep = (size % DOM_CHUNK) as usize;
+            if chunk.len() > keep {
+                rec.blocks = rec.blocks.saturating_sub(chunk_blocks(chunk.len()));
+                chunk.truncate(keep);
+                rec.blocks += chunk_blocks(chunk.len());
+                Self::put_dom_chunk(b, fid, n, &chunk);
+            }
+        }
+        Ok(())
+    }
+
+    /// LAYOUT_INTENT: instantiates the components a write to `[start, end)` reaches.
+    /// A replay brings the layout its client was given and keeps its OSTs.
+    pub(crate) fn layout_intent(
+        &self,
+        ctx: &Ctx,
+        slot: u32,
+        r: &LayoutIntentReq,
+    ) -> OpResult<(MdtBody, u64)> {
+        let mut held = self.pdo.lock(&[], &[]);
+        self.pdo.lock_inodes(&mut held, &[r.fid]);
+        let mut rec = self.inode(r.fid)?;
+        if rec.mode & libc::S_IFMT != libc::S_IFREG || r.end <= r.start {
+            return Err(Errno::EINVAL.into());
+        }
+        self.check_write_handle(ctx, slot, r.fid, r.handle)?;
+        let mut layout = rec.layout.clone().ok_or(Errno::EINVAL)?;
+        let todo = layout.uninit_in(r.start, r.end - r.start);
+        if !todo.is_empty() {
+            if let Some(given) = r.layout.as_ref().filter(|_| ctx.replay) {
+                adopt_osts(&mut layout, given, &todo, self.osts.count());
+            }
+            self.instantiate(&mut layout, &todo)?;
+            layout.gen += 1;
+            rec.layout = Some(layout);
+            rec.flags |= INODE_DATA;
+        }
+        let mut b = Batch::new();
+        put_inode(&mut b, r.fid, &rec);
+        let body = self.body(r.fid, &rec);
+        let t = self.commit(ctx, b, &Reply::LayoutIntent(body.clone()))?;
+        Ok((body, t))
+    }
+}
+
+/// Takes the OSTs a replayed intent's client was given for the components `todo`, when
+/// they still make sense (same component, OSTs that exist).
+fn adopt_osts(layout: &mut Layout, given: &Layout, todo: &[usize], ost_count: u32) {
+    for &i in todo {
+        let (Some(c), Some(g)) = (layout.components.get_mut(i), given.components.get(i)) else {
+            continue;
+        };
+        if c.id != g.id || c.start != g.start || c.end != g.end {
+            continue;
+        }
+        if let (
+            Pattern::Raid0 {
+                stripe_count,
+                stripe_size,
+                osts,
+                ..
+            },
+            Pattern::Raid0 {
+                stripe_size: gs,
+                osts: go,
+                ..
+            },
+        ) = (&mut c.pattern, &g.pattern)
+        {
+            if gs == stripe_size
+                && !go.is_empty()
+                && go.len() <= lode_base::limits::STRIPE_COUNT_MAX as usize
+                && go.iter().all(|&o| o < ost_count.max(1))
+            {
+                *osts = go.clone();
+                *stripe_count = go.len() as i32;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_whole_4k_blocks() {
+        assert_eq!(chunk_blocks(0), 0);
+        assert_eq!(chunk_blocks(1), 8);
+        assert_eq!(chunk_blocks(4096), 8);
+        assert_eq!(chunk_blocks(4097), 16);
+    }
+
+    #[test]
+    fn chunk_keys_sort_by_offset() {
+        let f = Fid::new(0x200000400, 1, 0);
+        assert!(chunk_key(f, 1) < chunk_key(f, 2));
+        assert!(chunk_key(f, 255) < chunk_key(f, 256));
+        assert!(chunk_key(f, 0).starts_with(&f.to_bytes()));
+    }
+}
