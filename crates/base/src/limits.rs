@@ -62,7 +62,7 @@ pub const DOM_READ_ON_OPEN_DEFAULT: u64 = 64 << 10;
 pub const DOM_READ_ON_OPEN_MAX: u64 = 1 << 20;
 /// Bytes per record of Data-on-MDT data in the MDT store: a write rewrites at most
 /// this much per chunk it touches, a read reads whole chunks.
-pub const DOM_CHUNK: u64 = 64 << 10;
+pub const DOM_CHUNK: u64 = 4 << 10;
 /// Largest file offset (2^63 - 1, the Linux off_t limit).
 pub const FILE_SIZE_MAX: u64 = i64::MAX as u64;
 /// Open handles one client may hold on one MDT.

@@ -206,6 +206,7 @@ impl Client {
     pub async fn close(&self, fh: &FileHandle) -> Result<(), Errno> {
         self.check_live(fh)?;
         let cached = self.attr_lock(fh.fid);
+        let epoch = self.data_epoch.load(Ordering::Acquire);
         let rep = self
             .md(Request::Close(CloseReq {
                 handle: fh.handle,
@@ -220,8 +221,16 @@ impl Client {
             self.check_lost(fh)?;
         }
         if let Reply::Close(r) = rep {
-            if r.exact_size {
-                self.size_exact(fh.fid, cached);
+            match r.attr {
+                // Attributes from after this client's writes: taken only if it wrote
+                // nothing since the close left.
+                Some(a) if r.exact_size => {
+                    if epoch == self.data_epoch.load(Ordering::Acquire) {
+                        self.size_exact_with(fh.fid, cached, Some(a));
+                    }
+                }
+                _ if r.exact_size => self.size_exact_with(fh.fid, cached, None),
+                _ => {}
             }
         }
         Ok(())

@@ -358,10 +358,15 @@ impl Client {
     /// that still glimpses only asks the OSTs for what the MDT has.
     /// Applies only to the copy kept under lock `handle` (taken before the close was
     /// sent): a copy fetched meanwhile may already know of a newer writer.
-    pub(crate) fn size_exact(&self, fid: Fid, handle: u64) {
+    /// `attr`: the attributes as the MDT had them at the close, replacing the copy's
+    /// (which may predate this client's own writes).
+    pub(crate) fn size_exact_with(&self, fid: Fid, handle: u64, attr: Option<lode_base::Attr>) {
         if let Some((b, h)) = self.locks.cache.lock().attrs.get_mut(&fid) {
             if *h == handle {
                 b.glimpse = false;
+                if let Some(a) = attr.filter(|a| a.fid == fid) {
+                    b.attr = a;
+                }
             }
         }
     }

@@ -136,18 +136,58 @@ impl Namespace {
             return Ok(Vec::new());
         }
         let mut out = vec![0u8; (end - offset) as usize];
-        let mut pos = offset;
-        while pos < end {
-            let n = pos / DOM_CHUNK;
-            let within = (pos % DOM_CHUNK) as usize;
-            let take = ((DOM_CHUNK as usize) - within).min((end - pos) as usize);
-            let chunk = self.dom_chunk(fid, n)?;
-            if chunk.len() > within {
-                let have = (chunk.len() - within).min(take);
-                let at = (pos - offset) as usize;
-                out[at..at + have].copy_from_slice(&chunk[within..within + have]);
+        if end - offset <= DOM_CHUNK {
+            // One or two chunks: point reads (bloom-filtered) beat an iterator.
+            let mut pos = offset;
+            while pos < end {
+                let n = pos / DOM_CHUNK;
+                let within = (pos % DOM_CHUNK) as usize;
+                let take = ((DOM_CHUNK as usize) - within).min((end - pos) as usize);
+                let chunk = self.dom_chunk(fid, n)?;
+                if chunk.len() > within {
+                    let have = (chunk.len() - within).min(take);
+                    let at = (pos - offset) as usize;
+                    out[at..at + have].copy_from_slice(&chunk[within..within + have]);
+                }
+                pos += take as u64;
             }
-            pos += take as u64;
+            return Ok(out);
+        }
+        // Many chunks: one pass of an iterator over those that exist.
+        let last = (end - 1) / DOM_CHUNK;
+        let mut bad = false;
+        self.store.engine().scan(
+            Cf::Dom,
+            &fid.to_bytes(),
+            &chunk_key(fid, offset / DOM_CHUNK),
+            &mut |k, v| {
+                let Some(n) = k
+                    .get(16..24)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_be_bytes)
+                else {
+                    bad = true;
+                    return false;
+                };
+                if n > last {
+                    return false;
+                }
+                let Some((&records::RECORD_V1, data)) = v.split_first() else {
+                    bad = true;
+                    return false;
+                };
+                let cstart = n * DOM_CHUNK;
+                let from = offset.max(cstart);
+                let to = end.min(cstart + data.len() as u64);
+                if from < to {
+                    out[(from - offset) as usize..(to - offset) as usize]
+                        .copy_from_slice(&data[(from - cstart) as usize..(to - cstart) as usize]);
+                }
+                true
+            },
+        )?;
+        if bad {
+            return Err(lode_store::StoreError::Corrupt("dom", fid.to_string()).into());
         }
         Ok(out)
     }

@@ -686,11 +686,13 @@ impl Namespace {
                         .is_some_and(|l| l.dom_end() > 0 && !l.has_objects())
                 {
                     // Every byte is on this MDT: with no writer left, its size is
-                    // exact here (Lustre's strict size on MDT for DoM-only files), and
-                    // new copies need no glimpse. Not `exact_size`: the closing client's
-                    // cached copy may predate its own writes.
+                    // exact here (Lustre's strict size on MDT for DoM-only files): no
+                    // copy needs a glimpse, and the closer's (which may predate its
+                    // own writes) gets the attributes as they are now.
                     rec.flags &= !INODE_DATA;
                     put_inode(&mut b, fid, &rec);
+                    rep.exact_size = true;
+                    rep.attr = Some(rec.attr(fid));
                 } else if unmark && rec.flags & INODE_DATA != 0 {
                     rec.flags &= !INODE_DATA;
                     put_inode(&mut b, fid, &rec);

@@ -435,6 +435,9 @@ pub struct CloseReq {
 pub struct CloseRep {
     /// The close took back the "data on OSTs" mark: the MDT's size is exact again.
     pub exact_size: bool,
+    /// With `exact_size` after writes (a Data-on-MDT file's last writer closing): the
+    /// attributes now, for the closer's cached copy, which predates its writes.
+    pub attr: Option<Attr>,
 }
 
 /// unlink or rmdir.
