@@ -224,12 +224,10 @@ impl Client {
             match r.attr {
                 // Attributes from after this client's writes: taken only if it wrote
                 // nothing since the close left.
-                Some(a) if r.exact_size => {
-                    if epoch == self.data_epoch.load(Ordering::Acquire) {
-                        self.size_exact_with(fh.fid, cached, Some(a));
-                    }
+                Some(a) if r.exact_size && epoch == self.data_epoch.load(Ordering::Acquire) => {
+                    self.size_exact_with(fh.fid, cached, Some(a));
                 }
-                _ if r.exact_size => self.size_exact_with(fh.fid, cached, None),
+                None if r.exact_size => self.size_exact_with(fh.fid, cached, None),
                 _ => {}
             }
         }
