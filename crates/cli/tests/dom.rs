@@ -758,3 +758,80 @@ fn a_small_dom_file_is_read_with_its_open() {
     assert_eq!(std::fs::read(d.join("f7")).unwrap(), body(7));
     assert!(mdt_stat(&c, "dom_read") > reads);
 }
+
+/// `ost_getattr` (glimpses) summed over the OSTs.
+fn glimpses(c: &Cluster) -> u64 {
+    c.get_param("obdfilter.*.stats")
+        .lines()
+        .filter(|l| l.starts_with("ost_getattr "))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_closed_files_size_is_kept_on_the_mdt_and_stat_needs_no_glimpse() {
+    let c = cluster(2);
+    let m = c.mount();
+    let sess = c.client();
+    let cl = &sess.client;
+    let r = root();
+    let closes = mdt_stat(&c, "mds_close");
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(m.path().join("f"), &data).unwrap();
+    wait_for("the close", Duration::from_secs(10), || {
+        mdt_stat(&c, "mds_close") > closes
+    });
+    let fid = sess.run(cl.lookup(&r, Fid::ROOT, b"f")).unwrap().attr.fid;
+    let before = glimpses(&c);
+    for _ in 0..5 {
+        let a = sess.run(cl.getattr(&r, fid)).unwrap();
+        assert_eq!(a.size, data.len() as u64);
+        assert!(a.blocks >= data.len() as u64 / 512, "blocks {}", a.blocks);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i64;
+        assert!(
+            (now - a.mtime).abs() < 60_000_000_000,
+            "mtime of the writes"
+        );
+    }
+    assert_eq!(glimpses(&c), before, "stat of a closed file asks no OST");
+    let big = ok(&c, &["find", &s(m.path()), "-type", "f", "-size", "+2M"]);
+    assert_eq!(big.trim(), s(&m.path().join("f")));
+
+    // Two writers overlapping: neither may say what the size is; it stays glimpsed
+    // and right.
+    let fa = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(m.path().join("two"))
+        .unwrap();
+    let tfid = sess.run(cl.lookup(&r, Fid::ROOT, b"two")).unwrap().attr.fid;
+    let fb = sess.run(cl.open(&r, tfid, libc::O_RDWR)).unwrap();
+    fa.write_all_at(&[1u8; 1000], 0).unwrap();
+    assert_eq!(sess.run(cl.write(&fb, 5_000_000, &[2u8; 1000])), Ok(1000));
+    let closes = mdt_stat(&c, "mds_close");
+    drop(fa);
+    wait_for("the close", Duration::from_secs(10), || {
+        mdt_stat(&c, "mds_close") > closes
+    });
+    sess.run(cl.close(&fb)).unwrap();
+    let other = c.client();
+    let a = other.run(other.client.getattr(&r, tfid)).unwrap();
+    assert_eq!(a.size, 5_001_000, "both writers' bytes");
+    // A new writer after the size was kept: its growth is seen.
+    let fh = sess.run(cl.open(&r, fid, libc::O_RDWR)).unwrap();
+    assert_eq!(sess.run(cl.write(&fh, 4_000_000, b"tail")), Ok(4));
+    let a = other.run(other.client.getattr(&r, fid)).unwrap();
+    assert_eq!(a.size, 4_000_004, "seen while open");
+    sess.run(cl.close(&fh)).unwrap();
+    let a = other.run(other.client.getattr(&r, fid)).unwrap();
+    assert_eq!(a.size, 4_000_004, "kept at its close");
+    assert_eq!(
+        std::fs::metadata(m.path().join("f")).unwrap().len(),
+        4_000_004,
+        "and through the mount"
+    );
+}

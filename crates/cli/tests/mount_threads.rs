@@ -14,6 +14,8 @@ fn a_stalled_ost_does_not_stop_the_mount_answering_the_mdt() {
     let m = c.mount_with(&["threads=2", "attr_timeout=0", "entry_timeout=0"]);
     let data = m.path().join("data");
     std::fs::write(&data, vec![7u8; 4096]).unwrap();
+    // Open for writing: its size is glimpsed (closed, the MDT would know it).
+    let _writer = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
     std::fs::create_dir(m.path().join("dir")).unwrap();
     let before = glimpses(&c);
     // Every OST reply now takes 3 s: a stat of `data` waits for its size (a glimpse).

@@ -205,12 +205,20 @@ impl Client {
     /// Closes an open file.
     pub async fn close(&self, fh: &FileHandle) -> Result<(), Errno> {
         self.check_live(fh)?;
+        let wrote = fh.wrote.load(Ordering::Acquire);
+        // Data written to OST objects: the size as it is now goes with the close, for
+        // the MDT to keep if this was the only writer (lazy size on MDT).
+        let attrs = match fh.layout() {
+            Some(l) if wrote && l.has_objects() => self.size_for_close(fh.fid, &l).await,
+            _ => None,
+        };
         let cached = self.attr_lock(fh.fid);
         let epoch = self.data_epoch.load(Ordering::Acquire);
         let rep = self
             .md(Request::Close(CloseReq {
                 handle: fh.handle,
-                wrote: fh.wrote.load(Ordering::Acquire),
+                wrote,
+                attrs,
             }))
             .await;
         // Closed (or refused: the MDT has no such handle): not opened again after a
@@ -232,6 +240,22 @@ impl Client {
             }
         }
         Ok(())
+    }
+
+    /// Size, blocks and mtime of a file about to be closed by a writer, from a glimpse;
+    /// `None` if the glimpse fails (the MDT then keeps asking the OSTs).
+    async fn size_for_close(&self, fid: Fid, layout: &Layout) -> Option<lode_proto::CloseAttrs> {
+        let body = self.getattr_md(&Cred::root(), fid).await.ok()?;
+        let layout = match &body.layout {
+            Some(b) if b.gen > layout.gen => b,
+            _ => layout,
+        };
+        let (size, blocks, mtime) = self.glimpse(fid, Some(layout), &body.attr).await.ok()?;
+        Some(lode_proto::CloseAttrs {
+            size,
+            blocks,
+            mtime,
+        })
     }
 
     /// Writes `data` at `off`. Bytes past the end of the layout fail with ENODATA

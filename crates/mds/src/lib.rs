@@ -78,6 +78,10 @@ pub(crate) struct OpenHandle {
     /// Opened for writing (or truncation): may write Data-on-MDT bytes and
     /// instantiate layout components.
     write: bool,
+    /// A writer that found no other writer at its open, and the file's write events
+    /// then (see `Opens::writers`): at close, it alone wrote since if they still match.
+    alone: bool,
+    events: u64,
 }
 
 #[derive(Default)]
@@ -90,6 +94,9 @@ pub(crate) struct Opens {
     clean: HashMap<Fid, u64>,
     /// Handles per client slot.
     per_slot: HashMap<u32, u64>,
+    /// Per file with writers: how many write handles are open, and a count of write
+    /// opens and truncates (memory only; gone with the last writer).
+    writers: HashMap<Fid, (u32, u64)>,
     next: u64,
 }
 

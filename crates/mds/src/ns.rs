@@ -140,7 +140,7 @@ impl Namespace {
                 b.delete(Cf::Dom, k);
             }
         }
-        if rec.flags & INODE_DATA != 0 {
+        if rec.flags & (INODE_DATA | records::INODE_OBJECTS) != 0 {
             if let Some(layout) = rec.layout.as_ref().filter(|l| l.has_objects()) {
                 b.put(
                     Cf::Destroy,
@@ -455,12 +455,24 @@ impl Namespace {
 
     fn register_open(&self, handle: u64, fid: Fid, slot: u32, data: DataMark) {
         let mut o = self.opens.lock();
+        let write = data != DataMark::Reader;
+        let (alone, events) = if write {
+            let w = o.writers.entry(fid).or_insert((0, 0));
+            let alone = w.0 == 0;
+            w.0 += 1;
+            w.1 += 1;
+            (alone, w.1)
+        } else {
+            (false, 0)
+        };
         o.handles.insert(
             handle,
             OpenHandle {
                 fid,
                 slot,
-                write: data != DataMark::Reader,
+                write,
+                alone,
+                events,
             },
         );
         *o.per_slot.entry(slot).or_insert(0) += 1;
@@ -523,8 +535,20 @@ impl Namespace {
 
     /// The file's data changed other than through writes (a truncate): a handle that
     /// marked it can no longer take the mark back.
+    /// An explicit mtime was set: a writer's glimpse from before it must not be kept.
+    pub(crate) fn times_changed(&self, fid: Fid) {
+        if let Some(w) = self.opens.lock().writers.get_mut(&fid) {
+            w.1 += 1;
+        }
+    }
+
     pub(crate) fn data_changed(&self, fid: Fid) {
-        self.opens.lock().clean.remove(&fid);
+        let mut o = self.opens.lock();
+        o.clean.remove(&fid);
+        // Open writers can no longer say they alone changed the data.
+        if let Some(w) = o.writers.get_mut(&fid) {
+            w.1 += 1;
+        }
     }
 
     /// True if some client holds `fid` open.
@@ -603,14 +627,13 @@ impl Namespace {
         &self,
         ctx: &Ctx,
         slot: u32,
-        handle: u64,
-        wrote: bool,
+        r: &lode_proto::CloseReq,
     ) -> OpResult<(CloseRep, u64)> {
-        match self.opens.lock().handles.get(&handle) {
+        match self.opens.lock().handles.get(&r.handle) {
             Some(h) if h.slot == slot => {}
             _ => return Err(Errno::EBADF.into()),
         }
-        self.close_inner(ctx, handle, wrote)
+        self.close_inner(ctx, r.handle, r.wrote, r.attrs)
     }
 
     /// The file an open handle is on.
@@ -621,7 +644,7 @@ impl Namespace {
     /// Closes a handle outside any request (client disconnect).
     pub(crate) fn close_handle(&self, handle: u64) -> OpResult<u64> {
         // What the client wrote is unknown: the mark stays.
-        Ok(self.close_inner(&Ctx::default(), handle, true)?.1)
+        Ok(self.close_inner(&Ctx::default(), handle, true, None)?.1)
     }
 
     /// Closes every handle of a client that disconnected on purpose.
@@ -641,7 +664,13 @@ impl Namespace {
         }
     }
 
-    fn close_inner(&self, ctx: &Ctx, handle: u64, wrote: bool) -> OpResult<(CloseRep, u64)> {
+    fn close_inner(
+        &self,
+        ctx: &Ctx,
+        handle: u64,
+        wrote: bool,
+        attrs: Option<lode_proto::CloseAttrs>,
+    ) -> OpResult<(CloseRep, u64)> {
         let Some(fid) = self.opens.lock().handles.get(&handle).map(|h| h.fid) else {
             return Err(Errno::EBADF.into());
         };
@@ -668,12 +697,25 @@ impl Namespace {
             if marked {
                 o.clean.remove(&fid);
             }
-            (last, marked && !wrote)
+            // The only writer since its open, and the last one out: what it glimpsed
+            // before closing is the file's size.
+            let mut sole = false;
+            if h.write {
+                if let Some(w) = o.writers.get_mut(&fid) {
+                    w.0 -= 1;
+                    sole = h.alone && w.1 == h.events && w.0 == 0;
+                    if w.0 == 0 {
+                        o.writers.remove(&fid);
+                    }
+                }
+            }
+            (last, marked && !wrote, sole)
         };
-        let (last, unmark) = last;
+        let (last, unmark, sole) = last;
+        let lazy = attrs.filter(|_| sole);
         let mut b = Batch::new();
         let mut rep = CloseRep::default();
-        if last || unmark {
+        if last || unmark || lazy.is_some() {
             if let Ok(mut rec) = self.inode(fid) {
                 if last && rec.nlink == 0 {
                     b.delete(Cf::Orphan, fid.to_bytes().to_vec());
@@ -690,6 +732,20 @@ impl Namespace {
                     // copy needs a glimpse, and the closer's (which may predate its
                     // own writes) gets the attributes as they are now.
                     rec.flags &= !INODE_DATA;
+                    put_inode(&mut b, fid, &rec);
+                    rep.exact_size = true;
+                    rep.attr = Some(rec.attr(fid));
+                } else if let Some(a) = lazy.filter(|_| {
+                    rec.flags & INODE_DATA != 0 && rec.nlink > 0 && rec.layout.is_some()
+                }) {
+                    // Lazy size on MDT: nobody else wrote since this writer opened, so
+                    // its glimpse is the file's size until the next writer.
+                    rec.size = a.size;
+                    rec.blocks = a.blocks;
+                    rec.mtime = rec.mtime.max(a.mtime);
+                    rec.ctime = rec.ctime.max(a.mtime);
+                    rec.flags &= !INODE_DATA;
+                    rec.flags |= records::INODE_OBJECTS;
                     put_inode(&mut b, fid, &rec);
                     rep.exact_size = true;
                     rep.attr = Some(rec.attr(fid));

@@ -429,6 +429,7 @@ impl Namespace {
             changed = true;
         }
         if let Some(t) = sa.mtime {
+            self.times_changed(fid);
             rec.mtime = match t {
                 TimeSet::Now => now,
                 TimeSet::At(ns) => ns,

@@ -824,7 +824,7 @@ impl Mdt {
                 (Reply::Open(rep), t)
             }
             MdtRequest::Close(r) => {
-                let (rep, t) = self.ns.close(&ctx, exp.slot, r.handle, r.wrote)?;
+                let (rep, t) = self.ns.close(&ctx, exp.slot, &r)?;
                 (Reply::Close(rep), t)
             }
             MdtRequest::Unlink(r) => {

@@ -282,7 +282,7 @@ impl Namespace {
         let Some(l) = parsed else {
             return Err(Errno::EINVAL.into());
         };
-        if rec.flags & INODE_DATA != 0 || rec.size != 0 {
+        if rec.flags & (INODE_DATA | lode_store::records::INODE_OBJECTS) != 0 || rec.size != 0 {
             // Lustre refuses to change the layout of a file that has objects with data.
             return Err(Errno::EBUSY.into());
         }

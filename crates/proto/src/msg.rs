@@ -428,6 +428,22 @@ pub struct CloseReq {
     /// exact again and stat needs no glimpse (Lustre's lazy size on MDT, for the
     /// commonest case: files created and closed empty).
     pub wrote: bool,
+    /// After writes to OST objects: the file's size, blocks and mtime as the closer
+    /// glimpsed them just before. If no other writer overlapped this handle, the MDT
+    /// keeps them and the size needs no glimpse until the next writer (Lustre's lazy
+    /// size on MDT, exact here).
+    pub attrs: Option<CloseAttrs>,
+}
+
+/// A file's size as a closing writer saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloseAttrs {
+    /// Size.
+    pub size: u64,
+    /// 512-byte blocks.
+    pub blocks: u64,
+    /// Modification time, ns.
+    pub mtime: i64,
 }
 
 /// Reply to a close.

@@ -12,6 +12,11 @@ pub const RECORD_V1: u8 = 1;
 /// data and its size needs a glimpse.
 pub const INODE_DATA: u32 = 0x1;
 
+/// Inode flag: OST objects may exist (data was written to them once), kept when lazy
+/// size on MDT takes `INODE_DATA` back, so that unlink still destroys them and the
+/// layout still cannot change.
+pub const INODE_OBJECTS: u32 = 0x4;
+
 /// Inode flag: known to have no stored xattr (set at create, cleared by the first one
 /// stored), so a client holding its attributes answers their lookups itself. Inodes
 /// written before the flag existed lack it and are always asked.
