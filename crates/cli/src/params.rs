@@ -148,6 +148,18 @@ pub fn set(a: SetArgs) -> Result<()> {
             bail!("set-param: {pair:?}: expected NAME=VALUE");
         }
         if a.permanent {
+            // What runs here applies it now (the rest at their next start), and so
+            // checks it: a value a running target refuses is not stored, where it
+            // would fail every later start.
+            let now = ask(&format!("set {pair}"))?;
+            let refused: Vec<&str> = now.lines().filter(|l| l.starts_with("error:")).collect();
+            if !refused.is_empty() {
+                for l in refused {
+                    eprintln!("{l}");
+                }
+                failed = true;
+                continue;
+            }
             let stored = ask(&format!("setp {pair}"))?;
             if stored.is_empty() {
                 bail!("set-param -P: no MGS running here (run it where the MGS runs)");
@@ -156,11 +168,6 @@ pub fn set(a: SetArgs) -> Result<()> {
                 eprintln!("{l}");
                 failed = true;
                 continue;
-            }
-            // What runs here applies it now; the rest at their next start.
-            let now = ask(&format!("set {pair}"))?;
-            for l in now.lines().filter(|l| l.starts_with("error:")) {
-                eprintln!("{l}");
             }
             if !a.no_name {
                 print!("{stored}");

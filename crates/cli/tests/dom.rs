@@ -225,6 +225,17 @@ fn dom_stripesize_limits_are_kept_and_refused_not_reset() {
         );
         assert_eq!(get(), "65536", "after {bad}");
     }
+    // Nor stored for later starts (`-P`), where it would fail each one.
+    let o = lode(&c, &["set-param", "-P", "lod.*.dom_stripesize=32768"]);
+    assert!(!o.status.success(), "-P of a refused value was accepted");
+    assert!(!c.get_param("mgs.*.params").contains("dom_stripesize"));
+    ok(&c, &["set-param", "-P", "lod.*.dom_stripesize=131072"]);
+    assert!(
+        c.get_param("mgs.*.params")
+            .contains("dom_stripesize=131072"),
+        "a good value is stored: {}",
+        c.get_param("mgs.*.params")
+    );
     // Rounded down to 64 KiB.
     c.set_param("lod.*.dom_stripesize=132072");
     assert_eq!(get(), "131072");
