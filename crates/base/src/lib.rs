@@ -12,6 +12,7 @@ pub mod layout;
 pub mod limits;
 pub mod perm;
 pub mod sys;
+pub mod units;
 
 pub use attr::{Attr, Cred, FileType, SetAttr, TimeSet};
 pub use errno::Errno;

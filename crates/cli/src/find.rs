@@ -74,6 +74,17 @@ impl Cmp {
         })
     }
 
+    /// [`Cmp::parse`] of an option that may be absent.
+    fn parse_opt(
+        v: &Option<String>,
+        minus_one: bool,
+        num: impl Fn(&str) -> Result<u64>,
+    ) -> Result<Option<Cmp>> {
+        v.as_deref()
+            .map(|v| Cmp::parse(v, minus_one, num))
+            .transpose()
+    }
+
     fn holds(self, x: u64) -> bool {
         match self {
             Cmp::Gt(n) => x > n,
@@ -118,26 +129,10 @@ impl Filter {
                 Some("raid0") => Some(false),
                 Some(v) => bail!("find: unknown layout {v:?} (mdt or raid0)"),
             },
-            stripe_size: a
-                .stripe_size
-                .as_deref()
-                .map(|v| Cmp::parse(v, false, parse_size))
-                .transpose()?,
-            stripe_count: a
-                .stripe_count
-                .as_deref()
-                .map(|v| Cmp::parse(v, true, count))
-                .transpose()?,
-            component_end: a
-                .component_end
-                .as_deref()
-                .map(|v| Cmp::parse(v, true, end))
-                .transpose()?,
-            component_count: a
-                .component_count
-                .as_deref()
-                .map(|v| Cmp::parse(v, false, count))
-                .transpose()?,
+            stripe_size: Cmp::parse_opt(&a.stripe_size, false, parse_size)?,
+            stripe_count: Cmp::parse_opt(&a.stripe_count, true, count)?,
+            component_end: Cmp::parse_opt(&a.component_end, true, end)?,
+            component_count: Cmp::parse_opt(&a.component_count, false, count)?,
             ftype: match a.ftype.as_deref() {
                 None => None,
                 Some("f") => Some(libc::S_IFREG),
@@ -150,16 +145,8 @@ impl Filter {
                 .as_deref()
                 .map(|n| std::ffi::CString::new(n).map_err(|_| anyhow!("find: NUL in -name")))
                 .transpose()?,
-            size: a
-                .size
-                .as_deref()
-                .map(|v| Cmp::parse(v, false, parse_size))
-                .transpose()?,
-            mtime: a
-                .mtime
-                .as_deref()
-                .map(|v| Cmp::parse(v, false, count))
-                .transpose()?,
+            size: Cmp::parse_opt(&a.size, false, parse_size)?,
+            mtime: Cmp::parse_opt(&a.mtime, false, count)?,
         })
     }
 

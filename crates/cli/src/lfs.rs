@@ -55,18 +55,9 @@ fn not_lode(p: &Path, e: std::io::Error) -> anyhow::Error {
     }
 }
 
-/// Parses `1M`, `64k`, `4194304`.
+/// Parses `1M`, `64k`, `4194304` ([`lode_base::units::parse_size`]).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last().map(|c| c.to_ascii_lowercase()) {
-        Some('k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m') => (&s[..s.len() - 1], 1 << 20),
-        Some('g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().map_err(|_| anyhow!("invalid size {s:?}"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| anyhow!("size {s:?} too large"))
+    lode_base::units::parse_size(s).map_err(|e| anyhow!(e))
 }
 
 /// Arguments of `lode setstripe`, parsed in order as `lfs setstripe` does.

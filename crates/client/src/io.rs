@@ -245,12 +245,7 @@ impl Client {
     /// Size, blocks and mtime of a file about to be closed by a writer, from a glimpse;
     /// `None` if the glimpse fails (the MDT then keeps asking the OSTs).
     async fn size_for_close(&self, fid: Fid, layout: &Layout) -> Option<lode_proto::CloseAttrs> {
-        let body = self.getattr_md(&Cred::root(), fid).await.ok()?;
-        let layout = match &body.layout {
-            Some(b) if b.gen > layout.gen => b,
-            _ => layout,
-        };
-        let (size, blocks, mtime) = self.glimpse(fid, Some(layout), &body.attr).await.ok()?;
+        let (size, blocks, mtime) = self.glimpse_now(fid, Some(layout)).await.ok()?;
         Some(lode_proto::CloseAttrs {
             size,
             blocks,
@@ -461,15 +456,20 @@ impl Client {
     /// The file size: the MDT's size or what the OST objects imply, whichever is larger
     /// (every truncate sets both, writes only grow objects).
     pub(crate) async fn size_of(&self, fid: Fid, layout: Option<&Layout>) -> Result<u64, Errno> {
+        Ok(self.glimpse_now(fid, layout).await?.0)
+    }
+
+    /// Size, blocks and mtime now: the MDT's attributes and a glimpse of the objects
+    /// of the newer of `layout` (a handle's: it may have instantiated more) and the
+    /// MDT's (another client may have).
+    async fn glimpse_now(
+        &self,
+        fid: Fid,
+        layout: Option<&Layout>,
+    ) -> Result<(u64, u64, i64), Errno> {
         let body = self.getattr_md(&Cred::root(), fid).await?;
-        // The newer of the two: this handle's (it may have instantiated more) or the
-        // MDT's (another client may have).
-        let layout = match (layout, body.layout.as_ref()) {
-            (Some(a), Some(b)) => Some(if a.gen >= b.gen { a } else { b }),
-            (a, b) => a.or(b),
-        };
-        let (size, _, _) = self.glimpse(fid, layout, &body.attr).await?;
-        Ok(size)
+        let layout = newer(layout, body.layout.as_ref());
+        self.glimpse(fid, layout, &body.attr).await
     }
 
     /// Size, blocks and mtime from the OST objects, merged with the MDT's view.
@@ -523,11 +523,9 @@ impl Client {
         let layouts: Vec<&Layout> = files
             .iter()
             .zip(&fresh)
-            .map(|((_, l, _), f)| match f {
-                Some(Ok(MdtBody {
-                    layout: Some(fl), ..
-                })) if fl.gen >= l.gen => fl,
-                _ => *l,
+            .map(|((_, l, _), f)| {
+                let fl = f.as_ref().and_then(|b| b.as_ref().ok()?.layout.as_ref());
+                newer(fl, Some(*l)).unwrap_or(*l)
             })
             .collect();
         let mut per_ost: std::collections::HashMap<u32, Vec<(usize, usize, u32, ObjId)>> =
@@ -772,6 +770,15 @@ impl Client {
             return Err(Errno::EIO);
         }
         Ok(())
+    }
+}
+
+/// The newer of two layouts of one file (a layout's generation moves on every change;
+/// `a` on a tie).
+fn newer<'a>(a: Option<&'a Layout>, b: Option<&'a Layout>) -> Option<&'a Layout> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if a.gen >= b.gen { a } else { b }),
+        (a, b) => a.or(b),
     }
 }
 

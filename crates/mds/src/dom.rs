@@ -217,19 +217,8 @@ impl Namespace {
         rec: &mut InodeRec,
         size: u64,
     ) -> OpResult<()> {
-        let first = size.div_ceil(DOM_CHUNK);
-        let mut gone = Vec::new();
-        let prefix = fid.to_bytes();
-        self.store
-            .engine()
-            .scan(Cf::Dom, &prefix, &chunk_key(fid, first), &mut |k, v| {
-                gone.push((k.to_vec(), v.len().saturating_sub(1)));
-                true
-            })?;
-        for (k, len) in gone {
-            rec.blocks = rec.blocks.saturating_sub(chunk_blocks(len));
-            b.delete(Cf::Dom, k);
-        }
+        let freed = self.dom_delete_from(b, fid, size.div_ceil(DOM_CHUNK))?;
+        rec.blocks = rec.blocks.saturating_sub(freed);
         if !size.is_multiple_of(DOM_CHUNK) {
             let n = size / DOM_CHUNK;
             let mut chunk = self.dom_chunk(fid, n)?;
@@ -242,6 +231,27 @@ impl Namespace {
             }
         }
         Ok(())
+    }
+
+    /// Deletes, inside batch `b`, every DoM record of `fid` from chunk `first` on (a
+    /// truncate; 0: the file goes); returns the blocks they were charged.
+    pub(crate) fn dom_delete_from(&self, b: &mut Batch, fid: Fid, first: u64) -> OpResult<u64> {
+        let mut gone = Vec::new();
+        self.store.engine().scan(
+            Cf::Dom,
+            &fid.to_bytes(),
+            &chunk_key(fid, first),
+            &mut |k, v| {
+                gone.push((k.to_vec(), v.len().saturating_sub(1)));
+                true
+            },
+        )?;
+        let mut blocks = 0;
+        for (k, len) in gone {
+            blocks += chunk_blocks(len);
+            b.delete(Cf::Dom, k);
+        }
+        Ok(blocks)
     }
 
     /// LAYOUT_INTENT: instantiates the components a write to `[start, end)` reaches.
@@ -262,10 +272,11 @@ impl Namespace {
         let mut layout = rec.layout.clone().ok_or(Errno::EINVAL)?;
         let todo = layout.uninit_in(r.start, r.end - r.start);
         if !todo.is_empty() {
+            let n = self.ost_count_for(&layout);
             if let Some(given) = r.layout.as_ref().filter(|_| ctx.replay) {
-                adopt_osts(&mut layout, given, &todo, self.osts.count());
+                adopt_osts(&mut layout, given, &todo, n);
             }
-            self.instantiate(&mut layout, &todo)?;
+            self.instantiate(&mut layout, &todo, n)?;
             layout.gen += 1;
             rec.layout = Some(layout);
             rec.flags |= INODE_DATA;

@@ -142,12 +142,8 @@ impl Namespace {
         if req.is_none() {
             l = l.fit_dom(dom_max).ok_or(Errno::EFBIG)?;
         }
-        let n = self.ost_count_for(&l);
-        l.check(n.max(1), dom_max).map_err(|e| {
-            tracing::debug!("layout refused: {e}");
-            e.errno
-        })?;
-        self.instantiate(&mut l, &[0])?;
+        let n = self.check_layout(&l, dom_max)?;
+        self.instantiate(&mut l, &[0], n)?;
         Ok(l)
     }
 
@@ -164,17 +160,24 @@ impl Namespace {
     /// Checks a directory's default layout (a template: nothing instantiated) against
     /// the rules and this MDT's `dom_stripesize`.
     pub(crate) fn check_template(&self, l: &Layout) -> OpResult<()> {
+        self.check_layout(l, self.tun.dom_stripesize.load(Ordering::Relaxed))
+            .map(|_| ())
+    }
+
+    /// Checks a layout against the rules with DoM components up to `dom_max`; the
+    /// number of OSTs known (see [`Namespace::ost_count_for`]).
+    fn check_layout(&self, l: &Layout, dom_max: u64) -> OpResult<u32> {
         let n = self.ost_count_for(l);
-        l.check(n.max(1), self.tun.dom_stripesize.load(Ordering::Relaxed))
-            .map_err(|e| {
-                tracing::debug!("default layout refused: {e}");
-                e.errno.into()
-            })
+        l.check(n.max(1), dom_max).map_err(|e| {
+            tracing::debug!("layout refused: {e}");
+            e.errno
+        })?;
+        Ok(n)
     }
 
     /// The number of OSTs, asked of the MGS again when the layout wants more stripes (or
     /// a higher OST index) than are known.
-    fn ost_count_for(&self, l: &Layout) -> u32 {
+    pub(crate) fn ost_count_for(&self, l: &Layout) -> u32 {
         let wanted = l
             .components
             .iter()
@@ -196,9 +199,9 @@ impl Namespace {
         n
     }
 
-    /// Instantiates the raid0 components at `idx` that have no OSTs yet: chooses them,
-    /// round robin or by free space. ENOSPC when no OST is known.
-    pub(crate) fn instantiate(&self, l: &mut Layout, idx: &[usize]) -> OpResult<()> {
+    /// Instantiates the raid0 components at `idx` that have no OSTs yet: chooses them
+    /// among the `n` OSTs known, round robin or by free space. ENOSPC when none is.
+    pub(crate) fn instantiate(&self, l: &mut Layout, idx: &[usize], n: u32) -> OpResult<()> {
         let def_count = self.tun.default_stripe_count.load(Ordering::Relaxed);
         for &i in idx {
             let Some(c) = l.components.get_mut(i) else {
@@ -216,13 +219,8 @@ impl Namespace {
             if !osts.is_empty() {
                 continue;
             }
-            let mut n = self.osts.count();
             if n == 0 {
-                self.refresh_osts_now();
-                n = self.osts.count();
-                if n == 0 {
-                    return Err(Errno::ENOSPC.into());
-                }
+                return Err(Errno::ENOSPC.into());
             }
             let count = match *stripe_count {
                 -1 => n,

@@ -100,6 +100,16 @@ pub(crate) struct Opens {
     next: u64,
 }
 
+impl Opens {
+    /// Something other than a write changed `fid`: its open writers can no longer say
+    /// they alone changed it (see `writers`).
+    fn not_alone(&mut self, fid: Fid) {
+        if let Some(w) = self.writers.get_mut(&fid) {
+            w.1 += 1;
+        }
+    }
+}
+
 /// The namespace layer of one MDT (Lustre's mdd over lod and osd): POSIX rules under PDO
 /// locks, layouts, open handles, and each change written with its reply record in one
 /// store batch. It knows nothing of connections: the target layer (`target.rs`) gives

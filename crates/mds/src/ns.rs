@@ -129,16 +129,7 @@ impl Namespace {
             b.delete(Cf::Xattr, k);
         }
         if rec.layout.as_ref().is_some_and(|l| l.dom_end() > 0) {
-            let mut dom = Vec::new();
-            self.store
-                .engine()
-                .scan(Cf::Dom, &fid.to_bytes(), &fid.to_bytes(), &mut |k, _| {
-                    dom.push(k.to_vec());
-                    true
-                })?;
-            for k in dom {
-                b.delete(Cf::Dom, k);
-            }
+            self.dom_delete_from(b, fid, 0)?;
         }
         if rec.flags & (INODE_DATA | records::INODE_OBJECTS) != 0 {
             if let Some(layout) = rec.layout.as_ref().filter(|l| l.has_objects()) {
@@ -533,22 +524,17 @@ impl Namespace {
         self.opens.lock().clean.contains_key(&fid)
     }
 
-    /// The file's data changed other than through writes (a truncate): a handle that
-    /// marked it can no longer take the mark back.
     /// An explicit mtime was set: a writer's glimpse from before it must not be kept.
     pub(crate) fn times_changed(&self, fid: Fid) {
-        if let Some(w) = self.opens.lock().writers.get_mut(&fid) {
-            w.1 += 1;
-        }
+        self.opens.lock().not_alone(fid);
     }
 
+    /// The file's data changed other than through writes (a truncate): a handle that
+    /// marked it can no longer take the mark back.
     pub(crate) fn data_changed(&self, fid: Fid) {
         let mut o = self.opens.lock();
         o.clean.remove(&fid);
-        // Open writers can no longer say they alone changed the data.
-        if let Some(w) = o.writers.get_mut(&fid) {
-            w.1 += 1;
-        }
+        o.not_alone(fid);
     }
 
     /// True if some client holds `fid` open.

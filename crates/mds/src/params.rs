@@ -330,8 +330,8 @@ static LOD: [Param<Mdt>; 4] = [
         help: "largest Data-on-MDT component of new files: 0 (disabled) or 65536..1073741824, rounded down to 64 KiB",
         get: |m| m.tun().dom_stripesize.load(Ordering::Relaxed).to_string(),
         set: Set::Text(|m, value| {
-            let v = parse_bytes(value)
-                .ok_or_else(|| format!("Invalid argument: {value:?} is not a size"))?;
+            let v = lode_base::units::parse_size(value)
+                .map_err(|_| format!("Invalid argument: {value:?} is not a size"))?;
             m.tun()
                 .dom_stripesize
                 .store(check_dom_stripesize(v)?, Ordering::Relaxed);
@@ -422,18 +422,6 @@ impl Registry for MdtParams {
     }
 }
 
-/// A size in bytes, with an optional k/M/G suffix (binary).
-fn parse_bytes(v: &str) -> Option<u64> {
-    let v = v.trim();
-    let (num, mult) = match v.as_bytes().last()?.to_ascii_lowercase() {
-        b'k' => (&v[..v.len() - 1], 1u64 << 10),
-        b'm' => (&v[..v.len() - 1], 1 << 20),
-        b'g' => (&v[..v.len() - 1], 1 << 30),
-        _ => (v, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mult)
-}
-
 /// `lod.*.dom_stripesize`: 0, or 64 KiB..1 GiB rounded down to 64 KiB. Unlike Lustre
 /// 2.11 (which silently reset a value below the minimum to 1 MiB), every value out of
 /// range is refused and the old one kept.
@@ -464,8 +452,5 @@ mod dom_stripesize_tests {
         assert_eq!(check_dom_stripesize(1 << 30), Ok(1 << 30));
         assert!(check_dom_stripesize(32768).is_err());
         assert!(check_dom_stripesize((1 << 30) + (1 << 20)).is_err());
-        assert_eq!(parse_bytes("1M"), Some(1 << 20));
-        assert_eq!(parse_bytes("65536"), Some(65536));
-        assert_eq!(parse_bytes("x"), None);
     }
 }
