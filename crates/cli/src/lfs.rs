@@ -283,6 +283,88 @@ pub fn setstripe(a: SetstripeArgs) -> Result<()> {
     })
 }
 
+/// Arguments of `lode migrate`.
+#[derive(Args)]
+pub struct MigrateArgs {
+    /// The new layout, as `setstripe` takes it (`-c`, `-S`, `-i`, or components
+    /// `-E END [-L mdt] ...`; none: the file system default), then one or more files.
+    #[arg(
+        allow_hyphen_values = true,
+        trailing_var_arg = true,
+        required = true,
+        value_name = "OPTIONS... FILE..."
+    )]
+    args: Vec<String>,
+}
+
+/// Splits `migrate`'s arguments into the layout options and the files after them.
+fn split_options(args: &[String]) -> (&[String], &[String]) {
+    let mut i = 0;
+    while i < args.len() {
+        let t = args[i].as_str();
+        if !t.starts_with('-') || t == "-" {
+            break;
+        }
+        let takes_value = matches!(
+            t,
+            "-E" | "-c"
+                | "-S"
+                | "-i"
+                | "-L"
+                | "--component-end"
+                | "--stripe-count"
+                | "--stripe-size"
+                | "--stripe-index"
+                | "--layout"
+        );
+        i += if takes_value { 2 } else { 1 };
+    }
+    let i = i.min(args.len());
+    (&args[..i], &args[i..])
+}
+
+/// Runs `lode migrate` (lfs migrate): each file's data moves into the new layout
+/// while it stays readable, and the layouts are swapped at the end. The copying is
+/// done by the mount the file is on (through the `lustre.migrate` virtual xattr), so
+/// this needs no connection of its own.
+pub fn migrate(a: MigrateArgs) -> Result<()> {
+    let (opts, files) = split_options(&a.args);
+    if files.is_empty() {
+        bail!("migrate: no file given");
+    }
+    let mut failed = 0;
+    for f in files {
+        let mut args = opts.to_vec();
+        args.push(f.clone());
+        // Unsaid counts stay 0: the file system default, as a new file gets.
+        let (layout, path) = parse_setstripe(&args, true)
+            .map_err(|e| anyhow!("{}", e.to_string().replacen("setstripe", "migrate", 1)))?;
+        if let Err(e) = setxattr(&path, "lustre.migrate", &encode_xattr(&layout)) {
+            failed += 1;
+            let why = match e.raw_os_error() {
+                Some(libc::EBUSY) => format!(
+                    "{}: the file was opened for writing or truncated, or its MDT restarted, during the migration: {e}; its layout is unchanged",
+                    path.display()
+                ),
+                Some(libc::EFBIG) => format!(
+                    "{}: the new layout cannot hold the file: {e}",
+                    path.display()
+                ),
+                Some(libc::EINVAL) if layout.dom_end() > 0 => format!(
+                    "{}: {e} (the 'mdt' component is larger than the MDT's lod.*.dom_stripesize, or Data-on-MDT is disabled there, or this is not a regular file)",
+                    path.display()
+                ),
+                _ => format!("{}", not_lode(&path, e)),
+            };
+            eprintln!("migrate: cannot migrate '{}': {why}", path.display());
+        }
+    }
+    if failed > 0 {
+        bail!("migrate: {failed} of {} file(s) not migrated", files.len());
+    }
+    Ok(())
+}
+
 /// Arguments of `lode getstripe`.
 #[derive(Args)]
 pub struct GetstripeArgs {
@@ -894,6 +976,22 @@ mod tests {
         assert_eq!(parse_size("4194304").unwrap(), 4 << 20);
         assert!(parse_size("x").is_err());
         assert_eq!(human(1536), "1.5K");
+    }
+
+    #[test]
+    fn migrate_options_end_where_the_files_begin() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let a = v(&["-E", "-1", "-c", "2", "-L", "mdt", "f1", "-g"]);
+        let (o, f) = split_options(&a);
+        assert_eq!((o.len(), f), (6, &v(&["f1", "-g"])[..]));
+        let a = v(&["-c2", "--stripe-size", "1M", "a", "b"]);
+        let (o, f) = split_options(&a);
+        assert_eq!((o.len(), f.len()), (3, 2));
+        let a = v(&["f"]);
+        assert_eq!(split_options(&a), (&a[..0], &a[..]));
+        // A value missing at the end is left to the layout parser to refuse.
+        let a = v(&["-c"]);
+        assert_eq!(split_options(&a).1.len(), 0);
     }
 
     #[test]

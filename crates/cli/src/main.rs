@@ -51,6 +51,8 @@ enum Cmd {
     Status(up::DirArgs),
     /// Set the layout of a new file or the default layout of a directory (lfs setstripe).
     Setstripe(lfs::SetstripeArgs),
+    /// Move files' data into a new layout, online (lfs migrate).
+    Migrate(lfs::MigrateArgs),
     /// Show layouts (lfs getstripe).
     Getstripe(lfs::GetstripeArgs),
     /// Find files by layout, name, type, size and age (lfs find).
@@ -201,6 +203,7 @@ fn main() {
         Cmd::Down(a) => up::down(a),
         Cmd::Status(a) => up::status(a),
         Cmd::Setstripe(a) => lfs::setstripe(a),
+        Cmd::Migrate(a) => lfs::migrate(a),
         Cmd::Getstripe(a) => lfs::getstripe(a),
         Cmd::Find(a) => find::find(a),
         Cmd::Df(a) => lfs::df(a),

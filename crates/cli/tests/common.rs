@@ -375,3 +375,41 @@ pub fn md_stat(c: &Cluster, name: &str) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .map_or(0, |n| n.parse().expect("a count"))
 }
+
+/// Runs `lode ARGS` against the cluster.
+pub fn lode_run(c: &Cluster, args: &[&str]) -> std::process::Output {
+    c.lode().args(args).output().expect("lode runs")
+}
+
+/// Runs `lode ARGS`, which must succeed; its standard output.
+pub fn lode_ok(c: &Cluster, args: &[&str]) -> String {
+    let o = lode_run(c, args);
+    assert!(
+        o.status.success(),
+        "lode {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).expect("utf-8")
+}
+
+/// A path as a command-line argument.
+pub fn arg(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// A random seed, or `LODE_TEST_SEED`'s (to repeat a run).
+pub fn test_seed() -> u64 {
+    std::env::var("LODE_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(rand::random)
+}
+
+/// The count of `name` in the MDT's `stats`.
+pub fn mdt_stat(c: &Cluster, name: &str) -> u64 {
+    c.get_param("mdt.*.stats")
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}

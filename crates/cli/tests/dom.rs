@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::{arg as s, lode_ok as ok, lode_run as lode, test_seed as seed};
+
 use common::*;
 use lode_base::layout::EOF;
 use lode_base::{Component, Fid, Layout, Pattern};
@@ -14,23 +16,7 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::process::Output;
 use std::time::Duration;
-
-fn lode(c: &Cluster, args: &[&str]) -> Output {
-    c.lode().args(args).output().expect("lode runs")
-}
-
-/// Runs `lode ARGS`, which must succeed; its standard output.
-fn ok(c: &Cluster, args: &[&str]) -> String {
-    let o = lode(c, args);
-    assert!(
-        o.status.success(),
-        "lode {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).expect("utf-8")
-}
 
 /// Runs `lode ARGS`, which must fail saying `why`.
 fn refused(c: &Cluster, args: &[&str], why: &str) {
@@ -38,10 +24,6 @@ fn refused(c: &Cluster, args: &[&str], why: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "lode {args:?} was accepted");
     assert!(err.contains(why), "lode {args:?}: {err:?} lacks {why:?}");
-}
-
-fn s(p: &Path) -> String {
-    p.display().to_string()
 }
 
 /// The seed's four-component layout: DoM, then 1, 4 and all OSTs.
@@ -385,13 +367,6 @@ fn dom_layout() -> Layout {
     }
 }
 
-fn seed() -> u64 {
-    std::env::var("LODE_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(rand::random)
-}
-
 /// One random step against the model: a write, a truncate or a read-and-compare.
 enum Step {
     Write(u64, Vec<u8>),
@@ -715,15 +690,6 @@ fn find_selects_by_layout_name_size_and_component_end() {
     );
     let z = ok(&c, &["find", &s(&p("dom")), "-name", "a", "-print0"]);
     assert_eq!(z, format!("{}\0", s(&p("dom/a"))));
-}
-
-/// The count of `name` in the MDT's `stats`.
-fn mdt_stat(c: &Cluster, name: &str) -> u64 {
-    c.get_param("mdt.*.stats")
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]

@@ -12,11 +12,15 @@ use lode_proto::{
     ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply, Request, SetattrReq,
 };
 use parking_lot::RwLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use tracing::debug;
 
 /// Largest piece of one stripe chunk sent in one RPC.
 const PIECE: usize = 1 << 20;
+/// Times a read is done again because the layout changed under it before giving up
+/// (EAGAIN): a file migrated again and again meanwhile.
+const LAYOUT_RETRIES: usize = 16;
 
 /// An open file.
 #[derive(Clone, Debug)]
@@ -41,6 +45,11 @@ pub struct FileHandle {
     /// Read-on-open: the file's first bytes as the open found them, and the client's
     /// data epoch then (see `Client::data_epoch`).
     pub(crate) prefetch: Option<(Arc<DomPrefetch>, u64)>,
+    /// The PR LAYOUT lock that keeps `layout` current (0: none): granted with the
+    /// open (released by the MDT at close), or taken again by this client after a
+    /// callback (`own_lock`: cancelled at close).
+    pub(crate) layout_lock: Arc<AtomicU64>,
+    pub(crate) own_lock: Arc<AtomicBool>,
 }
 
 impl FileHandle {
@@ -119,6 +128,8 @@ impl Client {
             wrote: Arc::default(),
             epoch: self.open_epoch(),
             prefetch: rep.dom_data.map(|d| (Arc::new(d), data_epoch)),
+            layout_lock: Arc::new(AtomicU64::new(self.keep_layout_lock(fid, rep.layout_lock))),
+            own_lock: Arc::default(),
         };
         if flags & libc::O_TRUNC != 0 && fh.attr.ftype() == lode_base::FileType::Regular {
             if let Err(e) = self.truncate_open(cred, &fh, 0).await {
@@ -175,6 +186,10 @@ impl Client {
             wrote: Arc::default(),
             epoch: self.open_epoch(),
             prefetch: None,
+            layout_lock: Arc::new(AtomicU64::new(
+                self.keep_layout_lock(rep.body.attr.fid, rep.layout_lock),
+            )),
+            own_lock: Arc::default(),
         };
         if rep.body.attr.fid != fid && flags & libc::O_TRUNC != 0 {
             // An existing file was opened: O_TRUNC applies to it.
@@ -224,6 +239,10 @@ impl Client {
         // Closed (or refused: the MDT has no such handle): not opened again after a
         // restart of the MDT.
         self.mdc.closed(fh.handle);
+        let lock = fh.layout_lock.swap(0, Ordering::AcqRel);
+        if self.forget_layout_lock(lock) && fh.own_lock.load(Ordering::Acquire) {
+            let _ = self.lock_cancel(vec![lock]).await;
+        }
         let rep = rep?;
         if fh.wrote.load(Ordering::Acquire) {
             self.check_lost(fh)?;
@@ -369,12 +388,15 @@ impl Client {
         }
     }
 
-    /// Reads up to `len` bytes at `off`; short at end of file.
+    /// Reads up to `len` bytes at `off`; short at end of file. The read is done again
+    /// with the new layout if the layout changed (a migration swapped it) while it
+    /// was under way: the old layout's objects may be gone by the time its replies
+    /// arrive. The handle's layout lock tells; without one, the MDT is asked.
     pub async fn read(&self, fh: &FileHandle, off: u64, len: usize) -> Result<Vec<u8>, Errno> {
         self.check_live(fh)?;
-        let Some(mut layout) = fh.layout() else {
+        if fh.layout().is_none() {
             return Ok(Vec::new());
-        };
+        }
         let len = len.min(lode_base::limits::BULK_MAX * 4);
         if let Some((p, at)) = &fh.prefetch {
             if *at == self.data_epoch.load(Ordering::Acquire) {
@@ -386,6 +408,87 @@ impl Client {
                 }
             }
         }
+        for _ in 0..LAYOUT_RETRIES {
+            let lock = self.layout_guard(fh).await;
+            let layout = fh.layout().ok_or(Errno::EIO)?;
+            let buf = self.read_with(fh, layout.clone(), off, len).await?;
+            let current = match lock {
+                Some(h) => self.layout_lock_held(h),
+                None => self
+                    .getattr_fresh(fh.fid)
+                    .await?
+                    .layout
+                    .is_none_or(|l| l.gen == layout.gen),
+            };
+            if current {
+                return Ok(buf);
+            }
+            debug!(fid = %fh.fid, "layout changed under a read: reading again");
+            if let Some(l) = self.getattr_fresh(fh.fid).await?.layout {
+                fh.newer_layout(&l);
+            }
+        }
+        Err(Errno::EAGAIN)
+    }
+
+    /// A fresh GETATTR from the MDT (no cached copy).
+    async fn getattr_fresh(&self, fid: Fid) -> Result<MdtBody, Errno> {
+        match self
+            .md(Request::Getattr(GetattrReq {
+                cred: Cred::root(),
+                fid,
+            }))
+            .await?
+        {
+            Reply::Getattr(b) => Ok(b),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// The handle's layout lock if it holds one; else one taken again (and the
+    /// layout as of its grant), if the MDT grants it now.
+    async fn layout_guard(&self, fh: &FileHandle) -> Option<u64> {
+        let h = fh.layout_lock.load(Ordering::Acquire);
+        if self.layout_lock_held(h) {
+            return Some(h);
+        }
+        let new = self.enqueue_layout_lock(fh.fid).await?;
+        match self.getattr_fresh(fh.fid).await {
+            Ok(b) => {
+                if let Some(l) = &b.layout {
+                    fh.newer_layout(l);
+                }
+            }
+            Err(_) => {
+                self.forget_layout_lock(new);
+                let _ = self.lock_cancel(vec![new]).await;
+                return None;
+            }
+        }
+        if fh
+            .layout_lock
+            .compare_exchange(h, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // Another reader of this handle took one first.
+            self.forget_layout_lock(new);
+            let _ = self.lock_cancel(vec![new]).await;
+            return self
+                .layout_lock_held(fh.layout_lock.load(Ordering::Acquire))
+                .then(|| fh.layout_lock.load(Ordering::Acquire));
+        }
+        fh.own_lock.store(true, Ordering::Release);
+        Some(new)
+    }
+
+    /// One read of `[off, off+len)` through `layout`.
+    async fn read_with(
+        &self,
+        fh: &FileHandle,
+        mut layout: Layout,
+        off: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, Errno> {
         if !layout.uninit_in(off, len as u64).is_empty() {
             // Another client may have instantiated it since this handle learnt the
             // layout (a lock held on the attributes keeps the cached copy current).
@@ -729,24 +832,167 @@ impl Client {
     pub async fn fsync(&self, fh: &FileHandle) -> Result<(), Errno> {
         self.check_live(fh)?;
         if let Some(layout) = &fh.layout() {
-            let mut per_ost: std::collections::HashMap<u32, Vec<ObjId>> = Default::default();
-            for (_, _, ost, obj) in objects(fh.fid, layout) {
-                per_ost.entry(ost).or_default().push(obj);
-            }
-            let futs = per_ost.into_iter().map(|(ost, objs)| async move {
-                let osc = self.osc(ost).await?;
-                osc.call(Request::OstSync(ObjsReq { objs }))
-                    .await
-                    .map(|_| ())
-            });
-            for r in futures::future::join_all(futs).await {
-                r?;
-            }
+            self.sync_objects(fh.fid, layout).await?;
         }
         self.check_lost(fh)?;
         self.md(Request::Sync(lode_proto::Empty {}))
             .await
             .map(|_| ())
+    }
+
+    /// Makes the OST objects of `layout` durable.
+    async fn sync_objects(&self, fid: Fid, layout: &Layout) -> Result<(), Errno> {
+        let mut per_ost: std::collections::HashMap<u32, Vec<ObjId>> = Default::default();
+        for (_, _, ost, obj) in objects(fid, layout) {
+            per_ost.entry(ost).or_default().push(obj);
+        }
+        let futs = per_ost.into_iter().map(|(ost, objs)| async move {
+            let osc = self.osc(ost).await?;
+            osc.call(Request::OstSync(ObjsReq { objs }))
+                .await
+                .map(|_| ())
+        });
+        for r in futures::future::join_all(futs).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Moves `fid`'s bytes into a new layout (`template`, as `setstripe` gives it)
+    /// while the file stays readable, and swaps layouts at the end (Lustre's `lfs
+    /// migrate`; the MDT's side is in `lode_mds::migrate`). EBUSY if the file is
+    /// opened for writing or truncated meanwhile: the copy is then dropped and the
+    /// file keeps its layout, whole. Returns the new layout.
+    pub async fn migrate(&self, cred: &Cred, fid: Fid, template: Layout) -> Result<Layout, Errno> {
+        let fh = self.open(cred, fid, libc::O_RDONLY).await?;
+        if fh.attr.ftype() != lode_base::FileType::Regular {
+            let _ = self.close(&fh).await;
+            return Err(Errno::EINVAL);
+        }
+        let out = self.migrate_open(cred, &fh, template).await;
+        // Before the swap, closing abandons the migration (its copy is destroyed).
+        let closed = self.close(&fh).await;
+        let layout = out?;
+        closed?;
+        Ok(layout)
+    }
+
+    async fn migrate_open(
+        &self,
+        cred: &Cred,
+        fh: &FileHandle,
+        template: Layout,
+    ) -> Result<Layout, Errno> {
+        use lode_proto::{MigrateReq, MigrateStep};
+        let step = |step| async move {
+            match self
+                .md(Request::Migrate(MigrateReq {
+                    cred: cred.clone(),
+                    fid: fh.fid,
+                    handle: fh.handle,
+                    step,
+                }))
+                .await?
+            {
+                Reply::Migrate(r) => Ok(r),
+                _ => Err(Errno::EPROTO),
+            }
+        };
+        let old = fh.layout().ok_or(Errno::EINVAL)?;
+        let (size, _, mtime) = self.glimpse_now(fh.fid, Some(&old)).await?;
+        let rep = step(MigrateStep::Start {
+            layout: template,
+            size,
+        })
+        .await?;
+        let new = rep.layout.ok_or(Errno::EPROTO)?;
+        // The pending layout durable before any object of it is written: whatever
+        // crashes from here, the MDT knows what to destroy.
+        self.md(Request::Sync(lode_proto::Empty {})).await?;
+        const COPY: u64 = 4 << 20;
+        let mut off = 0;
+        while off < size {
+            let want = (size - off).min(COPY) as usize;
+            let data = self.read(fh, off, want).await?;
+            if data.len() < want {
+                // Truncated meanwhile: the swap would be refused.
+                return Err(Errno::EBUSY);
+            }
+            self.copy_into(fh.fid, &new, rep.dom_from, off, &data, |offset, data| {
+                step(MigrateStep::Dom { offset, data })
+            })
+            .await?;
+            off += want as u64;
+        }
+        self.sync_objects(fh.fid, &new).await?;
+        // The copy's objects carry the file's mtime, not the copy's.
+        self.set_object_mtime(fh.fid, Some(&new), mtime).await?;
+        let done = step(MigrateStep::Commit { size }).await?;
+        done.layout.ok_or(Errno::EPROTO)
+    }
+
+    /// Writes `data` at `off` into the objects of `layout` (a pending layout) and,
+    /// through `dom`, its Data-on-MDT bytes at or past `dom_from`. Pieces of zeros are
+    /// left out: a hole stays a hole.
+    async fn copy_into<F, Fut>(
+        &self,
+        fid: Fid,
+        layout: &Layout,
+        dom_from: u64,
+        off: u64,
+        data: &[u8],
+        dom: F,
+    ) -> Result<(), Errno>
+    where
+        F: Fn(u64, Vec<u8>) -> Fut,
+        Fut: std::future::Future<Output = Result<lode_proto::MigrateRep, Errno>>,
+    {
+        let chunks = layout.map(off, data.len());
+        if chunks.iter().map(|c| c.len).sum::<usize>() < data.len() {
+            return Err(Errno::EFBIG);
+        }
+        let mut reqs = Vec::new();
+        for c in &chunks {
+            for p in pieces(c) {
+                let mut bytes = &data[p.buf_off..p.buf_off + p.len];
+                let mut at = p.obj_off;
+                if bytes.iter().all(|b| *b == 0) {
+                    continue;
+                }
+                let dest = self.dest(fid, layout, &p)?;
+                if let Dest::Mdt = dest {
+                    // Below `dom_from` the records are the old layout's, and the same.
+                    let skip = dom_from.saturating_sub(at).min(bytes.len() as u64) as usize;
+                    bytes = &bytes[skip..];
+                    at += skip as u64;
+                    if bytes.is_empty() {
+                        continue;
+                    }
+                }
+                let bytes = bytes.to_vec();
+                let dom = &dom;
+                reqs.push(async move {
+                    match dest {
+                        Dest::Mdt => dom(at, bytes).await.map(|_| ()),
+                        Dest::Ost(ost, obj) => {
+                            let osc = self.osc(ost).await?;
+                            osc.call(Request::OstWrite(OstWriteReq {
+                                obj,
+                                offset: at,
+                                data: bytes,
+                            }))
+                            .await
+                            .map(|_| ())
+                        }
+                        Dest::Hole => Err(Errno::EIO),
+                    }
+                });
+            }
+        }
+        for r in futures::future::join_all(reqs).await {
+            r?;
+        }
+        Ok(())
     }
 
     /// EIO if an OST lost data written to the file that it had answered: it restarted

@@ -52,6 +52,11 @@ pub enum Inval {
 /// Called with what to forget and a `done` to call once it is forgotten.
 pub type Invalidator = Arc<dyn Fn(Vec<Inval>, Box<dyn FnOnce() + Send>) + Send + Sync>;
 
+/// Lustre's PR lock mode (wire value).
+const MODE_PR: u32 = 4;
+/// The LAYOUT inode bit.
+const BIT_LAYOUT: u8 = 0x08;
+
 /// What one held lock covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldLock {
@@ -198,6 +203,9 @@ pub(crate) struct Locks {
     /// `lru_size` (0: the default).
     cache_max: std::sync::atomic::AtomicUsize,
     held: Mutex<HashMap<u64, HeldLock>>,
+    /// Layout locks of open handles (PR LAYOUT), by lock: while one is here its
+    /// handle's layout is current. Taken after `revoked`, never with `held`/`cache`.
+    pub(crate) layout: Mutex<HashMap<u64, Fid>>,
     /// Called back before the reply that granted them arrived: not to be recorded.
     /// Whoever takes more than one of `revoked`, `held` and `cache` takes them in
     /// that order.
@@ -225,6 +233,7 @@ pub(crate) struct Locks {
 impl Locks {
     fn drop_all(&self) {
         self.held.lock().clear();
+        self.layout.lock().clear();
         // No grant can reach a wait now: its caller gets EIO.
         self.flock_waits.lock().clear();
         let gone = std::mem::take(&mut *self.cache.lock());
@@ -286,6 +295,50 @@ impl Client {
             },
         );
         Ok(Some(h))
+    }
+
+    /// Records the layout lock an open was granted (see `FileHandle::layout_lock`);
+    /// 0 if it was called back before this.
+    pub(crate) fn keep_layout_lock(&self, fid: Fid, h: u64) -> u64 {
+        if h == 0 {
+            return 0;
+        }
+        let mut revoked = self.locks.revoked.lock();
+        if revoked.remove(&h) {
+            return 0;
+        }
+        self.locks.layout.lock().insert(h, fid);
+        h
+    }
+
+    /// True while layout lock `h` is held (not called back).
+    pub(crate) fn layout_lock_held(&self, h: u64) -> bool {
+        h != 0 && self.locks.layout.lock().contains_key(&h)
+    }
+
+    /// Forgets layout lock `h` (its handle closed); true if it was still held.
+    pub(crate) fn forget_layout_lock(&self, h: u64) -> bool {
+        h != 0 && self.locks.layout.lock().remove(&h).is_some()
+    }
+
+    /// Asks the MDT for a layout lock on `fid` (a handle whose lock was called back):
+    /// `None` if it cannot be had now.
+    pub(crate) async fn enqueue_layout_lock(&self, fid: Fid) -> Option<u64> {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return None;
+        }
+        let req = LdlmEnqueueReq {
+            fid,
+            hash: 0,
+            mode: MODE_PR,
+            bits: BIT_LAYOUT,
+        };
+        let rep = self.mdc.call(Request::LdlmEnqueue(req)).await.ok()?;
+        let Reply::LdlmEnqueue(r) = rep.reply else {
+            return None;
+        };
+        let h = self.keep_layout_lock(fid, r.handle?);
+        (h != 0).then_some(h)
     }
 
     /// Gives locks back.
@@ -745,8 +798,13 @@ impl Client {
             let mut revoked = self.locks.revoked.lock();
             let mut held = self.locks.held.lock();
             let mut cache = self.locks.cache.lock();
+            let mut layout = self.locks.layout.lock();
             for h in &handles {
                 invals.extend(cache.forget_lock(*h));
+                if layout.remove(h).is_some() {
+                    // An open handle's layout changes: nothing above caches it.
+                    continue;
+                }
                 if held.remove(h).is_none() {
                     if revoked.len() >= REVOKED_MAX {
                         revoked.clear();

@@ -39,6 +39,9 @@ pub const STATFS_XATTR: &[u8] = b"lustre.statfs";
 /// The prefix of the virtual xattr naming a FID (`lustre.fid2path.[0x..:0x..:0x..]`)
 /// whose value is its paths, one per line (root only).
 pub const FID2PATH_XATTR: &[u8] = b"lustre.fid2path.";
+/// Setting this virtual xattr to a layout (the `lustre.lov` encoding) migrates the
+/// file's data into it, online (`lode migrate`, through the mount's own client).
+pub const MIGRATE_XATTR: &[u8] = b"lustre.migrate";
 
 /// Mount settings.
 #[derive(Clone, Debug)]
@@ -1070,6 +1073,16 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let (name, value) = (name_bytes(name), value.to_vec());
+        if name == MIGRATE_XATTR {
+            self.reply_empty(reply, move |i| async move {
+                let layout = lode_base::layout::decode_xattr(&value).ok_or(Errno::EINVAL)?;
+                i.client
+                    .migrate(&cred, i.fid(ino)?, layout)
+                    .await
+                    .map(|_| ())
+            });
+            return;
+        }
         self.reply_empty(reply, move |i| async move {
             i.client
                 .setxattr(&cred, i.fid(ino)?, &name, Some(&value), flags as u32)

@@ -9,4 +9,4 @@ mod attr;
 mod cred;
 mod fs;
 
-pub use fs::{LodeFs, MountOptions, FID2PATH_XATTR, FID_XATTR, STATFS_XATTR};
+pub use fs::{LodeFs, MountOptions, FID2PATH_XATTR, FID_XATTR, MIGRATE_XATTR, STATFS_XATTR};

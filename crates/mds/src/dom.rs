@@ -84,26 +84,7 @@ impl Namespace {
             return Err(Errno::ENODATA.into());
         }
         let mut b = Batch::new();
-        let mut pos = r.offset;
-        while pos < end {
-            let n = pos / DOM_CHUNK;
-            let within = (pos % DOM_CHUNK) as usize;
-            let take = ((DOM_CHUNK as usize) - within).min((end - pos) as usize);
-            let src = &r.data[(pos - r.offset) as usize..][..take];
-            let mut chunk = if within == 0 && take == DOM_CHUNK as usize {
-                Vec::new()
-            } else {
-                self.dom_chunk(r.fid, n)?
-            };
-            let before = chunk_blocks(chunk.len());
-            if chunk.len() < within + take {
-                chunk.resize(within + take, 0);
-            }
-            chunk[within..within + take].copy_from_slice(src);
-            rec.blocks = rec.blocks.saturating_sub(before) + chunk_blocks(chunk.len());
-            Self::put_dom_chunk(&mut b, r.fid, n, &chunk);
-            pos += take as u64;
-        }
+        self.put_dom_bytes(&mut b, r.fid, r.offset, &r.data, &mut rec.blocks)?;
         let now = now_ns();
         rec.size = rec.size.max(end);
         rec.mtime = now;
@@ -111,6 +92,60 @@ impl Namespace {
         rec.flags |= INODE_DATA;
         put_inode(&mut b, r.fid, &rec);
         self.commit(ctx, b, &Reply::DomWrite(Empty {}))
+    }
+
+    /// Adds to `b` the chunks `data` at `offset` rewrites (partial chunks read,
+    /// patched and written whole), keeping `blocks` (the inode's) in step.
+    pub(crate) fn put_dom_bytes(
+        &self,
+        b: &mut Batch,
+        fid: Fid,
+        offset: u64,
+        data: &[u8],
+        blocks: &mut u64,
+    ) -> OpResult<()> {
+        let end = offset + data.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let n = pos / DOM_CHUNK;
+            let within = (pos % DOM_CHUNK) as usize;
+            let take = ((DOM_CHUNK as usize) - within).min((end - pos) as usize);
+            let src = &data[(pos - offset) as usize..][..take];
+            let mut chunk = if within == 0 && take == DOM_CHUNK as usize {
+                Vec::new()
+            } else {
+                self.dom_chunk(fid, n)?
+            };
+            let before = chunk_blocks(chunk.len());
+            if chunk.len() < within + take {
+                chunk.resize(within + take, 0);
+            }
+            chunk[within..within + take].copy_from_slice(src);
+            *blocks = blocks.saturating_sub(before) + chunk_blocks(chunk.len());
+            Self::put_dom_chunk(b, fid, n, &chunk);
+            pos += take as u64;
+        }
+        Ok(())
+    }
+
+    /// 512-byte blocks the DoM chunks of `fid` below chunk `upto` are charged.
+    pub(crate) fn dom_blocks_below(&self, fid: Fid, upto: u64) -> OpResult<u64> {
+        let mut blocks = 0;
+        self.store
+            .engine()
+            .scan(Cf::Dom, &fid.to_bytes(), &chunk_key(fid, 0), &mut |k, v| {
+                let n = k
+                    .get(16..24)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_be_bytes)
+                    .unwrap_or(u64::MAX);
+                if n >= upto {
+                    return false;
+                }
+                blocks += chunk_blocks(v.len().saturating_sub(1));
+                true
+            })?;
+        Ok(blocks)
     }
 
     /// DOM_READ: up to `len` bytes at `offset`, ending at the MDT's size or the DoM

@@ -166,7 +166,7 @@ impl Namespace {
 
     /// Checks a layout against the rules with DoM components up to `dom_max`; the
     /// number of OSTs known (see [`Namespace::ost_count_for`]).
-    fn check_layout(&self, l: &Layout, dom_max: u64) -> OpResult<u32> {
+    pub(crate) fn check_layout(&self, l: &Layout, dom_max: u64) -> OpResult<u32> {
         let n = self.ost_count_for(l);
         l.check(n.max(1), dom_max).map_err(|e| {
             tracing::debug!("layout refused: {e}");

@@ -8,6 +8,7 @@ pub mod flock;
 mod inode;
 mod layout;
 pub mod ldlm;
+mod migrate;
 mod ns;
 pub mod params;
 pub mod pdo;
@@ -82,6 +83,8 @@ pub(crate) struct OpenHandle {
     /// then (see `Opens::writers`): at close, it alone wrote since if they still match.
     alone: bool,
     events: u64,
+    /// The PR LAYOUT lock granted with the open (0: none), released at close.
+    layout_lock: u64,
 }
 
 #[derive(Default)]
@@ -97,6 +100,8 @@ pub(crate) struct Opens {
     /// Per file with writers: how many write handles are open, and a count of write
     /// opens and truncates (memory only; gone with the last writer).
     writers: HashMap<Fid, (u32, u64)>,
+    /// Layout migrations under way, by file (see `migrate`).
+    migrations: HashMap<Fid, migrate::Migration>,
     next: u64,
 }
 
@@ -106,6 +111,14 @@ impl Opens {
     fn not_alone(&mut self, fid: Fid) {
         if let Some(w) = self.writers.get_mut(&fid) {
             w.1 += 1;
+        }
+    }
+
+    /// The file's data may change other than by the migration copying it: the copy
+    /// is stale, and the migration will not commit.
+    fn break_migration(&mut self, fid: Fid) {
+        if let Some(m) = self.migrations.get_mut(&fid) {
+            m.broken = true;
         }
     }
 }

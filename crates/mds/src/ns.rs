@@ -90,7 +90,7 @@ impl Namespace {
     }
 
     /// Open-unlinked files of a previous life that no client opened again in recovery
-    /// are destroyed.
+    /// are destroyed, and migrations no client took up again abandoned.
     pub(crate) fn clean_orphans(&self) -> OpResult<()> {
         let mut fids = Vec::new();
         self.store
@@ -111,7 +111,7 @@ impl Namespace {
             self.store.apply(b, None)?;
             info!(%fid, "removed orphan left by a restart");
         }
-        Ok(())
+        self.clean_migrations()
     }
 
     /// Adds to `b` the removal of inode `fid` (its last link is gone and nobody has it
@@ -407,6 +407,7 @@ impl Namespace {
             handle,
             parent: None,
             dom_data: None,
+            layout_lock: 0,
         };
         self.pdo.lock_inodes(&mut held, &[r.parent]);
         let mut parent = self.dir_inode(r.parent)?;
@@ -448,6 +449,7 @@ impl Namespace {
         let mut o = self.opens.lock();
         let write = data != DataMark::Reader;
         let (alone, events) = if write {
+            o.break_migration(fid);
             let w = o.writers.entry(fid).or_insert((0, 0));
             let alone = w.0 == 0;
             w.0 += 1;
@@ -464,6 +466,7 @@ impl Namespace {
                 write,
                 alone,
                 events,
+                layout_lock: 0,
             },
         );
         *o.per_slot.entry(slot).or_insert(0) += 1;
@@ -535,6 +538,7 @@ impl Namespace {
         let mut o = self.opens.lock();
         o.clean.remove(&fid);
         o.not_alone(fid);
+        o.break_migration(fid);
     }
 
     /// True if some client holds `fid` open.
@@ -596,6 +600,7 @@ impl Namespace {
             handle: Some(handle),
             parent: None,
             dom_data: None,
+            layout_lock: 0,
         };
         let transno = if b.is_empty() && ctx.slot.is_none() {
             0
@@ -620,6 +625,22 @@ impl Namespace {
             _ => return Err(Errno::EBADF.into()),
         }
         self.close_inner(ctx, r.handle, r.wrote, r.attrs)
+    }
+
+    /// Remembers the layout lock granted with open `handle`.
+    pub(crate) fn set_open_lock(&self, handle: u64, lock: u64) {
+        if let Some(h) = self.opens.lock().handles.get_mut(&handle) {
+            h.layout_lock = lock;
+        }
+    }
+
+    /// The layout lock granted with open `handle` (0: none).
+    pub(crate) fn open_lock(&self, handle: u64) -> u64 {
+        self.opens
+            .lock()
+            .handles
+            .get(&handle)
+            .map_or(0, |h| h.layout_lock)
     }
 
     /// The file an open handle is on.
@@ -695,11 +716,19 @@ impl Namespace {
                     }
                 }
             }
-            (last, marked && !wrote, sole)
+            let migrating = o.migrations.get(&fid).is_some_and(|m| m.handle == handle);
+            if migrating {
+                o.migrations.remove(&fid);
+            }
+            (last, marked && !wrote, sole, migrating)
         };
-        let (last, unmark, sole) = last;
+        let (last, unmark, sole, migrating) = last;
         let lazy = attrs.filter(|_| sole);
         let mut b = Batch::new();
+        if migrating {
+            // Closed before its swap: the migration is abandoned with this close.
+            self.migrate_abandon(&mut b, fid)?;
+        }
         let mut rep = CloseRep::default();
         if last || unmark || lazy.is_some() {
             if let Ok(mut rec) = self.inode(fid) {

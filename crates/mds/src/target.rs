@@ -392,6 +392,18 @@ impl Mdt {
         )
     }
 
+    /// The PR LAYOUT lock an open holds for its handle's life (see
+    /// `CreateRep::layout_lock`): a regular file's only.
+    fn grant_layout(&self, exp: &Export, rep: &mut lode_proto::CreateRep) {
+        let Some(handle) = rep.handle else { return };
+        if rep.body.layout.is_none() || !self.reachable(exp.slot) {
+            return;
+        }
+        let lock = self.grant_pr(exp, ResId::object(rep.body.attr.fid), ldlm::bits::LAYOUT);
+        self.ns.set_open_lock(handle, lock);
+        rep.layout_lock = lock;
+    }
+
     /// A readdir+ page with locks: each entry's name (PR LOOKUP) and attributes (PR
     /// UPDATE|PERM), so the client may keep what `ls -l` reads. The names are read
     /// while the MDT holds the directory in PR (no change of its entries can be under
@@ -815,17 +827,26 @@ impl Mdt {
             MdtRequest::BatchModify(_) => return Err(Errno::EPROTO.into()),
             MdtRequest::Create(r) => {
                 check_cred(&r.cred)?;
-                let (rep, t) = self.ns.create(&ctx, exp.slot, r)?;
+                let (mut rep, t) = self.ns.create(&ctx, exp.slot, r)?;
+                self.grant_layout(exp, &mut rep);
                 (Reply::Create(rep), t)
             }
             MdtRequest::Open(r) => {
                 check_cred(&r.cred)?;
-                let (rep, t) = self.ns.open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags)?;
+                let (mut rep, t) = self.ns.open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags)?;
+                self.grant_layout(exp, &mut rep);
                 (Reply::Open(rep), t)
             }
             MdtRequest::Close(r) => {
+                let lock = self.ns.open_lock(r.handle);
                 let (rep, t) = self.ns.close(&ctx, exp.slot, &r)?;
+                self.ungrant(exp, lock);
                 (Reply::Close(rep), t)
+            }
+            MdtRequest::Migrate(r) => {
+                check_cred(&r.cred)?;
+                let (rep, t) = self.ns.migrate(&ctx, exp.slot, &r)?;
+                (Reply::Migrate(rep), t)
             }
             MdtRequest::Unlink(r) => {
                 check_cred(&r.cred)?;
@@ -1605,8 +1626,14 @@ impl Mdt {
             }
             MdtRequest::Link(r) => vec![dir(r.parent), name(r.parent, &r.name), obj(r.fid, UPDATE)],
             MdtRequest::Setattr(r) => vec![obj(r.fid, UPDATE | PERM)],
-            // Everyone's cached layout (kept with the attributes) goes.
-            MdtRequest::LayoutIntent(r) => vec![obj(r.fid, UPDATE | ldlm::bits::LAYOUT)],
+            // Everyone's cached layout (kept with the attributes) goes. Instantiating
+            // only adds to a layout: open handles' layout locks stay.
+            MdtRequest::LayoutIntent(r) => vec![obj(r.fid, UPDATE)],
+            // A swap replaces the layout: every open handle's layout lock is called
+            // back (its reads in flight are done again) before the old one can go.
+            MdtRequest::Migrate(r) if matches!(r.step, lode_proto::MigrateStep::Commit { .. }) => {
+                vec![obj(r.fid, UPDATE | ldlm::bits::LAYOUT)]
+            }
             // An ACL is a permission; every xattr change moves ctime.
             MdtRequest::Setxattr(r) => vec![obj(r.fid, UPDATE | PERM | XATTR)],
             // A truncating open changes the size; the first open for write marks the

@@ -375,6 +375,11 @@ pub struct CreateRep {
     /// first bytes (up to `mdt.*.dom_read_on_open`), so a small file's read needs no
     /// RPC. Never kept in a reply record (a reconstructed reply comes without).
     pub dom_data: Option<DomPrefetch>,
+    /// With an open handle: a PR LAYOUT lock on the file (0: none could be granted),
+    /// held by the MDT for the handle's life unless called back. While it is held the
+    /// handle's layout is current; its callback means the layout changed (a
+    /// migration), and I/O in flight with the old one must be done again.
+    pub layout_lock: u64,
 }
 
 /// The first bytes of a Data-on-MDT file, sent with its open.
@@ -581,6 +586,63 @@ pub struct DomWriteReq {
     /// Bytes.
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+}
+
+/// One step of an online layout migration (`lode migrate`, Lustre's `lfs migrate`
+/// with a layout swap), all on one open handle of the migrating client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrateReq {
+    /// Caller: swapping a file's layout needs write permission on it (as Lustre's
+    /// layout swap).
+    pub cred: Cred,
+    /// The file.
+    pub fid: Fid,
+    /// The migrating client's open handle on it; closing it abandons the migration.
+    pub handle: u64,
+    /// What to do.
+    pub step: MigrateStep,
+}
+
+/// The steps of a migration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MigrateStep {
+    /// Begin: the MDT checks `layout` (a template) and instantiates it with component
+    /// ids no layout of the file has used, for a file of `size` bytes, and keeps it as
+    /// the pending layout. Refused with EBUSY while the file is open for writing. A
+    /// replay brings the pending layout its reply gave, OSTs and all.
+    Start {
+        /// The new layout.
+        layout: Layout,
+        /// The bytes to copy.
+        size: u64,
+    },
+    /// Data-on-MDT bytes of the pending layout, at or past `MigrateRep::dom_from`
+    /// (below it the bytes already are where the new layout wants them).
+    Dom {
+        /// Offset.
+        offset: u64,
+        /// Bytes.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Swap: the pending layout becomes the file's (layout generation bumped, every
+    /// client's layout lock called back), the old one's objects are destroyed once
+    /// this commits. EBUSY if the file was opened for writing or truncated since
+    /// `Start` (the pending layout is then dropped).
+    Commit {
+        /// The file's size (as copied).
+        size: u64,
+    },
+}
+
+/// Reply to a migration step.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrateRep {
+    /// `Start`: the pending layout, instantiated; `Commit`: the file's new layout.
+    pub layout: Option<Layout>,
+    /// `Start`: where the old layout's Data-on-MDT bytes end (the new layout's below
+    /// this are the same records and need no copy).
+    pub dom_from: u64,
 }
 
 /// Layout intent (Lustre's `IT_LAYOUT` with a write extent): instantiate the
@@ -919,6 +981,8 @@ messages! {
     /// Instantiate the layout components a write reaches (Lustre's layout intent):
     /// OSTs chosen, `layout_gen` bumped; the new layout comes back.
     LayoutIntent = 29, Mdt, true: LayoutIntentReq => MdtBody,
+    /// A step of an online layout migration (Lustre's `lfs migrate` layout swap).
+    Migrate = 30, Mdt, true: MigrateReq => MigrateRep,
     /// Read from an OST object.
     OstRead = 40, Ost, false: OstReadReq => DataRep,
     /// Write to an OST object.
@@ -995,7 +1059,7 @@ service_requests! {
     /// What a metadata target answers.
     MdtRequest, Mdt: Connect, Disconnect, Ping, Statfs, SeqAlloc, Getattr, Lookup, Readdir,
     Batch, BatchModify, Create, Open, Close, Unlink, Rename, Link, Setattr, Getxattr, Setxattr,
-    Listxattr, DomRead, DomWrite, LayoutIntent, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel, Flock,
+    Listxattr, DomRead, DomWrite, LayoutIntent, Migrate, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel, Flock,
 }
 
 service_requests! {
@@ -1025,6 +1089,7 @@ impl MdtRequest {
             MdtRequest::Setattr(r) => Some(&mut r.cred),
             MdtRequest::Getxattr(r) | MdtRequest::Listxattr(r) => Some(&mut r.cred),
             MdtRequest::Setxattr(r) => Some(&mut r.cred),
+            MdtRequest::Migrate(r) => Some(&mut r.cred),
             _ => None,
         }
     }

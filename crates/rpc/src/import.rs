@@ -516,14 +516,30 @@ struct Replayable {
     reply: Option<Arc<Vec<u8>>>,
 }
 
-/// The body a change is replayed with. A create of a regular file, or a layout intent,
-/// asks for the layout its reply gave, OSTs and all: the restarted target would
+/// The body a change is replayed with. A create of a regular file, a layout intent or
+/// a migration's start asks for the layout its reply gave, OSTs and all: the restarted target would
 /// otherwise choose the OSTs again, and data already written to the objects of the
 /// first choice would be lost.
 fn replay_body(r: &Replayable) -> Arc<Vec<u8>> {
     let Some(reply) = &r.reply else {
         return r.body.clone();
     };
+    if r.opcode == Opcode::Migrate as u16 {
+        return match (
+            Request::decode(r.opcode, &r.body),
+            Reply::decode(r.opcode, reply),
+        ) {
+            (Ok(Request::Migrate(mut req)), Ok(Reply::Migrate(rep))) => {
+                if let (lode_proto::MigrateStep::Start { layout, .. }, Some(given)) =
+                    (&mut req.step, rep.layout)
+                {
+                    *layout = given;
+                }
+                Arc::new(Request::Migrate(req).encode())
+            }
+            _ => r.body.clone(),
+        };
+    }
     if r.opcode == Opcode::LayoutIntent as u16 {
         return match (
             Request::decode(r.opcode, &r.body),
@@ -1309,7 +1325,8 @@ impl Import {
                             open_handle,
                             pre_version: frame.header.pre_version,
                             reply: (p.opcode == Opcode::Create as u16
-                                || p.opcode == Opcode::LayoutIntent as u16)
+                                || p.opcode == Opcode::LayoutIntent as u16
+                                || p.opcode == Opcode::Migrate as u16)
                                 .then(|| Arc::new(frame.body.clone())),
                         },
                     );

@@ -252,6 +252,7 @@ pub fn lustre_name(op: Opcode) -> &'static str {
         Opcode::DomRead => "dom_read",
         Opcode::DomWrite => "dom_write",
         Opcode::LayoutIntent => "ldlm_intent_layout",
+        Opcode::Migrate => "mds_swap_layouts",
         Opcode::Sync => "mds_sync",
         Opcode::OstRead => "ost_read",
         Opcode::OstWrite => "ost_write",

@@ -21,11 +21,13 @@ pub enum Cf {
     Destroy,
     /// Fixed keys: last transno, sequence allocator, format.
     Server,
+    /// FID → the pending layout of a migration under way.
+    Migrate,
 }
 
 impl Cf {
     /// Every keyspace.
-    pub const ALL: [Cf; 9] = [
+    pub const ALL: [Cf; 10] = [
         Cf::Inode,
         Cf::Dirent,
         Cf::Xattr,
@@ -35,6 +37,7 @@ impl Cf {
         Cf::Orphan,
         Cf::Destroy,
         Cf::Server,
+        Cf::Migrate,
     ];
 
     /// Column family name.
@@ -49,6 +52,7 @@ impl Cf {
             Cf::Orphan => "orphan",
             Cf::Destroy => "destroy",
             Cf::Server => "server",
+            Cf::Migrate => "migrate",
         }
     }
 }

@@ -194,6 +194,28 @@ pub struct ClientRec {
     pub slot: u32,
 }
 
+/// Key of the destroy record for the objects of one of `fid`'s layouts that a
+/// migration replaced (or abandoned): the file's key and the layout generation, so it
+/// never overwrites the file's own record (nor another migration's).
+pub fn destroy_key_gen(fid: Fid, gen: u32) -> Vec<u8> {
+    let mut k = fid.to_bytes().to_vec();
+    k.extend_from_slice(&gen.to_be_bytes());
+    k
+}
+
+/// A migration under way (`Cf::Migrate`): what to undo if it never commits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrateRec {
+    /// The pending layout, instantiated: its objects, and its Data-on-MDT bytes at or
+    /// past `dom_from`, are the migration's own.
+    pub layout: Layout,
+    /// Where the file's Data-on-MDT bytes ended when the migration began.
+    pub dom_from: u64,
+    /// The file's layout generation when it began (bumped then, so that no two
+    /// migrations ever name objects alike).
+    pub gen: u32,
+}
+
 /// OST objects of an unlinked file, waiting for DESTROY.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DestroyRec {
