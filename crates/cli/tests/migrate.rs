@@ -297,6 +297,43 @@ fn migrate_moves_data_between_mdt_and_osts_both_ways_under_a_concurrent_reader()
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(std::fs::read(m.path().join("big")).expect("read") == big);
+
+    // A migrated layout copied onto a new file gets ids 1..n there: the ids above 64
+    // are kept for migrations, whose objects must never be named like a live one's.
+    let mut v = vec![0u8; 65536];
+    let name = std::ffi::CString::new("lustre.lov").expect("name");
+    // SAFETY: valid C strings and a buffer of the stated length.
+    let n = unsafe {
+        libc::getxattr(
+            cs(m.path().join("big")).as_ptr(),
+            name.as_ptr(),
+            v.as_mut_ptr().cast(),
+            v.len(),
+        )
+    };
+    assert!(n > 0, "{}", std::io::Error::last_os_error());
+    v.truncate(n as usize);
+    let copied = lode_base::layout::decode_xattr(&v).expect("a layout");
+    assert!(copied.components.iter().all(|c| c.id > 64), "{copied:?}");
+    let f = m.path().join("copy");
+    std::fs::File::create(&f).expect("create");
+    // SAFETY: valid C strings and a value of the stated length.
+    let r = unsafe {
+        libc::setxattr(
+            cs(&f).as_ptr(),
+            name.as_ptr(),
+            v.as_ptr().cast(),
+            v.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    let ids: Vec<u32> = layout(&sess, "copy")
+        .components
+        .iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(ids, [1]);
 }
 
 /// OST writes answer late: a migration's copy takes a while.

@@ -45,9 +45,10 @@ pub struct FileHandle {
     /// Read-on-open: the file's first bytes as the open found them, and the client's
     /// data epoch then (see `Client::data_epoch`).
     pub(crate) prefetch: Option<(Arc<DomPrefetch>, u64)>,
-    /// The PR LAYOUT lock that keeps `layout` current (0: none): granted with the
-    /// open (released by the MDT at close), or taken again by this client after a
-    /// callback (`own_lock`: cancelled at close).
+    /// The PR LAYOUT lock that keeps `layout` current, by its token (see
+    /// `LayoutLocks`; 0: none): granted with the open (released by the MDT at close),
+    /// or taken again by this client after a callback (`own_lock`: cancelled at
+    /// close).
     pub(crate) layout_lock: Arc<AtomicU64>,
     pub(crate) own_lock: Arc<AtomicBool>,
 }
@@ -239,9 +240,11 @@ impl Client {
         // Closed (or refused: the MDT has no such handle): not opened again after a
         // restart of the MDT.
         self.mdc.closed(fh.handle);
-        let lock = fh.layout_lock.swap(0, Ordering::AcqRel);
-        if self.forget_layout_lock(lock) && fh.own_lock.load(Ordering::Acquire) {
-            let _ = self.lock_cancel(vec![lock]).await;
+        let token = fh.layout_lock.swap(0, Ordering::AcqRel);
+        if let Some(lock) = self.forget_layout_lock(token) {
+            if fh.own_lock.load(Ordering::Acquire) {
+                let _ = self.lock_cancel(vec![lock]).await;
+            }
         }
         let rep = rep?;
         if fh.wrote.load(Ordering::Acquire) {
@@ -460,8 +463,7 @@ impl Client {
                 }
             }
             Err(_) => {
-                self.forget_layout_lock(new);
-                let _ = self.lock_cancel(vec![new]).await;
+                self.drop_layout_lock(new).await;
                 return None;
             }
         }
@@ -471,14 +473,20 @@ impl Client {
             .is_err()
         {
             // Another reader of this handle took one first.
-            self.forget_layout_lock(new);
-            let _ = self.lock_cancel(vec![new]).await;
+            self.drop_layout_lock(new).await;
             return self
                 .layout_lock_held(fh.layout_lock.load(Ordering::Acquire))
                 .then(|| fh.layout_lock.load(Ordering::Acquire));
         }
         fh.own_lock.store(true, Ordering::Release);
         Some(new)
+    }
+
+    /// Gives back a layout lock taken by this client (token `t`).
+    async fn drop_layout_lock(&self, t: u64) {
+        if let Some(h) = self.forget_layout_lock(t) {
+            let _ = self.lock_cancel(vec![h]).await;
+        }
     }
 
     /// One read of `[off, off+len)` through `layout`.
@@ -899,36 +907,88 @@ impl Client {
             }
         };
         let old = fh.layout().ok_or(Errno::EINVAL)?;
-        let (size, _, mtime) = self.glimpse_now(fh.fid, Some(&old)).await?;
+        // The size the pending layout is instantiated for.
+        let (size, _, _) = self.glimpse_now(fh.fid, Some(&old)).await?;
         let rep = step(MigrateStep::Start {
             layout: template,
             size,
         })
         .await?;
         let new = rep.layout.ok_or(Errno::EPROTO)?;
-        // The pending layout durable before any object of it is written: whatever
-        // crashes from here, the MDT knows what to destroy.
-        self.md(Request::Sync(lode_proto::Empty {})).await?;
-        const COPY: u64 = 4 << 20;
-        let mut off = 0;
-        while off < size {
-            let want = (size - off).min(COPY) as usize;
-            let data = self.read(fh, off, want).await?;
-            if data.len() < want {
-                // Truncated meanwhile: the swap would be refused.
+        let copy = async {
+            // The pending layout durable before any object of it is written: whatever
+            // crashes from here, the MDT knows what to destroy.
+            self.md(Request::Sync(lode_proto::Empty {})).await?;
+            // What the copy copies, asked once the migration is armed (a write open or
+            // truncate from now on refuses the swap): a writer that closed just
+            // before the start is in it.
+            let (size2, _, mtime) = self.glimpse_now(fh.fid, Some(&old)).await?;
+            if size2 != size {
                 return Err(Errno::EBUSY);
             }
-            self.copy_into(fh.fid, &new, rep.dom_from, off, &data, |offset, data| {
-                step(MigrateStep::Dom { offset, data })
-            })
-            .await?;
-            off += want as u64;
+            const COPY: u64 = 4 << 20;
+            let mut off = 0;
+            while off < size {
+                let want = (size - off).min(COPY) as usize;
+                let data = self.read(fh, off, want).await?;
+                if data.len() < want {
+                    // Truncated meanwhile: the swap would be refused.
+                    return Err(Errno::EBUSY);
+                }
+                self.copy_into(fh.fid, &new, rep.dom_from, off, &data, |offset, data| {
+                    step(MigrateStep::Dom { offset, data })
+                })
+                .await?;
+                off += want as u64;
+            }
+            self.sync_objects(fh.fid, &new).await?;
+            if self.lost_on(fh.fid, &new) {
+                tracing::warn!(fid = %fh.fid, "an OST lost the migration's copy: EIO");
+                return Err(Errno::EIO);
+            }
+            // The copy's objects carry the file's mtime, not the copy's.
+            self.set_object_mtime(fh.fid, Some(&new), mtime).await?;
+            // The old objects as the copy found them: a truncate whose size change
+            // preceded the start but whose punch came since shows here.
+            let (size3, _, mtime3) = self.glimpse_now(fh.fid, Some(&old)).await?;
+            if (size3, mtime3) != (size2, mtime) {
+                return Err(Errno::EBUSY);
+            }
+            Ok(mtime)
         }
-        self.sync_objects(fh.fid, &new).await?;
-        // The copy's objects carry the file's mtime, not the copy's.
-        self.set_object_mtime(fh.fid, Some(&new), mtime).await?;
-        let done = step(MigrateStep::Commit { size }).await?;
+        .await;
+        let mtime = match copy {
+            Ok(m) => m,
+            Err(e) => {
+                // No swap was asked for: the copy's objects are nobody's. The MDT
+                // destroys them too when the handle closes, but not those a write
+                // still in flight then made again.
+                self.destroy_objects(fh.fid, &new).await;
+                return Err(e);
+            }
+        };
+        let done = step(MigrateStep::Commit { size, mtime }).await?;
         done.layout.ok_or(Errno::EPROTO)
+    }
+
+    /// Destroys the OST objects of `layout` (a migration's own), as far as the OSTs
+    /// answer.
+    async fn destroy_objects(&self, fid: Fid, layout: &Layout) {
+        let mut per_ost: std::collections::HashMap<u32, Vec<ObjId>> = Default::default();
+        for (_, _, ost, obj) in objects(fid, layout) {
+            per_ost.entry(ost).or_default().push(obj);
+        }
+        let futs = per_ost.into_iter().map(|(ost, objs)| async move {
+            let osc = self.osc(ost).await?;
+            osc.call(Request::Destroy(ObjsReq { objs }))
+                .await
+                .map(|_| ())
+        });
+        for r in futures::future::join_all(futs).await {
+            if let Err(e) = r {
+                debug!(%fid, "destroying an abandoned migration's objects: {e}");
+            }
+        }
     }
 
     /// Writes `data` at `off` into the objects of `layout` (a pending layout) and,
@@ -1002,20 +1062,25 @@ impl Client {
         let Some(layout) = &fh.layout() else {
             return Ok(());
         };
-        let osts: std::collections::BTreeSet<u32> = objects(fh.fid, layout)
+        if self.lost_on(fh.fid, layout) {
+            tracing::warn!(fid = %fh.fid, "data written to this file was lost by an OST restart: EIO");
+            return Err(Errno::EIO);
+        }
+        Ok(())
+    }
+
+    /// Whether an OST of `layout` lost data this client wrote to `fid` (said once).
+    fn lost_on(&self, fid: Fid, layout: &Layout) -> bool {
+        let osts: std::collections::BTreeSet<u32> = objects(fid, layout)
             .into_iter()
             .map(|(_, _, ost, _)| ost)
             .collect();
         let oscs = self.oscs.read();
         let mut lost = false;
         for ost in osts {
-            lost |= oscs.get(&ost).is_some_and(|i| i.take_lost(fh.fid));
+            lost |= oscs.get(&ost).is_some_and(|i| i.take_lost(fid));
         }
-        if lost {
-            tracing::warn!(fid = %fh.fid, "data written to this file was lost by an OST restart: EIO");
-            return Err(Errno::EIO);
-        }
-        Ok(())
+        lost
     }
 }
 

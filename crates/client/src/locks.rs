@@ -194,6 +194,34 @@ impl Cache {
     }
 }
 
+/// The layout locks of open handles. A handle names its lock by a token of this
+/// client's, never reused: the MDT's lock handles start again after it restarts, and
+/// a handle from before must not take a new lock for its own.
+#[derive(Default)]
+pub(crate) struct LayoutLocks {
+    by_token: HashMap<u64, (u64, Fid)>,
+    by_lock: HashMap<u64, u64>,
+    next: u64,
+}
+
+impl LayoutLocks {
+    /// Forgets the lock called back (or dropped) as `h`; true if it was one.
+    fn called_back(&mut self, h: u64) -> bool {
+        match self.by_lock.remove(&h) {
+            Some(t) => {
+                self.by_token.remove(&t);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.by_token.clear();
+        self.by_lock.clear();
+    }
+}
+
 /// The locks of one client on its MDT.
 #[derive(Default)]
 pub(crate) struct Locks {
@@ -203,9 +231,9 @@ pub(crate) struct Locks {
     /// `lru_size` (0: the default).
     cache_max: std::sync::atomic::AtomicUsize,
     held: Mutex<HashMap<u64, HeldLock>>,
-    /// Layout locks of open handles (PR LAYOUT), by lock: while one is here its
-    /// handle's layout is current. Taken after `revoked`, never with `held`/`cache`.
-    pub(crate) layout: Mutex<HashMap<u64, Fid>>,
+    /// Layout locks of open handles (PR LAYOUT): while one is here its handle's
+    /// layout is current. Taken after `revoked`, before `held`/`cache`.
+    pub(crate) layout: Mutex<LayoutLocks>,
     /// Called back before the reply that granted them arrived: not to be recorded.
     /// Whoever takes more than one of `revoked`, `held` and `cache` takes them in
     /// that order.
@@ -297,8 +325,8 @@ impl Client {
         Ok(Some(h))
     }
 
-    /// Records the layout lock an open was granted (see `FileHandle::layout_lock`);
-    /// 0 if it was called back before this.
+    /// Records the layout lock `h` an open was granted on `fid`; its token for the
+    /// handle (see `FileHandle::layout_lock`), 0 if it was called back before this.
     pub(crate) fn keep_layout_lock(&self, fid: Fid, h: u64) -> u64 {
         if h == 0 {
             return 0;
@@ -307,22 +335,30 @@ impl Client {
         if revoked.remove(&h) {
             return 0;
         }
-        self.locks.layout.lock().insert(h, fid);
-        h
+        let mut l = self.locks.layout.lock();
+        l.next += 1;
+        let t = l.next;
+        l.by_token.insert(t, (h, fid));
+        l.by_lock.insert(h, t);
+        t
     }
 
-    /// True while layout lock `h` is held (not called back).
-    pub(crate) fn layout_lock_held(&self, h: u64) -> bool {
-        h != 0 && self.locks.layout.lock().contains_key(&h)
+    /// True while the layout lock of token `t` is held (not called back).
+    pub(crate) fn layout_lock_held(&self, t: u64) -> bool {
+        t != 0 && self.locks.layout.lock().by_token.contains_key(&t)
     }
 
-    /// Forgets layout lock `h` (its handle closed); true if it was still held.
-    pub(crate) fn forget_layout_lock(&self, h: u64) -> bool {
-        h != 0 && self.locks.layout.lock().remove(&h).is_some()
+    /// Forgets the layout lock of token `t` (its handle closed); the MDT's handle of
+    /// it if it was still held.
+    pub(crate) fn forget_layout_lock(&self, t: u64) -> Option<u64> {
+        let mut l = self.locks.layout.lock();
+        let (h, _) = l.by_token.remove(&t)?;
+        l.by_lock.remove(&h);
+        Some(h)
     }
 
     /// Asks the MDT for a layout lock on `fid` (a handle whose lock was called back):
-    /// `None` if it cannot be had now.
+    /// its token, `None` if it cannot be had now.
     pub(crate) async fn enqueue_layout_lock(&self, fid: Fid) -> Option<u64> {
         if !self.locks.up.load(Ordering::Acquire) {
             return None;
@@ -337,8 +373,8 @@ impl Client {
         let Reply::LdlmEnqueue(r) = rep.reply else {
             return None;
         };
-        let h = self.keep_layout_lock(fid, r.handle?);
-        (h != 0).then_some(h)
+        let t = self.keep_layout_lock(fid, r.handle?);
+        (t != 0).then_some(t)
     }
 
     /// Gives locks back.
@@ -801,7 +837,7 @@ impl Client {
             let mut layout = self.locks.layout.lock();
             for h in &handles {
                 invals.extend(cache.forget_lock(*h));
-                if layout.remove(h).is_some() {
+                if layout.called_back(*h) {
                     // An open handle's layout changes: nothing above caches it.
                     continue;
                 }

@@ -19,6 +19,13 @@ fn chunk_key(fid: Fid, n: u64) -> Vec<u8> {
     k
 }
 
+/// The chunk number in a chunk key.
+fn chunk_no(k: &[u8]) -> Option<u64> {
+    k.get(16..24)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_be_bytes)
+}
+
 /// 512-byte blocks a chunk of `len` bytes is charged (whole 4 KiB blocks, as a
 /// local file system allocates them).
 fn chunk_blocks(len: usize) -> u64 {
@@ -134,11 +141,7 @@ impl Namespace {
         self.store
             .engine()
             .scan(Cf::Dom, &fid.to_bytes(), &chunk_key(fid, 0), &mut |k, v| {
-                let n = k
-                    .get(16..24)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u64::from_be_bytes)
-                    .unwrap_or(u64::MAX);
+                let n = chunk_no(k).unwrap_or(u64::MAX);
                 if n >= upto {
                     return false;
                 }
@@ -196,11 +199,7 @@ impl Namespace {
             &fid.to_bytes(),
             &chunk_key(fid, offset / DOM_CHUNK),
             &mut |k, v| {
-                let Some(n) = k
-                    .get(16..24)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u64::from_be_bytes)
-                else {
+                let Some(n) = chunk_no(k) else {
                     bad = true;
                     return false;
                 };
@@ -252,7 +251,10 @@ impl Namespace {
         rec: &mut InodeRec,
         size: u64,
     ) -> OpResult<()> {
-        let freed = self.dom_delete_from(b, fid, size.div_ceil(DOM_CHUNK))?;
+        // Chunks past the layout's DoM end are a pending migration's: they go too (the
+        // truncate breaks it), but were never counted in the inode's blocks.
+        let counted = rec.layout.as_ref().map_or(0, Layout::dom_end) / DOM_CHUNK;
+        let freed = self.dom_delete_below(b, fid, size.div_ceil(DOM_CHUNK), counted)?;
         rec.blocks = rec.blocks.saturating_sub(freed);
         if !size.is_multiple_of(DOM_CHUNK) {
             let n = size / DOM_CHUNK;
@@ -271,6 +273,12 @@ impl Namespace {
     /// Deletes, inside batch `b`, every DoM record of `fid` from chunk `first` on (a
     /// truncate; 0: the file goes); returns the blocks they were charged.
     pub(crate) fn dom_delete_from(&self, b: &mut Batch, fid: Fid, first: u64) -> OpResult<u64> {
+        self.dom_delete_below(b, fid, first, u64::MAX)
+    }
+
+    /// Like [`Namespace::dom_delete_from`], counting only the blocks of chunks below
+    /// `counted`.
+    fn dom_delete_below(&self, b: &mut Batch, fid: Fid, first: u64, counted: u64) -> OpResult<u64> {
         let mut gone = Vec::new();
         self.store.engine().scan(
             Cf::Dom,
@@ -283,7 +291,10 @@ impl Namespace {
         )?;
         let mut blocks = 0;
         for (k, len) in gone {
-            blocks += chunk_blocks(len);
+            let n = chunk_no(&k).unwrap_or(u64::MAX);
+            if n < counted {
+                blocks += chunk_blocks(len);
+            }
             b.delete(Cf::Dom, k);
         }
         Ok(blocks)

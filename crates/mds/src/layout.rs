@@ -142,6 +142,13 @@ impl Namespace {
         if req.is_none() {
             l = l.fit_dom(dom_max).ok_or(Errno::EFBIG)?;
         }
+        if !replay {
+            // Ids 1..n, whatever the request said: a migration's are above
+            // `COMPONENTS_MAX` (see `migrate`), so no two layouts of a file share one.
+            for (i, c) in l.components.iter_mut().enumerate() {
+                c.id = i as u32 + 1;
+            }
+        }
         let n = self.check_layout(&l, dom_max)?;
         self.instantiate(&mut l, &[0], n)?;
         Ok(l)

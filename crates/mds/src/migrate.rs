@@ -59,9 +59,7 @@ impl Namespace {
         if rec.mode & libc::S_IFMT != libc::S_IFREG {
             return Err(Errno::EINVAL.into());
         }
-        if !ctx.replay
-            && !lode_base::perm::may_access(&rec.attr(r.fid), &r.cred, lode_base::perm::MAY_WRITE)
-        {
+        if !lode_base::perm::may_access(&rec.attr(r.fid), &r.cred, lode_base::perm::MAY_WRITE) {
             return Err(Errno::EACCES.into());
         }
         if !ctx.replay {
@@ -74,7 +72,7 @@ impl Namespace {
         match &r.step {
             MigrateStep::Start { layout, size } => self.migrate_start(ctx, r, rec, layout, *size),
             MigrateStep::Dom { offset, data } => self.migrate_dom(ctx, r, *offset, data),
-            MigrateStep::Commit { size } => self.migrate_commit(ctx, r, rec, *size),
+            MigrateStep::Commit { size, mtime } => self.migrate_commit(ctx, r, rec, *size, *mtime),
         }
     }
 
@@ -115,10 +113,17 @@ impl Namespace {
         if !ctx.replay && self.migrate_rec(r.fid)?.is_some() {
             return Err(Errno::EBUSY.into());
         }
-        let gen = old.gen.checked_add(1).ok_or(Errno::EOVERFLOW)?;
-        let base = gen
-            .checked_mul(COMPONENTS_MAX as u32)
-            .ok_or(Errno::EOVERFLOW)?;
+        // Ids above every id the file's layouts ever had: those of its current layout
+        // (1..=COMPONENTS_MAX from a create, or an earlier migration's), and those of
+        // earlier migrations (below their generation's base, and generations only grow).
+        let unit = COMPONENTS_MAX as u32;
+        let max_id = old.components.iter().map(|c| c.id).max().unwrap_or(0);
+        let gen = old
+            .gen
+            .checked_add(1)
+            .ok_or(Errno::EOVERFLOW)?
+            .max(max_id / unit + 1);
+        let base = gen.checked_mul(unit).ok_or(Errno::EOVERFLOW)?;
         let mut new = want.clone();
         let n = if ctx.replay && new.components.iter().all(|c| c.id > base) {
             // The pending layout its reply gave: its OSTs may hold copied bytes.
@@ -155,6 +160,7 @@ impl Namespace {
                 layout: new.clone(),
                 dom_from,
                 gen,
+                handle: r.handle,
             }),
         );
         let rep = MigrateRep {
@@ -200,6 +206,7 @@ impl Namespace {
         r: &MigrateReq,
         mut rec: InodeRec,
         size: u64,
+        mtime: i64,
     ) -> OpResult<(MigrateRep, u64)> {
         self.check_migration(ctx, r.fid, r.handle)?;
         let mr = self.migrate_rec(r.fid)?.ok_or(Errno::EBUSY)?;
@@ -221,6 +228,8 @@ impl Namespace {
             rec.flags |= INODE_DATA | INODE_OBJECTS;
         } else {
             rec.flags &= !(INODE_DATA | INODE_OBJECTS);
+            // Exact here from now on: the time the old objects carried.
+            rec.mtime = rec.mtime.max(mtime);
         }
         rec.ctime = now_ns().max(rec.ctime);
         if old.has_objects() {
@@ -264,7 +273,8 @@ impl Namespace {
     }
 
     /// Abandons the migrations no client took up again (after a restart, once
-    /// recovery is over: a replayed `Start` brings its migration back).
+    /// recovery is over: a replayed `Start` brings its migration back, and one whose
+    /// handle recovery opened again stays attached to it, refused at its swap).
     pub(crate) fn clean_migrations(&self) -> OpResult<()> {
         let mut fids = Vec::new();
         self.store
@@ -280,6 +290,23 @@ impl Namespace {
             fids.retain(|f| !o.migrations.contains_key(f));
         }
         for fid in fids {
+            let Some(mr) = self.migrate_rec(fid)? else {
+                continue;
+            };
+            let mut o = self.opens.lock();
+            if o.handles.get(&mr.handle).is_some_and(|h| h.fid == fid) {
+                // Its client is back and may still be copying: abandoned when it
+                // closes (its swap is refused), not under it.
+                o.migrations.insert(
+                    fid,
+                    Migration {
+                        handle: mr.handle,
+                        broken: true,
+                    },
+                );
+                continue;
+            }
+            drop(o);
             let mut b = Batch::new();
             self.migrate_abandon(&mut b, fid)?;
             self.store.apply(b, None)?;

@@ -399,7 +399,24 @@ impl Mdt {
         if rep.body.layout.is_none() || !self.reachable(exp.slot) {
             return;
         }
-        let lock = self.grant_pr(exp, ResId::object(rep.body.attr.fid), ldlm::bits::LAYOUT);
+        let fid = rep.body.attr.fid;
+        let lock = self.grant_pr(exp, ResId::object(fid), ldlm::bits::LAYOUT);
+        if lock == 0 {
+            return;
+        }
+        // The layout as of the grant: a swap between the open's read and the grant
+        // did not call this lock back.
+        match self.ns.inode(fid) {
+            Ok(rec) => {
+                if rec.layout != rep.body.layout {
+                    rep.body.layout = rec.layout;
+                }
+            }
+            Err(_) => {
+                self.ungrant(exp, lock);
+                return;
+            }
+        }
         self.ns.set_open_lock(handle, lock);
         rep.layout_lock = lock;
     }
@@ -839,8 +856,9 @@ impl Mdt {
             }
             MdtRequest::Close(r) => {
                 let lock = self.ns.open_lock(r.handle);
-                let (rep, t) = self.ns.close(&ctx, exp.slot, &r)?;
+                let closed = self.ns.close(&ctx, exp.slot, &r);
                 self.ungrant(exp, lock);
+                let (rep, t) = closed?;
                 (Reply::Close(rep), t)
             }
             MdtRequest::Migrate(r) => {

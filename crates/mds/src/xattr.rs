@@ -202,6 +202,10 @@ impl Namespace {
             return Err(Errno::EPERM.into());
         }
         if let Ns::Lov = ns {
+            if self.opens.lock().migrations.contains_key(&fid) {
+                // Its pending layout's bytes would be confused with the new one's.
+                return Err(Errno::EBUSY.into());
+            }
             self.set_layout_xattr(&mut rec, value)?;
         } else {
             let key = xattr_key(fid, name);

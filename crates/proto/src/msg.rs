@@ -632,6 +632,9 @@ pub enum MigrateStep {
     Commit {
         /// The file's size (as copied).
         size: u64,
+        /// Its modification time (as the copy found it), kept when the new layout
+        /// holds every byte on the MDT.
+        mtime: i64,
     },
 }
 

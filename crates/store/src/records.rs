@@ -214,6 +214,10 @@ pub struct MigrateRec {
     /// The file's layout generation when it began (bumped then, so that no two
     /// migrations ever name objects alike).
     pub gen: u32,
+    /// The migrating client's open handle: after a restart, the migration stays
+    /// attached (refused at its swap) to that handle if recovery opens it again, and
+    /// is abandoned when it closes, after its client stopped copying.
+    pub handle: u64,
 }
 
 /// OST objects of an unlinked file, waiting for DESTROY.
