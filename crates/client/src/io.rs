@@ -789,23 +789,34 @@ impl Client {
         mtime: i64,
     ) -> Result<(), Errno> {
         let Some(layout) = layout else { return Ok(()) };
+        self.on_objects(fid, layout, |objs| {
+            Request::OstSetattr(lode_proto::OstSetattrReq { objs, mtime })
+        })
+        .await
+        .into_iter()
+        .collect()
+    }
+
+    /// Sends `req` of the objects of `layout` to each OST holding some, all at once;
+    /// one result per OST.
+    async fn on_objects(
+        &self,
+        fid: Fid,
+        layout: &Layout,
+        req: impl Fn(Vec<ObjId>) -> Request,
+    ) -> Vec<Result<(), Errno>> {
         let mut per_ost: std::collections::HashMap<u32, Vec<ObjId>> = Default::default();
         for (_, _, ost, obj) in objects(fid, layout) {
             per_ost.entry(ost).or_default().push(obj);
         }
-        let futs = per_ost.into_iter().map(|(ost, objs)| async move {
-            let osc = self.osc(ost).await?;
-            osc.call(Request::OstSetattr(lode_proto::OstSetattrReq {
-                objs,
-                mtime,
-            }))
-            .await
-            .map(|_| ())
+        let futs = per_ost.into_iter().map(|(ost, objs)| {
+            let r = req(objs);
+            async move {
+                let osc = self.osc(ost).await?;
+                osc.call(r).await.map(|_| ())
+            }
         });
-        for r in futures::future::join_all(futs).await {
-            r?;
-        }
-        Ok(())
+        futures::future::join_all(futs).await
     }
 
     async fn punch_objects(
@@ -850,20 +861,10 @@ impl Client {
 
     /// Makes the OST objects of `layout` durable.
     async fn sync_objects(&self, fid: Fid, layout: &Layout) -> Result<(), Errno> {
-        let mut per_ost: std::collections::HashMap<u32, Vec<ObjId>> = Default::default();
-        for (_, _, ost, obj) in objects(fid, layout) {
-            per_ost.entry(ost).or_default().push(obj);
-        }
-        let futs = per_ost.into_iter().map(|(ost, objs)| async move {
-            let osc = self.osc(ost).await?;
-            osc.call(Request::OstSync(ObjsReq { objs }))
-                .await
-                .map(|_| ())
-        });
-        for r in futures::future::join_all(futs).await {
-            r?;
-        }
-        Ok(())
+        self.on_objects(fid, layout, |objs| Request::OstSync(ObjsReq { objs }))
+            .await
+            .into_iter()
+            .collect()
     }
 
     /// Moves `fid`'s bytes into a new layout (`template`, as `setstripe` gives it)
@@ -974,17 +975,8 @@ impl Client {
     /// Destroys the OST objects of `layout` (a migration's own), as far as the OSTs
     /// answer.
     async fn destroy_objects(&self, fid: Fid, layout: &Layout) {
-        let mut per_ost: std::collections::HashMap<u32, Vec<ObjId>> = Default::default();
-        for (_, _, ost, obj) in objects(fid, layout) {
-            per_ost.entry(ost).or_default().push(obj);
-        }
-        let futs = per_ost.into_iter().map(|(ost, objs)| async move {
-            let osc = self.osc(ost).await?;
-            osc.call(Request::Destroy(ObjsReq { objs }))
-                .await
-                .map(|_| ())
-        });
-        for r in futures::future::join_all(futs).await {
+        let done = self.on_objects(fid, layout, |objs| Request::Destroy(ObjsReq { objs }));
+        for r in done.await {
             if let Err(e) = r {
                 debug!(%fid, "destroying an abandoned migration's objects: {e}");
             }
