@@ -7,8 +7,17 @@ mod common;
 use common::*;
 use lode_base::Fid;
 use lode_client::Session;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// The tests of this file run one at a time: every client's MDT import has a reader
+/// thread of the same name, and one test counts the wake-ups of its own (another
+/// test's, found by the same name, made it see nonsense).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Voluntary context switches of this process's thread named `comm`.
 fn thread_switches(comm: &str) -> Option<u64> {
@@ -60,6 +69,7 @@ async fn churn(s: &lode_client::Client, dir: Fid, tag: &str, n: usize) -> Result
 
 #[test]
 fn blocked_threads_and_runtime_tasks_share_one_import_and_each_gets_its_own_reply() {
+    let _one_at_a_time = serial();
     let c = cluster(1);
     let s = Arc::new(c.client());
     let dir = s.run(mkdir_p(&s.client, "/mixed"));
@@ -103,6 +113,7 @@ fn blocked_threads_and_runtime_tasks_share_one_import_and_each_gets_its_own_repl
 
 #[test]
 fn a_blocked_caller_reads_its_own_reply_without_the_reader_thread() {
+    let _one_at_a_time = serial();
     let c = cluster(1);
     let s: Session = c.client();
     let dir = s.run(mkdir_p(&s.client, "/alone"));
@@ -121,6 +132,7 @@ fn a_blocked_caller_reads_its_own_reply_without_the_reader_thread() {
 
 #[test]
 fn blocked_callers_wait_through_an_mds_restart_and_get_their_answers() {
+    let _one_at_a_time = serial();
     let mut c = cluster(1);
     let mut cfg = c.client_config();
     cfg.timeout = Duration::from_secs(60);
@@ -173,6 +185,7 @@ fn blocked_callers_wait_through_an_mds_restart_and_get_their_answers() {
 
 #[test]
 fn calls_joined_on_one_blocked_thread_are_all_answered() {
+    let _one_at_a_time = serial();
     let c = cluster(2);
     let s = c.client();
     let dir = s.run(mkdir_p(&s.client, "/joined"));
