@@ -413,3 +413,16 @@ pub fn mdt_stat(c: &Cluster, name: &str) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0)
 }
+
+/// The OSTs' `obdfilter.*.stats` counts of `names`, summed over the OSTs.
+pub fn ost_stat(c: &Cluster, names: &[&str]) -> u64 {
+    c.get_param("obdfilter.*.stats")
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| names.contains(&n))
+        })
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}

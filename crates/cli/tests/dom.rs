@@ -239,11 +239,7 @@ fn dom_stripesize_limits_are_kept_and_refused_not_reset() {
 
 /// The obdfilter `ost_write` and `ost_read` counts summed over the OSTs.
 fn ost_io(c: &Cluster) -> u64 {
-    c.get_param("obdfilter.*.stats")
-        .lines()
-        .filter(|l| l.starts_with("ost_write ") || l.starts_with("ost_read "))
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .sum()
+    ost_stat(c, &["ost_write", "ost_read"])
 }
 
 #[test]
@@ -738,11 +734,7 @@ fn a_small_dom_file_is_read_with_its_open() {
 
 /// `ost_getattr` (glimpses) summed over the OSTs.
 fn glimpses(c: &Cluster) -> u64 {
-    c.get_param("obdfilter.*.stats")
-        .lines()
-        .filter(|l| l.starts_with("ost_getattr "))
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .sum()
+    ost_stat(c, &["ost_getattr"])
 }
 
 #[test]

@@ -76,10 +76,5 @@ fn one_fuse_thread_serves_everything_through_the_runtime() {
 
 /// OST glimpses (`ost_getattr`) counted so far.
 fn glimpses(c: &lode_testkit::Cluster) -> u64 {
-    c.get_param("obdfilter.*.stats")
-        .lines()
-        .find(|l| l.starts_with("ost_getattr"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    ost_stat(c, &["ost_getattr"])
 }

@@ -129,7 +129,7 @@ impl Client {
             wrote: Arc::default(),
             epoch: self.open_epoch(),
             prefetch: rep.dom_data.map(|d| (Arc::new(d), data_epoch)),
-            layout_lock: Arc::new(AtomicU64::new(self.keep_layout_lock(fid, rep.layout_lock))),
+            layout_lock: Arc::new(AtomicU64::new(self.keep_layout_lock(rep.layout_lock))),
             own_lock: Arc::default(),
         };
         if flags & libc::O_TRUNC != 0 && fh.attr.ftype() == lode_base::FileType::Regular {
@@ -187,9 +187,7 @@ impl Client {
             wrote: Arc::default(),
             epoch: self.open_epoch(),
             prefetch: None,
-            layout_lock: Arc::new(AtomicU64::new(
-                self.keep_layout_lock(rep.body.attr.fid, rep.layout_lock),
-            )),
+            layout_lock: Arc::new(AtomicU64::new(self.keep_layout_lock(rep.layout_lock))),
             own_lock: Arc::default(),
         };
         if rep.body.attr.fid != fid && flags & libc::O_TRUNC != 0 {
@@ -321,16 +319,7 @@ impl Client {
                             }))
                             .await
                             .map(|_| ()),
-                        Dest::Ost(ost, obj) => {
-                            let osc = self.osc(ost).await?;
-                            osc.call(Request::OstWrite(OstWriteReq {
-                                obj,
-                                offset: p.obj_off,
-                                data,
-                            }))
-                            .await
-                            .map(|_| ())
-                        }
+                        Dest::Ost(ost, obj) => self.ost_write(ost, obj, p.obj_off, data).await,
                         Dest::Hole => Err(Errno::EIO),
                     }
                 });
@@ -347,6 +336,20 @@ impl Client {
             };
         }
         Ok(data.len())
+    }
+
+    /// Writes `data` at `offset` of object `obj` on OST `ost` (creating it).
+    async fn ost_write(
+        &self,
+        ost: u32,
+        obj: ObjId,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), Errno> {
+        let osc = self.osc(ost).await?;
+        osc.call(Request::OstWrite(OstWriteReq { obj, offset, data }))
+            .await
+            .map(|_| ())
     }
 
     /// Asks the MDT to instantiate the components a write to `[start, end)` reaches;
@@ -415,21 +418,19 @@ impl Client {
             let lock = self.layout_guard(fh).await;
             let layout = fh.layout().ok_or(Errno::EIO)?;
             let buf = self.read_with(fh, layout.clone(), off, len).await?;
-            let current = match lock {
-                Some(h) => self.layout_lock_held(h),
-                None => self
-                    .getattr_fresh(fh.fid)
-                    .await?
-                    .layout
-                    .is_none_or(|l| l.gen == layout.gen),
+            // The layout the MDT has now, if the lock cannot say it did not change.
+            let now = match lock {
+                Some(h) if self.layout_lock_held(h) => return Ok(buf),
+                _ => self.getattr_fresh(fh.fid).await?.layout,
             };
-            if current {
-                return Ok(buf);
-            }
+            let Some(now) = now.filter(|l| l.gen != layout.gen) else {
+                if lock.is_none() {
+                    return Ok(buf);
+                }
+                continue;
+            };
             debug!(fid = %fh.fid, "layout changed under a read: reading again");
-            if let Some(l) = self.getattr_fresh(fh.fid).await?.layout {
-                fh.newer_layout(&l);
-            }
+            fh.newer_layout(&now);
         }
         Err(Errno::EAGAIN)
     }
@@ -474,9 +475,8 @@ impl Client {
         {
             // Another reader of this handle took one first.
             self.drop_layout_lock(new).await;
-            return self
-                .layout_lock_held(fh.layout_lock.load(Ordering::Acquire))
-                .then(|| fh.layout_lock.load(Ordering::Acquire));
+            let theirs = fh.layout_lock.load(Ordering::Acquire);
+            return self.layout_lock_held(theirs).then_some(theirs);
         }
         fh.own_lock.store(true, Ordering::Release);
         Some(new)
@@ -1026,16 +1026,7 @@ impl Client {
                 reqs.push(async move {
                     match dest {
                         Dest::Mdt => dom(at, bytes).await.map(|_| ()),
-                        Dest::Ost(ost, obj) => {
-                            let osc = self.osc(ost).await?;
-                            osc.call(Request::OstWrite(OstWriteReq {
-                                obj,
-                                offset: at,
-                                data: bytes,
-                            }))
-                            .await
-                            .map(|_| ())
-                        }
+                        Dest::Ost(ost, obj) => self.ost_write(ost, obj, at, bytes).await,
                         Dest::Hole => Err(Errno::EIO),
                     }
                 });

@@ -199,7 +199,9 @@ impl Cache {
 /// a handle from before must not take a new lock for its own.
 #[derive(Default)]
 pub(crate) struct LayoutLocks {
-    by_token: HashMap<u64, (u64, Fid)>,
+    /// Token → the MDT's lock handle.
+    by_token: HashMap<u64, u64>,
+    /// The MDT's lock handle → token.
     by_lock: HashMap<u64, u64>,
     next: u64,
 }
@@ -232,7 +234,7 @@ pub(crate) struct Locks {
     cache_max: std::sync::atomic::AtomicUsize,
     held: Mutex<HashMap<u64, HeldLock>>,
     /// Layout locks of open handles (PR LAYOUT): while one is here its handle's
-    /// layout is current. Taken after `revoked`, before `held`/`cache`.
+    /// layout is current. Taken after `revoked`, `held` and `cache`.
     pub(crate) layout: Mutex<LayoutLocks>,
     /// Called back before the reply that granted them arrived: not to be recorded.
     /// Whoever takes more than one of `revoked`, `held` and `cache` takes them in
@@ -295,20 +297,9 @@ impl Client {
         mode: u32,
         bits: u8,
     ) -> Result<Option<u64>, Errno> {
-        if !self.locks.up.load(Ordering::Acquire) {
+        let Some(h) = self.enqueue(fid, hash, mode, bits).await? else {
             return Ok(None);
-        }
-        let req = LdlmEnqueueReq {
-            fid,
-            hash,
-            mode,
-            bits,
         };
-        let rep = self.mdc.call(Request::LdlmEnqueue(req)).await?;
-        let Reply::LdlmEnqueue(r) = rep.reply else {
-            return Err(Errno::EPROTO);
-        };
-        let Some(h) = r.handle else { return Ok(None) };
         if self.locks.revoked.lock().remove(&h) {
             // Called back already (the callback overtook this reply); it is cancelled.
             return Ok(None);
@@ -325,9 +316,33 @@ impl Client {
         Ok(Some(h))
     }
 
-    /// Records the layout lock `h` an open was granted on `fid`; its token for the
-    /// handle (see `FileHandle::layout_lock`), 0 if it was called back before this.
-    pub(crate) fn keep_layout_lock(&self, fid: Fid, h: u64) -> u64 {
+    /// The MDT's answer to LDLM_ENQUEUE: the lock granted, if any (`None` too while
+    /// the callback channel is down: a lock nobody can call back is worthless).
+    async fn enqueue(
+        &self,
+        fid: Fid,
+        hash: u64,
+        mode: u32,
+        bits: u8,
+    ) -> Result<Option<u64>, Errno> {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let req = LdlmEnqueueReq {
+            fid,
+            hash,
+            mode,
+            bits,
+        };
+        match self.mdc.call(Request::LdlmEnqueue(req)).await?.reply {
+            Reply::LdlmEnqueue(r) => Ok(r.handle),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// Records the layout lock `h` an open was granted; its token for the handle (see
+    /// `FileHandle::layout_lock`), 0 if it was called back before this.
+    pub(crate) fn keep_layout_lock(&self, h: u64) -> u64 {
         if h == 0 {
             return 0;
         }
@@ -338,7 +353,7 @@ impl Client {
         let mut l = self.locks.layout.lock();
         l.next += 1;
         let t = l.next;
-        l.by_token.insert(t, (h, fid));
+        l.by_token.insert(t, h);
         l.by_lock.insert(h, t);
         t
     }
@@ -352,7 +367,7 @@ impl Client {
     /// it if it was still held.
     pub(crate) fn forget_layout_lock(&self, t: u64) -> Option<u64> {
         let mut l = self.locks.layout.lock();
-        let (h, _) = l.by_token.remove(&t)?;
+        let h = l.by_token.remove(&t)?;
         l.by_lock.remove(&h);
         Some(h)
     }
@@ -360,20 +375,8 @@ impl Client {
     /// Asks the MDT for a layout lock on `fid` (a handle whose lock was called back):
     /// its token, `None` if it cannot be had now.
     pub(crate) async fn enqueue_layout_lock(&self, fid: Fid) -> Option<u64> {
-        if !self.locks.up.load(Ordering::Acquire) {
-            return None;
-        }
-        let req = LdlmEnqueueReq {
-            fid,
-            hash: 0,
-            mode: MODE_PR,
-            bits: BIT_LAYOUT,
-        };
-        let rep = self.mdc.call(Request::LdlmEnqueue(req)).await.ok()?;
-        let Reply::LdlmEnqueue(r) = rep.reply else {
-            return None;
-        };
-        let t = self.keep_layout_lock(fid, r.handle?);
+        let h = self.enqueue(fid, 0, MODE_PR, BIT_LAYOUT).await.ok()??;
+        let t = self.keep_layout_lock(h);
         (t != 0).then_some(t)
     }
 

@@ -232,13 +232,7 @@ impl Namespace {
             rec.mtime = rec.mtime.max(mtime);
         }
         rec.ctime = now_ns().max(rec.ctime);
-        if old.has_objects() {
-            b.put(
-                Cf::Destroy,
-                records::destroy_key_gen(r.fid, old.gen),
-                records::encode(&DestroyRec { layout: old }),
-            );
-        }
+        destroy_later(&mut b, r.fid, old);
         b.delete(Cf::Migrate, r.fid.to_bytes().to_vec());
         rec.layout = Some(new.clone());
         put_inode(&mut b, r.fid, &rec);
@@ -261,13 +255,7 @@ impl Namespace {
         if mr.layout.dom_end() > mr.dom_from {
             self.dom_delete_from(b, fid, mr.dom_from / DOM_CHUNK)?;
         }
-        if mr.layout.has_objects() {
-            b.put(
-                Cf::Destroy,
-                records::destroy_key_gen(fid, mr.gen),
-                records::encode(&DestroyRec { layout: mr.layout }),
-            );
-        }
+        destroy_later(b, fid, mr.layout);
         tracing::info!(%fid, "layout migration abandoned: its copy is destroyed");
         Ok(())
     }
@@ -276,15 +264,7 @@ impl Namespace {
     /// recovery is over: a replayed `Start` brings its migration back, and one whose
     /// handle recovery opened again stays attached to it, refused at its swap).
     pub(crate) fn clean_migrations(&self) -> OpResult<()> {
-        let mut fids = Vec::new();
-        self.store
-            .engine()
-            .scan(Cf::Migrate, b"", b"", &mut |k, _| {
-                if let Some(f) = Fid::from_bytes(k) {
-                    fids.push(f);
-                }
-                true
-            })?;
+        let mut fids = self.fids_in(Cf::Migrate)?;
         {
             let o = self.opens.lock();
             fids.retain(|f| !o.migrations.contains_key(f));
@@ -312,5 +292,18 @@ impl Namespace {
             self.store.apply(b, None)?;
         }
         Ok(())
+    }
+}
+
+/// Adds to `b` a destroy record for the OST objects of `layout`, one of `fid`'s
+/// layouts that a migration replaced or abandoned (keyed by its generation, which
+/// the pending layout shares with the one it replaces: each ends once).
+fn destroy_later(b: &mut Batch, fid: Fid, layout: Layout) {
+    if layout.has_objects() {
+        b.put(
+            Cf::Destroy,
+            records::destroy_key_gen(fid, layout.gen),
+            records::encode(&DestroyRec { layout }),
+        );
     }
 }

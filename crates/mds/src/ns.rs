@@ -92,15 +92,7 @@ impl Namespace {
     /// Open-unlinked files of a previous life that no client opened again in recovery
     /// are destroyed, and migrations no client took up again abandoned.
     pub(crate) fn clean_orphans(&self) -> OpResult<()> {
-        let mut fids = Vec::new();
-        self.store
-            .engine()
-            .scan(Cf::Orphan, b"", b"", &mut |k, _| {
-                if let Some(f) = Fid::from_bytes(k) {
-                    fids.push(f);
-                }
-                true
-            })?;
+        let mut fids = self.fids_in(Cf::Orphan)?;
         fids.retain(|f| !self.is_open(*f));
         for fid in fids {
             let mut b = Batch::new();
@@ -112,6 +104,18 @@ impl Namespace {
             info!(%fid, "removed orphan left by a restart");
         }
         self.clean_migrations()
+    }
+
+    /// The FIDs keying a keyspace of per-file records (orphans, migrations).
+    pub(crate) fn fids_in(&self, cf: Cf) -> OpResult<Vec<Fid>> {
+        let mut fids = Vec::new();
+        self.store.engine().scan(cf, b"", b"", &mut |k, _| {
+            if let Some(f) = Fid::from_bytes(k) {
+                fids.push(f);
+            }
+            true
+        })?;
+        Ok(fids)
     }
 
     /// Adds to `b` the removal of inode `fid` (its last link is gone and nobody has it

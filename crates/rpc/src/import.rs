@@ -517,55 +517,35 @@ struct Replayable {
 }
 
 /// The body a change is replayed with. A create of a regular file, a layout intent or
-/// a migration's start asks for the layout its reply gave, OSTs and all: the restarted target would
-/// otherwise choose the OSTs again, and data already written to the objects of the
-/// first choice would be lost.
+/// a migration's start asks for the layout its reply gave, OSTs and all: the
+/// restarted target would otherwise choose the OSTs again, and data already written
+/// to the objects of the first choice would be lost.
 fn replay_body(r: &Replayable) -> Arc<Vec<u8>> {
     let Some(reply) = &r.reply else {
         return r.body.clone();
     };
-    if r.opcode == Opcode::Migrate as u16 {
-        return match (
-            Request::decode(r.opcode, &r.body),
-            Reply::decode(r.opcode, reply),
-        ) {
-            (Ok(Request::Migrate(mut req)), Ok(Reply::Migrate(rep))) => {
-                if let (lode_proto::MigrateStep::Start { layout, .. }, Some(given)) =
-                    (&mut req.step, rep.layout)
-                {
-                    *layout = given;
-                }
-                Arc::new(Request::Migrate(req).encode())
-            }
-            _ => r.body.clone(),
-        };
-    }
-    if r.opcode == Opcode::LayoutIntent as u16 {
-        return match (
-            Request::decode(r.opcode, &r.body),
-            Reply::decode(r.opcode, reply),
-        ) {
-            (Ok(Request::LayoutIntent(mut req)), Ok(Reply::LayoutIntent(rep))) => {
-                req.layout = rep.layout;
-                Arc::new(Request::LayoutIntent(req).encode())
-            }
-            _ => r.body.clone(),
-        };
-    }
-    let (Ok(Request::Create(mut req)), Ok(Reply::Create(rep))) = (
+    let (Ok(mut req), Ok(rep)) = (
         Request::decode(r.opcode, &r.body),
         Reply::decode(r.opcode, reply),
     ) else {
         return r.body.clone();
     };
-    if req.mode & nix::libc::S_IFMT != nix::libc::S_IFREG
-        || rep.body.layout.is_none()
-        || req.layout == rep.body.layout
-    {
-        return r.body.clone();
+    match (&mut req, rep) {
+        (Request::LayoutIntent(q), Reply::LayoutIntent(p)) => q.layout = p.layout,
+        (Request::Migrate(q), Reply::Migrate(p)) => match (&mut q.step, p.layout) {
+            (lode_proto::MigrateStep::Start { layout, .. }, Some(given)) => *layout = given,
+            _ => return r.body.clone(),
+        },
+        (Request::Create(q), Reply::Create(p))
+            if q.mode & nix::libc::S_IFMT == nix::libc::S_IFREG
+                && p.body.layout.is_some()
+                && q.layout != p.body.layout =>
+        {
+            q.layout = p.body.layout
+        }
+        _ => return r.body.clone(),
     }
-    req.layout = rep.body.layout;
-    Arc::new(Request::Create(req).encode())
+    Arc::new(req.encode())
 }
 
 struct TagGuard {
