@@ -61,8 +61,15 @@ const NET_DELAY: Param<Import> = Param {
     },
 };
 
+const IMPORT: Param<Import> = Param {
+    name: "import",
+    help: "the target, the connection's state and transport (0@lo: a Unix socket on this host)",
+    get: |i| i.import_info(),
+    set: Set::No,
+};
+
 /// Parameters of an MDC.
-static MDC: [Param<Import>; 6] = [
+static MDC: [Param<Import>; 7] = [
     max_rpcs(2),
     Param {
         name: "max_mod_rpcs_in_flight",
@@ -87,14 +94,16 @@ static MDC: [Param<Import>; 6] = [
         set: Set::Clear(|i| i.md_stats().clear()),
     },
     NET_DELAY,
+    IMPORT,
 ];
 
 /// Parameters of an OSC.
-static OSC: [Param<Import>; 6] = [
+static OSC: [Param<Import>; 7] = [
     max_rpcs(1),
     RPC_STATS,
     STATS,
     NET_DELAY,
+    IMPORT,
     Param {
         name: "unstable_stats",
         help: "written data the OST answered but has not committed (kept for replay), what was replayed after restarts, and what was lost",

@@ -12,6 +12,7 @@
 //! not read them. Frame bodies grow as their bytes arrive, never to an announced size.
 
 use crate::fail;
+use crate::net::StdStream;
 use crate::stats::OpStats;
 use crate::wire::FrameSink;
 use lode_base::limits;
@@ -22,6 +23,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info, warn};
@@ -363,13 +365,15 @@ impl ConnShared {
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 struct Worker {
-    tx: mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
+    tx: mpsc::UnboundedSender<(StdStream, SocketAddr)>,
     conns: Arc<AtomicUsize>,
 }
 
-/// Serves `svc` on `listener` until the process ends: accepts here, and hands each
-/// connection once to the service thread with the fewest.
+/// Serves `svc` on `listener` until the process ends, and on the local socket of its
+/// address (see [`crate::net`]): accepts here, and hands each connection once to the
+/// service thread with the fewest.
 pub async fn serve(listener: TcpListener, svc: Arc<dyn Service>, cfg: ServerConfig) {
+    let local = listener.local_addr().ok().and_then(crate::net::bind_local);
     let open = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
     for i in 0..cfg.threads.max(1) {
@@ -390,7 +394,11 @@ pub async fn serve(listener: TcpListener, svc: Arc<dyn Service>, cfg: ServerConf
     }
     let refusals = RateLimited::default();
     loop {
-        let (sock, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            r = listener.accept() => r.and_then(|(s, peer)| Ok((StdStream::Tcp(s.into_std()?), peer))),
+            r = accept_local(local.as_ref()) => r,
+        };
+        let (sock, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
                 // Out of descriptors or a transient error: wait rather than spin.
@@ -407,19 +415,29 @@ pub async fn serve(listener: TcpListener, svc: Arc<dyn Service>, cfg: ServerConf
             drop(sock);
             continue;
         }
-        let Ok(std_sock) = sock.into_std() else {
-            continue;
-        };
         open.fetch_add(1, Ordering::AcqRel);
         let w = workers
             .iter()
             .min_by_key(|w| w.conns.load(Ordering::Relaxed))
             .expect("workers is not empty");
         w.conns.fetch_add(1, Ordering::AcqRel);
-        if w.tx.send((std_sock, peer)).is_err() {
+        if w.tx.send((sock, peer)).is_err() {
             w.conns.fetch_sub(1, Ordering::AcqRel);
             open.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+}
+
+/// The next connection on the local socket; never, without one.
+async fn accept_local(
+    local: Option<&tokio::net::UnixListener>,
+) -> std::io::Result<(StdStream, SocketAddr)> {
+    match local {
+        Some(l) => {
+            let (s, _) = l.accept().await?;
+            Ok((StdStream::Local(s.into_std()?), crate::net::local_peer()))
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -448,7 +466,7 @@ impl RateLimited {
 }
 
 fn service_thread(
-    mut rx: mpsc::UnboundedReceiver<(std::net::TcpStream, SocketAddr)>,
+    mut rx: mpsc::UnboundedReceiver<(StdStream, SocketAddr)>,
     svc: Arc<dyn Service>,
     cfg: ServerConfig,
     conns: Arc<AtomicUsize>,
@@ -468,11 +486,13 @@ fn service_thread(
         while let Some((sock, peer)) = rx.recv().await {
             let (svc, cfg, conns, open) = (svc.clone(), cfg.clone(), conns.clone(), open.clone());
             tokio::spawn(async move {
-                match tokio::net::TcpStream::from_std(sock) {
-                    Ok(s) => {
-                        let _ = s.set_nodelay(true);
-                        connection(s, peer, svc, &cfg).await;
-                    }
+                if let StdStream::Tcp(s) = &sock {
+                    let _ = s.set_nodelay(true);
+                }
+                // SAFETY: the stream owns its descriptor, keeps it open and returns the
+                // same one for as long as the AsyncFd owns the stream.
+                match unsafe { AsyncFd::register(sock) } {
+                    Ok(s) => connection(Arc::new(s), peer, svc, &cfg).await,
                     Err(e) => warn!(%peer, "cannot register connection: {e}"),
                 }
                 conns.fetch_sub(1, Ordering::AcqRel);
@@ -494,19 +514,18 @@ enum Closed {
 }
 
 async fn connection(
-    sock: tokio::net::TcpStream,
+    sock: Arc<AsyncFd<StdStream>>,
     peer: SocketAddr,
     svc: Arc<dyn Service>,
     cfg: &ServerConfig,
 ) {
     let conn_id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
-    let (rd, wr) = sock.into_split();
     let reply_to = ReplyTo {
-        sink: FrameSink::new(wr),
+        sink: FrameSink::with_writer(sock.clone()),
         conn: Arc::new(ConnShared::default()),
         stats: svc.stats().is_some().then(|| svc.clone()),
     };
-    let why = serve_connection(&rd, &reply_to, conn_id, peer, &*svc, cfg).await;
+    let why = serve_connection(&sock, &reply_to, conn_id, peer, &*svc, cfg).await;
     match why {
         Closed::Peer => debug!(%peer, "connection closed by peer"),
         Closed::Io(e) => debug!(%peer, "connection lost: {e}"),
@@ -528,7 +547,7 @@ async fn connection(
 }
 
 async fn serve_connection(
-    rd: &tokio::net::tcp::OwnedReadHalf,
+    rd: &AsyncFd<StdStream>,
     to: &ReplyTo,
     conn_id: u64,
     peer: SocketAddr,
@@ -544,6 +563,7 @@ async fn serve_connection(
     let mut executed = false;
     // A keyed connection's opener, once its handshake is done.
     let mut opener: Option<crate::auth::Opener> = None;
+    let mut spin = crate::net::Spin::default();
     loop {
         // Wait for bytes, bounded by the read timeout (a frame under way) or the idle
         // timeout (nothing under way, nothing parked).
@@ -552,29 +572,56 @@ async fn serve_connection(
             None if to.conn.inflight.load(Ordering::Acquire) == 0 => Some(cfg.idle_timeout),
             None => None,
         };
-        let ready = match wait {
-            Some(d) => tokio::time::timeout(d, rd.readable()).await.ok(),
-            None => Some(rd.readable().await),
-        };
-        match ready {
-            None if partial_since.is_some() => return Closed::ReadTimeout(buf.len()),
-            None => return Closed::Idle,
-            Some(Err(e)) => return Closed::Io(e),
-            Some(Ok(())) => {}
-        }
-        // Read what is there, up to one round's worth.
         let before = buf.len();
-        loop {
-            if buf.len() - before >= limits::READ_ROUND_BYTES {
-                break;
+        // Spin a little before sleeping (see `crate::net::Spin`): the other connections
+        // of this thread run between the checks.
+        let mut got = false;
+        let budget = match partial_since {
+            None => spin.budget(),
+            Some(_) => Duration::ZERO,
+        };
+        if !budget.is_zero() {
+            let t = Instant::now();
+            while t.elapsed() < budget {
+                match rd.get_ref().read_append(&mut buf, 64 << 10) {
+                    Ok(0) => return Closed::Peer,
+                    Ok(_) => {
+                        got = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::yield_now();
+                        tokio::task::yield_now().await
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Closed::Io(e),
+                }
             }
-            buf.reserve(64 << 10);
-            match rd.try_read_buf(&mut buf) {
-                Ok(0) => return Closed::Peer,
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Closed::Io(e),
+            spin.record(got);
+        }
+        if !got {
+            let ready = match wait {
+                Some(d) => tokio::time::timeout(d, rd.readable()).await.ok(),
+                None => Some(rd.readable().await),
+            };
+            let mut ready = match ready {
+                None if partial_since.is_some() => return Closed::ReadTimeout(buf.len()),
+                None => return Closed::Idle,
+                Some(Err(e)) => return Closed::Io(e),
+                Some(Ok(r)) => r,
+            };
+            // Read what is there, up to one round's worth.
+            loop {
+                if buf.len() - before >= limits::READ_ROUND_BYTES {
+                    break;
+                }
+                match ready.try_io(|s| s.get_ref().read_append(&mut buf, 64 << 10)) {
+                    Ok(Ok(0)) => return Closed::Peer,
+                    Ok(Ok(_)) => {}
+                    Err(_) => break,
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Ok(Err(e)) => return Closed::Io(e),
+                }
             }
         }
         if buf.len() == before {
