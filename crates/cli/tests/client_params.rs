@@ -94,6 +94,15 @@ fn mount_tunables_follow_lustres_rules_through_get_param_and_set_param() {
     assert_eq!(value(&c, "mdc.*.max_mod_rpcs_in_flight"), "7");
     let osc = value(&c, "osc.*.max_rpcs_in_flight");
     assert_eq!(osc.lines().count(), 2, "one OSC per OST: {osc:?}");
+    // The import file: connected to the MDT, at its address.
+    let imp = value(&c, "mdc.*.import");
+    for want in [
+        "state: FULL".to_string(),
+        "current_connection: 127.0.0.1@tcp".to_string(),
+        format!("address: {}", c.addr("mdt0")),
+    ] {
+        assert!(imp.contains(&want), "{want} in {imp}");
+    }
 
     // Refused, with Lustre's errno and a reason; the old value stays.
     for (bad, why) in [

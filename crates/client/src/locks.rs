@@ -929,9 +929,10 @@ async fn run_channel(
     handle: u64,
     who: &Who,
 ) -> Result<(), String> {
-    let mut sock = lode_rpc::net::connect(addr)
+    let mut sock = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
+    let _ = sock.set_nodelay(true);
     let hs = lode_rpc::client_handshake(&mut sock, &who.key, &who.uuid, &who.target, 1)
         .await
         .map_err(|e| format!("handshake failed ({e:?})"))?;
@@ -943,7 +944,7 @@ async fn run_channel(
         Some((s, o)) => (Some(s), Some(o)),
         None => (None, None),
     };
-    let (mut rd, mut wr) = tokio::io::split(sock);
+    let (mut rd, mut wr) = sock.into_split();
     wr.write_all(&frame(Opcode::LdlmCallbackChannel, handle, 2, auth))
         .await
         .map_err(|e| e.to_string())?;
@@ -993,7 +994,7 @@ impl Drop for AbortOnDrop {
 
 async fn serve_channel(
     client: &Weak<Client>,
-    rd: &mut tokio::io::ReadHalf<lode_rpc::net::Stream>,
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
     mut opener: Option<&mut lode_rpc::auth::Opener>,
 ) -> Result<(), String> {
     loop {

@@ -63,7 +63,8 @@ const NET_DELAY: Param<Import> = Param {
 
 const IMPORT: Param<Import> = Param {
     name: "import",
-    help: "the target, the connection's state and transport (0@lo: a Unix socket on this host)",
+    help:
+        "the target, and whether and where this device is connected (Lustre's import file, in part)",
     get: |i| i.import_info(),
     set: Set::No,
 };

@@ -17,7 +17,6 @@
 //! xid, tag and transno) before anything else is sent.
 
 use crate::auth::{Opener, Sealer, NONCE_LEN};
-use crate::net::{StdStream, Stream};
 use crate::wire::{open_rest, read_frame, read_raw, read_sealed, FrameSink};
 use lode_base::Errno;
 use lode_proto::frame::{
@@ -37,6 +36,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
+use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
@@ -188,12 +188,10 @@ struct Lead {
 /// One TCP connection to the target.
 struct Conn {
     gen: u64,
-    sock: Arc<AsyncFd<StdStream>>,
-    sink: Arc<FrameSink>,
-    /// Whether it is the local (Unix socket) transport.
-    local: bool,
+    sock: Arc<AsyncFd<std::net::TcpStream>>,
+    sink: Arc<FrameSink<AsyncFd<std::net::TcpStream>>>,
     /// Whether the reader spins before it sleeps.
-    spin: Mutex<crate::net::Spin>,
+    spin: Mutex<crate::spin::Spin>,
     /// Bytes read and not yet a whole frame; only the leader touches it.
     rd: Mutex<RdBuf>,
 }
@@ -726,12 +724,11 @@ impl Import {
     }
 
     /// Lustre's `import` file, in part: the target, whether the import is connected,
-    /// and over what (`0@lo` for the local transport, `HOST@tcp` otherwise).
+    /// and to what (`HOST@tcp`).
     pub fn import_info(&self) -> String {
         let addr = self.addr();
         let st = self.state.lock();
         let (state, nid) = match &st.tx {
-            Some(c) if c.local => ("FULL", "0@lo".to_string()),
             Some(_) => {
                 let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
                 ("FULL", format!("{}@tcp", host.trim_matches(['[', ']'])))
@@ -1244,23 +1241,23 @@ impl Import {
     /// reply.
     fn read_some(&self, conn: &Conn, wait: Duration) -> Result<(), String> {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let ms = u16::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
         let sock = conn.sock.get_ref();
         let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
-        // Spin a little before sleeping (see `crate::net::Spin`).
+        // Spin a little before sleeping (see `crate::spin`).
+        let t = Instant::now();
         let budget = conn.spin.lock().budget().min(wait);
         if !budget.is_zero() {
-            let t = Instant::now();
             let mut hit = false;
-            while t.elapsed() < budget {
-                if matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0) {
-                    hit = true;
-                    break;
+            while !hit && t.elapsed() < budget {
+                hit = matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0);
+                if !hit {
+                    std::thread::yield_now();
                 }
-                std::thread::yield_now();
             }
             conn.spin.lock().record(hit);
         }
+        let left = wait.saturating_sub(t.elapsed());
+        let ms = u16::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
         match poll(&mut fds, PollTimeout::from(ms)) {
             Ok(0) | Err(nix::errno::Errno::EINTR) => return Ok(()),
             Ok(_) => {}
@@ -1534,7 +1531,7 @@ impl Import {
     /// read while the replays are written, so neither side waits on the other.
     async fn handshake(
         &self,
-        sock: &mut Stream,
+        sock: &mut TcpStream,
         addr: &str,
     ) -> Result<Option<(Vec<u8>, Sealer, Opener)>, Option<Errno>> {
         let r = client_handshake(
@@ -1553,7 +1550,7 @@ impl Import {
 
     async fn replay_all(
         &self,
-        sock: &mut Stream,
+        sock: &mut TcpStream,
         rep: &ConnectRep,
         conn_cnt: u32,
         session: Option<&mut (Sealer, Opener)>,
@@ -1649,7 +1646,7 @@ impl Import {
         if let Some(s) = sealer.as_mut() {
             out = s.seal(&out);
         }
-        let (mut rd, mut wr) = tokio::io::split(sock);
+        let (mut rd, mut wr) = sock.split();
         let write = async { wr.write_all(&out).await.is_ok() };
         let read = async {
             loop {
@@ -1902,7 +1899,7 @@ impl Import {
     async fn try_connect(self: &Arc<Self>) -> Result<(), Option<Errno>> {
         let addr = self.addr();
         let mut sock =
-            match tokio::time::timeout(Duration::from_secs(5), crate::net::connect(&addr)).await {
+            match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(&addr)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     debug!(target = %self.cfg.target, %addr, "connect failed: {e}");
@@ -1910,6 +1907,7 @@ impl Import {
                 }
                 Err(_) => return Err(None),
             };
+        let _ = sock.set_nodelay(true);
         let (auth, mut session) = match self.handshake(&mut sock, &addr).await? {
             Some((proof, sealer, opener)) => (proof, Some((sealer, opener))),
             None => (Vec::new(), None),
@@ -1986,9 +1984,8 @@ impl Import {
         }
         // From here on the runtime watches the socket for room to write only; replies
         // are read by waiting callers or the reader thread.
-        let local = sock.is_local();
         let registered = sock.into_std().and_then(|s| {
-            // SAFETY: the stream owns its descriptor, keeps it open and returns the
+            // SAFETY: the TcpStream owns its descriptor, keeps it open and returns the
             // same one for as long as the AsyncFd owns the stream.
             unsafe { AsyncFd::register_with_interest(s, Interest::WRITABLE) }
                 .map_err(|e| e.into_parts().1)
@@ -2014,7 +2011,6 @@ impl Import {
             gen: st.gen,
             sock,
             sink,
-            local,
             spin: Mutex::default(),
             rd: Mutex::new(rd),
         }));
@@ -2035,8 +2031,8 @@ impl Import {
 /// client `uuid` of `target`. Returns the proof for the request that completes the
 /// handshake, and the session; `None` without a key. `Err(Some(_))`: the target
 /// refused; `Err(None)`: the connection failed.
-pub async fn client_handshake<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    sock: &mut S,
+pub async fn client_handshake(
+    sock: &mut TcpStream,
     key: &[u8],
     uuid: &str,
     target: &str,

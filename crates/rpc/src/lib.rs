@@ -1,4 +1,4 @@
-//! RPC over TCP (or a Unix socket on one host): framed connections, the server's dispatch to a bounded pool of service
+//! RPC over TCP: framed connections, the server's dispatch to a bounded pool of service
 //! threads, the client import (xids, modify tags, in-flight limits, reconnect and
 //! resend), per-opcode statistics and fault injection (`fail_loc`).
 
@@ -6,9 +6,9 @@ pub mod admin;
 pub mod auth;
 pub mod fail;
 pub mod import;
-pub mod net;
 pub mod recovery;
 pub mod server;
+pub mod spin;
 pub mod stats;
 mod wire;
 

@@ -12,7 +12,6 @@
 //! not read them. Frame bodies grow as their bytes arrive, never to an announced size.
 
 use crate::fail;
-use crate::net::StdStream;
 use crate::stats::OpStats;
 use crate::wire::FrameSink;
 use lode_base::limits;
@@ -23,7 +22,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::unix::AsyncFd;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info, warn};
@@ -365,15 +363,13 @@ impl ConnShared {
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 struct Worker {
-    tx: mpsc::UnboundedSender<(StdStream, SocketAddr)>,
+    tx: mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr)>,
     conns: Arc<AtomicUsize>,
 }
 
-/// Serves `svc` on `listener` until the process ends, and on the local socket of its
-/// address (see [`crate::net`]): accepts here, and hands each connection once to the
-/// service thread with the fewest.
+/// Serves `svc` on `listener` until the process ends: accepts here, and hands each
+/// connection once to the service thread with the fewest.
 pub async fn serve(listener: TcpListener, svc: Arc<dyn Service>, cfg: ServerConfig) {
-    let local = listener.local_addr().ok().and_then(crate::net::bind_local);
     let open = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
     for i in 0..cfg.threads.max(1) {
@@ -394,11 +390,7 @@ pub async fn serve(listener: TcpListener, svc: Arc<dyn Service>, cfg: ServerConf
     }
     let refusals = RateLimited::default();
     loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r.and_then(|(s, peer)| Ok((StdStream::Tcp(s.into_std()?), peer))),
-            r = accept_local(local.as_ref()) => r,
-        };
-        let (sock, peer) = match accepted {
+        let (sock, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
                 // Out of descriptors or a transient error: wait rather than spin.
@@ -415,29 +407,19 @@ pub async fn serve(listener: TcpListener, svc: Arc<dyn Service>, cfg: ServerConf
             drop(sock);
             continue;
         }
+        let Ok(std_sock) = sock.into_std() else {
+            continue;
+        };
         open.fetch_add(1, Ordering::AcqRel);
         let w = workers
             .iter()
             .min_by_key(|w| w.conns.load(Ordering::Relaxed))
             .expect("workers is not empty");
         w.conns.fetch_add(1, Ordering::AcqRel);
-        if w.tx.send((sock, peer)).is_err() {
+        if w.tx.send((std_sock, peer)).is_err() {
             w.conns.fetch_sub(1, Ordering::AcqRel);
             open.fetch_sub(1, Ordering::AcqRel);
         }
-    }
-}
-
-/// The next connection on the local socket; never, without one.
-async fn accept_local(
-    local: Option<&tokio::net::UnixListener>,
-) -> std::io::Result<(StdStream, SocketAddr)> {
-    match local {
-        Some(l) => {
-            let (s, _) = l.accept().await?;
-            Ok((StdStream::Local(s.into_std()?), crate::net::local_peer()))
-        }
-        None => std::future::pending().await,
     }
 }
 
@@ -466,7 +448,7 @@ impl RateLimited {
 }
 
 fn service_thread(
-    mut rx: mpsc::UnboundedReceiver<(StdStream, SocketAddr)>,
+    mut rx: mpsc::UnboundedReceiver<(std::net::TcpStream, SocketAddr)>,
     svc: Arc<dyn Service>,
     cfg: ServerConfig,
     conns: Arc<AtomicUsize>,
@@ -486,13 +468,11 @@ fn service_thread(
         while let Some((sock, peer)) = rx.recv().await {
             let (svc, cfg, conns, open) = (svc.clone(), cfg.clone(), conns.clone(), open.clone());
             tokio::spawn(async move {
-                if let StdStream::Tcp(s) = &sock {
-                    let _ = s.set_nodelay(true);
-                }
-                // SAFETY: the stream owns its descriptor, keeps it open and returns the
-                // same one for as long as the AsyncFd owns the stream.
-                match unsafe { AsyncFd::register(sock) } {
-                    Ok(s) => connection(Arc::new(s), peer, svc, &cfg).await,
+                match tokio::net::TcpStream::from_std(sock) {
+                    Ok(s) => {
+                        let _ = s.set_nodelay(true);
+                        connection(s, peer, svc, &cfg).await;
+                    }
                     Err(e) => warn!(%peer, "cannot register connection: {e}"),
                 }
                 conns.fetch_sub(1, Ordering::AcqRel);
@@ -514,18 +494,19 @@ enum Closed {
 }
 
 async fn connection(
-    sock: Arc<AsyncFd<StdStream>>,
+    sock: tokio::net::TcpStream,
     peer: SocketAddr,
     svc: Arc<dyn Service>,
     cfg: &ServerConfig,
 ) {
     let conn_id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+    let (rd, wr) = sock.into_split();
     let reply_to = ReplyTo {
-        sink: FrameSink::with_writer(sock.clone()),
+        sink: FrameSink::new(wr),
         conn: Arc::new(ConnShared::default()),
         stats: svc.stats().is_some().then(|| svc.clone()),
     };
-    let why = serve_connection(&sock, &reply_to, conn_id, peer, &*svc, cfg).await;
+    let why = serve_connection(&rd, &reply_to, conn_id, peer, &*svc, cfg).await;
     match why {
         Closed::Peer => debug!(%peer, "connection closed by peer"),
         Closed::Io(e) => debug!(%peer, "connection lost: {e}"),
@@ -547,7 +528,7 @@ async fn connection(
 }
 
 async fn serve_connection(
-    rd: &AsyncFd<StdStream>,
+    rd: &tokio::net::tcp::OwnedReadHalf,
     to: &ReplyTo,
     conn_id: u64,
     peer: SocketAddr,
@@ -563,7 +544,7 @@ async fn serve_connection(
     let mut executed = false;
     // A keyed connection's opener, once its handshake is done.
     let mut opener: Option<crate::auth::Opener> = None;
-    let mut spin = crate::net::Spin::default();
+    let mut spin = crate::spin::Spin::default();
     loop {
         // Wait for bytes, bounded by the read timeout (a frame under way) or the idle
         // timeout (nothing under way, nothing parked).
@@ -573,55 +554,54 @@ async fn serve_connection(
             None => None,
         };
         let before = buf.len();
-        // Spin a little before sleeping (see `crate::net::Spin`): the other connections
-        // of this thread run between the checks.
-        let mut got = false;
+        // Spin a little before sleeping (see `crate::spin`), never within a frame; this
+        // thread's other connections run between the checks.
         let budget = match partial_since {
             None => spin.budget(),
             Some(_) => Duration::ZERO,
         };
+        let mut spun = false;
         if !budget.is_zero() {
             let t = Instant::now();
-            while t.elapsed() < budget {
-                match rd.get_ref().read_append(&mut buf, 64 << 10) {
+            while !spun && t.elapsed() < budget {
+                buf.reserve(64 << 10);
+                match rd.try_read_buf(&mut buf) {
                     Ok(0) => return Closed::Peer,
-                    Ok(_) => {
-                        got = true;
-                        break;
-                    }
+                    Ok(_) => spun = true,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         std::thread::yield_now();
-                        tokio::task::yield_now().await
+                        tokio::task::yield_now().await;
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => return Closed::Io(e),
                 }
             }
-            spin.record(got);
+            spin.record(spun);
         }
-        if !got {
+        if !spun {
             let ready = match wait {
                 Some(d) => tokio::time::timeout(d, rd.readable()).await.ok(),
                 None => Some(rd.readable().await),
             };
-            let mut ready = match ready {
+            match ready {
                 None if partial_since.is_some() => return Closed::ReadTimeout(buf.len()),
                 None => return Closed::Idle,
                 Some(Err(e)) => return Closed::Io(e),
-                Some(Ok(r)) => r,
-            };
-            // Read what is there, up to one round's worth.
-            loop {
-                if buf.len() - before >= limits::READ_ROUND_BYTES {
-                    break;
-                }
-                match ready.try_io(|s| s.get_ref().read_append(&mut buf, 64 << 10)) {
-                    Ok(Ok(0)) => return Closed::Peer,
-                    Ok(Ok(_)) => {}
-                    Err(_) => break,
-                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Ok(Err(e)) => return Closed::Io(e),
-                }
+                Some(Ok(())) => {}
+            }
+        }
+        // Read what is there, up to one round's worth.
+        loop {
+            if buf.len() - before >= limits::READ_ROUND_BYTES {
+                break;
+            }
+            buf.reserve(64 << 10);
+            match rd.try_read_buf(&mut buf) {
+                Ok(0) => return Closed::Peer,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Closed::Io(e),
             }
         }
         if buf.len() == before {

@@ -1,6 +1,5 @@
 //! Reading and writing frames on async streams.
 
-use crate::net::StdStream;
 use lode_proto::frame::check_len;
 use lode_proto::{Frame, FrameError};
 use std::future::Future;
@@ -22,10 +21,25 @@ pub trait SinkWriter: Send + Sync + 'static {
     ) -> impl Future<Output = std::io::Result<usize>> + Send + 'a;
 }
 
-/// A socket registered with the runtime. A client registers it for writability only, so
-/// that arriving bytes never wake the runtime: whoever reads it (a waiting caller)
-/// polls it itself.
-impl SinkWriter for AsyncFd<StdStream> {
+impl SinkWriter for tokio::net::tcp::OwnedWriteHalf {
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+        tokio::net::tcp::OwnedWriteHalf::try_write(self, buf)
+    }
+
+    async fn write_ready(&self, buf: &[u8]) -> std::io::Result<usize> {
+        loop {
+            self.writable().await?;
+            match tokio::net::tcp::OwnedWriteHalf::try_write(self, buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
+/// A socket registered with the runtime for writability only, so that arriving bytes
+/// never wake the runtime: whoever reads it (a waiting caller) polls it itself.
+impl SinkWriter for AsyncFd<std::net::TcpStream> {
     fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
         self.get_ref().write(buf)
     }
@@ -95,7 +109,7 @@ pub fn open_rest(
 /// sent while it writes are appended to a buffer that it writes next, so under load many
 /// frames share one system call. When the socket would block, the rest goes through a
 /// writer task, in order, until that queue drains.
-pub struct FrameSink<W: SinkWriter = AsyncFd<StdStream>> {
+pub struct FrameSink<W: SinkWriter = tokio::net::tcp::OwnedWriteHalf> {
     wr: Arc<W>,
     state: parking_lot::Mutex<SinkState>,
     tx: mpsc::UnboundedSender<Vec<u8>>,
@@ -124,6 +138,13 @@ struct SinkState {
     backlogged: bool,
     /// The socket failed.
     broken: bool,
+}
+
+impl FrameSink {
+    /// Wraps a write half; must be called inside a tokio runtime.
+    pub fn new(wr: tokio::net::tcp::OwnedWriteHalf) -> Arc<FrameSink> {
+        FrameSink::with_writer(Arc::new(wr))
+    }
 }
 
 impl<W: SinkWriter> FrameSink<W> {
