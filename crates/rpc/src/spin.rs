@@ -5,8 +5,14 @@
 //! work: profiled here, a single-threaded native create took 183 µs with each side
 //! woken from sleep and 84 µs with both pinned to one CPU. A reader still looking
 //! sees the bytes at once. Between checks the spinner yields the CPU to any thread
-//! that wants it, and it stops spinning for a while after a few empty spins, so a
-//! busy machine or an idle peer costs little.
+//! that wants it, and it stops spinning for a while after a few empty spins, so an
+//! idle peer costs little.
+//!
+//! Off by default (`SPIN_US` = 0): measured here it triples a single-threaded native
+//! client's creates and speeds md easy through the mount by 10-26%, but slows md
+//! hard's shared-directory phases by 5-35% (docs/BENCHMARKS.md, "Spinning before
+//! sleeping"). `LODE_SPIN_US=100` in the environment of the servers and clients turns
+//! it on.
 
 use lode_base::limits;
 use std::sync::OnceLock;
@@ -28,20 +34,38 @@ fn budget() -> Duration {
 /// went: it spins while spinning finds bytes, and after [`limits::SPIN_MISSES`] empty
 /// spins in a row sleeps at once for [`limits::SPIN_REST`] waits before it tries
 /// again.
-#[derive(Default)]
 pub struct Spin {
+    budget: Duration,
     misses: u32,
     rest: u32,
 }
 
+impl Default for Spin {
+    fn default() -> Self {
+        Spin::with_budget(budget())
+    }
+}
+
 impl Spin {
+    /// A policy spinning up to `budget` (zero: never).
+    pub fn with_budget(budget: Duration) -> Spin {
+        Spin {
+            budget,
+            misses: 0,
+            rest: 0,
+        }
+    }
+
     /// How long to spin before this wait (zero: sleep at once).
     pub fn budget(&mut self) -> Duration {
+        if self.budget.is_zero() {
+            return Duration::ZERO;
+        }
         if self.rest > 0 {
             self.rest -= 1;
             return Duration::ZERO;
         }
-        budget()
+        self.budget
     }
 
     /// Whether the spin found bytes.
@@ -64,21 +88,24 @@ mod tests {
 
     #[test]
     fn spinning_rests_after_misses_and_resumes() {
-        let mut s = Spin::default();
+        let b = Duration::from_micros(100);
+        let mut s = Spin::with_budget(b);
         for _ in 0..limits::SPIN_MISSES {
-            assert_eq!(s.budget(), budget());
+            assert_eq!(s.budget(), b);
             s.record(false);
         }
         for _ in 0..limits::SPIN_REST {
             assert_eq!(s.budget(), Duration::ZERO);
         }
-        assert_eq!(s.budget(), budget());
+        assert_eq!(s.budget(), b);
         // A hit forgets the misses before it.
         s.record(false);
         s.record(true);
         for _ in 0..limits::SPIN_MISSES - 1 {
             s.record(false);
         }
-        assert_eq!(s.budget(), budget());
+        assert_eq!(s.budget(), b);
+        // Off: never spins.
+        assert_eq!(Spin::with_budget(Duration::ZERO).budget(), Duration::ZERO);
     }
 }
