@@ -95,9 +95,9 @@ pub const CONN_WRITE_TIMEOUT_MS: u64 = 30_000;
 /// client waiting for its reply) checks the socket before it sleeps (`LODE_SPIN_US`
 /// overrides it). On a VM, waking a sleeping CPU costs an inter-processor interrupt
 /// and exits to the hypervisor, more than a metadata RPC's own work; a reader that is
-/// still looking sees the bytes at once. 0 (never spin) by default: see `rpc::spin`
-/// for what it gains and costs.
-pub const SPIN_US: u64 = 0;
+/// still looking sees the bytes at once (see `rpc::spin` for what it gains); 0 never
+/// spins.
+pub const SPIN_US: u64 = 100;
 /// Spins in a row that may find nothing before a reader stops spinning for a while
 /// ([`SPIN_REST`] waits), so an idle peer costs almost no CPU.
 pub const SPIN_MISSES: u32 = 4;

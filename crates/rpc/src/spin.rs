@@ -8,11 +8,10 @@
 //! that wants it, and it stops spinning for a while after a few empty spins, so an
 //! idle peer costs little.
 //!
-//! Off by default (`SPIN_US` = 0): measured here it triples a single-threaded native
-//! client's creates and speeds md easy through the mount by 10-26%, but slows md
-//! hard's shared-directory phases by 5-35% (docs/BENCHMARKS.md, "Spinning before
-//! sleeping"). `LODE_SPIN_US=100` in the environment of the servers and clients turns
-//! it on.
+//! Measured here (docs/BENCHMARKS.md, "Spinning before sleeping") it triples a
+//! single-threaded native client's creates and speeds md easy through the mount by
+//! 9-26%; md hard came out level or ahead in two sittings of three.
+//! `LODE_SPIN_US=0` in a process's environment turns it off there.
 
 use lode_base::limits;
 use std::sync::OnceLock;
