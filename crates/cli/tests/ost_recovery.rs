@@ -165,10 +165,16 @@ fn evict(c: &Cluster, uuid: &str) {
 
 /// The UUID of the last client other than the MDT to connect to the OST.
 fn last_client_uuid(c: &Cluster) -> String {
+    last_uuid(c, false)
+}
+
+/// The UUID of the last client to connect to the OST that is (`mdt`) or is not the
+/// MDT.
+fn last_uuid(c: &Cluster, mdt: bool) -> String {
     c.log("ost0")
         .lines()
         .rev()
-        .filter(|l| l.contains("client connected") && !l.contains("mdtlov"))
+        .filter(|l| l.contains("client connected") && l.contains("mdtlov") == mdt)
         .filter_map(|l| l.split("client=").nth(1))
         .find_map(|r| r.split_whitespace().next())
         .expect("a client connected")
@@ -235,11 +241,14 @@ fn a_write_the_oss_lost_fails_the_next_fsync_once() {
         || unstable(&c, "unstable_rpcs").iter().any(|n| *n > 0),
     );
     let uuid = last_client_uuid(&c);
+    let mdt = last_uuid(&c, true);
     // The restarted OSS drops every request, so the mount cannot reconnect and
-    // replay; evicted, it is not waited for, and then it may come back.
-    c.set_server_args("ost0", &["--fail-loc", "0x08000101"]);
+    // replay; evicted, it is not waited for, and then it may come back. The MDT
+    // cannot reconnect either: evicted too, so recovery ends at once.
+    c.set_server_args("ost0", &["--fail-loc", "0x101"]);
     power_cut_oss(&mut c);
     evict(&c, &uuid);
+    evict(&c, &mdt);
     wait_recovered(&c);
     c.set_param("obdfilter.*.fail_loc=0");
     let e = f.sync_all().expect_err("fsync of a write the OST lost");
