@@ -407,11 +407,7 @@ impl Mdt {
         // The layout as of the grant: a swap between the open's read and the grant
         // did not call this lock back.
         match self.ns.inode(fid) {
-            Ok(rec) => {
-                if rec.layout != rep.body.layout {
-                    rep.body.layout = rec.layout;
-                }
-            }
+            Ok(rec) => rep.body.layout = rec.layout,
             Err(_) => {
                 self.ungrant(exp, lock);
                 return;

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 /// How long a reader spins before it sleeps: [`limits::SPIN_US`], or `LODE_SPIN_US`
 /// from the environment (0: never).
-fn budget() -> Duration {
+fn configured() -> Duration {
     static US: OnceLock<u64> = OnceLock::new();
     Duration::from_micros(*US.get_or_init(|| {
         std::env::var("LODE_SPIN_US")
@@ -41,7 +41,7 @@ pub struct Spin {
 
 impl Default for Spin {
     fn default() -> Self {
-        Spin::with_budget(budget())
+        Spin::with_budget(configured())
     }
 }
 
