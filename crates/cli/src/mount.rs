@@ -18,7 +18,8 @@ const NOTIFY_ENV: &str = "LODE_MOUNT_NOTIFY";
 pub struct MountArgs {
     /// Mount options, mount(8) style: attr_timeout=SECS, entry_timeout=SECS, allow_other,
     /// writeback, threads=N, timeout=SECS, key_file=PATH, nolocks (no metadata locks:
-    /// nothing cached beyond the timeouts); ro is not supported.
+    /// nothing cached beyond the timeouts), flock (the default: fcntl and flock(2)
+    /// locks hold across the cluster) or localflock (they hold on this machine only).
     #[arg(short = 'o')]
     pub options: Option<String>,
     /// Stay in the foreground instead of daemonizing once mounted.
@@ -39,6 +40,9 @@ struct Opts {
     timeout: Duration,
     key: Vec<u8>,
     locks: bool,
+    /// fcntl and flock(2) locks across the cluster (`flock`), or this machine's only
+    /// (`localflock`).
+    cluster_locks: bool,
     /// mount(8)'s generic options given (suid, nodev, noexec, ro, ...), for the kernel.
     kernel: Vec<fuser::MountOption>,
 }
@@ -63,6 +67,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         timeout: Duration::from_secs(100),
         key: Vec::new(),
         locks: true,
+        cluster_locks: true,
         kernel: Vec::new(),
     };
     for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {
@@ -73,6 +78,8 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
             "timeout" => o.timeout = secs(v, k)?.max(Duration::from_secs(1)),
             "allow_other" => o.allow_other = true,
             "nolocks" => o.locks = false,
+            "flock" => o.cluster_locks = true,
+            "localflock" => o.cluster_locks = false,
             "writeback" => o.writeback = true,
             "threads" => {
                 o.threads = v
@@ -176,6 +183,7 @@ pub fn run(a: MountArgs) -> Result<()> {
             entry_timeout: opts.entry_timeout,
             writeback: opts.writeback,
             threads: opts.threads,
+            cluster_locks: opts.cluster_locks,
         },
         rt.handle().clone(),
     );

@@ -1,7 +1,8 @@
-//! fcntl record locks across clients: the MDT keeps them for every mount and native
-//! client of a file, so a lock taken on one mount blocks (or fails) a conflicting one
-//! on another, a wait is granted when the holder unlocks, a cycle of waits across
-//! mounts is EDEADLK, and a holder's death releases its locks.
+//! fcntl record locks and flock(2) locks across clients: the MDT keeps them for every
+//! mount and native client of a file, so a lock taken on one mount blocks (or fails) a
+//! conflicting one on another, a wait is granted when the holder unlocks, a signal
+//! ends a wait, a cycle of waits across mounts is EDEADLK, and a holder's death
+//! releases its locks. `localflock` mounts keep theirs to themselves.
 
 mod common;
 
@@ -200,4 +201,185 @@ fn locks_held_across_an_mds_power_cut_are_held_again_and_a_wait_survives_it() {
     assert_eq!(lock(&fa, libc::F_SETLK, libc::F_UNLCK, 0, 0).0, Ok(()));
     let granted = within(Duration::from_secs(10), move || waiter.join());
     assert!(matches!(granted, Some(Ok(Ok(())))), "B's wait: {granted:?}");
+}
+
+fn flock(f: &File, op: i32) -> Result<(), i32> {
+    if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
+#[test]
+fn flock_holds_across_mounts_until_the_last_close_of_its_open_file() {
+    let c = cluster(1);
+    let (a, b) = (c.mount(), c.mount());
+    let fa = rw(&a.path().join("f"));
+    let fb = rw(&b.path().join("f"));
+    assert_eq!(flock(&fa, libc::LOCK_SH | libc::LOCK_NB), Ok(()));
+    // Shared locks share; an exclusive one waits for them.
+    assert_eq!(flock(&fb, libc::LOCK_SH | libc::LOCK_NB), Ok(()));
+    assert_eq!(flock(&fb, libc::LOCK_UN), Ok(()));
+    assert_eq!(flock(&fa, libc::LOCK_EX | libc::LOCK_NB), Ok(()), "upgrade");
+    assert_eq!(
+        flock(&fb, libc::LOCK_SH | libc::LOCK_NB),
+        Err(libc::EWOULDBLOCK)
+    );
+    // A second open file on the same mount, in the same process, is another holder.
+    let fa2 = rw(&a.path().join("f"));
+    assert_eq!(
+        flock(&fa2, libc::LOCK_EX | libc::LOCK_NB),
+        Err(libc::EWOULDBLOCK)
+    );
+    // B waits until A's open file is closed: the close ends its lock.
+    let waiter = std::thread::spawn(move || (flock(&fb, libc::LOCK_EX), fb));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!waiter.is_finished(), "B waits while A holds the lock");
+    drop(fa);
+    let (r, fb) = waiter.join().expect("waiter");
+    assert_eq!(r, Ok(()));
+    assert_eq!(
+        flock(&fa2, libc::LOCK_SH | libc::LOCK_NB),
+        Err(libc::EWOULDBLOCK)
+    );
+    // As on Lustre and NFS, a flock is a whole-file lock in the same space as fcntl
+    // locks: B's flock refuses A's fcntl lock of any byte.
+    assert_eq!(
+        lock(&fa2, libc::F_SETLK, libc::F_RDLCK, 1 << 40, 1).0,
+        Err(libc::EAGAIN)
+    );
+    // A duplicate descriptor shares the open file: closing it ends nothing.
+    let dup = fb.try_clone().expect("dup");
+    drop(dup);
+    assert_eq!(
+        flock(&fa2, libc::LOCK_SH | libc::LOCK_NB),
+        Err(libc::EWOULDBLOCK)
+    );
+    drop(fb);
+    assert_eq!(flock(&fa2, libc::LOCK_EX | libc::LOCK_NB), Ok(()));
+}
+
+extern "C" fn on_alarm(_: i32) {}
+
+#[test]
+fn a_signal_ends_a_lock_wait_and_the_waiter_keeps_its_other_locks() {
+    let c = cluster(1);
+    let (a, b) = (c.mount(), c.mount());
+    let fa = rw(&a.path().join("f"));
+    assert_eq!(lock(&fa, libc::F_SETLK, libc::F_WRLCK, 0, 100).0, Ok(()));
+    let path = cs(b.path().join("f"));
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let [rd, wr] = fds;
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // The waiter, on mount B: holds bytes 200-209, then waits for A's bytes
+        // until an alarm (a handler without SA_RESTART) ends the wait with EINTR.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+            let mut l: libc::flock = std::mem::zeroed();
+            (l.l_type, l.l_whence, l.l_start, l.l_len) =
+                (libc::F_WRLCK as i16, libc::SEEK_SET as i16, 200, 10);
+            let held = fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &mut l) == 0;
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_alarm as *const () as usize;
+            libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+            libc::alarm(1);
+            (l.l_start, l.l_len) = (0, 10);
+            let r = libc::fcntl(fd, libc::F_SETLKW, &mut l);
+            let e = *libc::__errno_location();
+            let said = u8::from(held) + 2 * u8::from(r < 0 && e == libc::EINTR);
+            libc::write(wr, [said].as_ptr().cast(), 1);
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    let mut pfd = libc::pollfd {
+        fd: rd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ready = unsafe { libc::poll(&mut pfd, 1, 20_000) };
+    let mut said = [0u8];
+    let got = ready == 1 && unsafe { libc::read(rd, said.as_mut_ptr().cast(), 1) } == 1;
+    let child_pid = pid;
+    let kill = || unsafe {
+        libc::kill(child_pid, libc::SIGKILL);
+        libc::waitpid(child_pid, std::ptr::null_mut(), 0);
+    };
+    if !got {
+        kill();
+        panic!("the waiter's F_SETLKW did not end within 20 s of its alarm");
+    }
+    assert_eq!(
+        said[0], 3,
+        "the waiter held its bytes (1) and got EINTR (2)"
+    );
+    // Its other lock is still held, and the cancelled wait never becomes a lock.
+    let (r, l) = lock(&fa, libc::F_GETLK, libc::F_WRLCK, 200, 10);
+    assert_eq!(r, Ok(()));
+    assert_eq!((l.l_type, l.l_pid), (libc::F_WRLCK as i16, pid));
+    assert_eq!(lock(&fa, libc::F_SETLK, libc::F_UNLCK, 0, 0).0, Ok(()));
+    std::thread::sleep(Duration::from_millis(200));
+    let (r, l) = lock(&fa, libc::F_GETLK, libc::F_WRLCK, 0, 100);
+    assert_eq!((r, l.l_type), (Ok(()), libc::F_UNLCK as i16));
+    kill();
+}
+
+#[test]
+fn a_killed_waiter_never_holds_the_lock_it_waited_for() {
+    let c = cluster(1);
+    let (a, b) = (c.mount(), c.mount());
+    let fa = rw(&a.path().join("f"));
+    assert_eq!(flock(&fa, libc::LOCK_EX), Ok(()));
+    let path = cs(b.path().join("f"));
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+            libc::flock(fd, libc::LOCK_EX);
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    drop(fa);
+    // Nobody holds the file now: a third open file takes it at once.
+    let fb = rw(&b.path().join("f"));
+    let got = within(Duration::from_secs(20), move || {
+        let r = flock(&fb, libc::LOCK_EX | libc::LOCK_NB);
+        (r, fb)
+    });
+    assert_eq!(got.map(|g| g.0), Some(Ok(())));
+}
+
+#[test]
+fn localflock_mounts_keep_their_locks_to_themselves() {
+    let c = cluster(1);
+    let (a, b) = (c.mount_with(&["localflock"]), c.mount());
+    let fa = rw(&a.path().join("f"));
+    let fb = rw(&b.path().join("f"));
+    assert_eq!(flock(&fa, libc::LOCK_EX | libc::LOCK_NB), Ok(()));
+    assert_eq!(lock(&fa, libc::F_SETLK, libc::F_WRLCK, 0, 0).0, Ok(()));
+    // Mount B does not see A's locks (its own flock and fcntl locks share the
+    // cluster's lock space, so one at a time)...
+    assert_eq!(flock(&fb, libc::LOCK_EX | libc::LOCK_NB), Ok(()));
+    assert_eq!(flock(&fb, libc::LOCK_UN), Ok(()));
+    assert_eq!(lock(&fb, libc::F_SETLK, libc::F_WRLCK, 0, 0).0, Ok(()));
+    // ...but A's kernel keeps them on A.
+    let fa2 = rw(&a.path().join("f"));
+    assert_eq!(
+        flock(&fa2, libc::LOCK_EX | libc::LOCK_NB),
+        Err(libc::EWOULDBLOCK)
+    );
 }

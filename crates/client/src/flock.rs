@@ -15,6 +15,8 @@ use std::time::Duration;
 /// First and longest pause between tries of a waiting lock without a callback channel.
 const POLL_FIRST: Duration = Duration::from_millis(1);
 const POLL_MAX: Duration = Duration::from_millis(100);
+/// How often a waiting lock asks whether its caller was interrupted.
+const INTERRUPT_POLL: Duration = Duration::from_millis(20);
 
 /// The file locks a client holds, kept as the MDT keeps them (the same range
 /// arithmetic), so that they can be taken again when the MDT restarts.
@@ -68,8 +70,20 @@ impl Client {
     /// Takes (or with `F_UNLCK` drops) a file lock; with `a.wait`, until it is granted
     /// (`EDEADLK` if waiting would deadlock), else `EAGAIN` on a conflict.
     pub async fn flock(&self, a: &FlockArgs) -> Result<(), Errno> {
+        self.flock_interruptible(a, &|| false).await
+    }
+
+    /// [`Client::flock`], with a wait that `interrupted` can end: it is asked every
+    /// 20 ms while the lock is awaited, and once it says so the wait is
+    /// cancelled on the MDT (the owner's held locks stay) and the call returns `EINTR`,
+    /// unless the grant came first.
+    pub async fn flock_interruptible(
+        &self,
+        a: &FlockArgs,
+        interrupted: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), Errno> {
         let lost = self.flocks_lost();
-        let r = self.flock_inner(a).await;
+        let r = self.flock_inner(a, interrupted).await;
         let mut held = self.locks.flock_held.lock();
         held.check(lost);
         if r.is_ok() {
@@ -106,31 +120,37 @@ impl Client {
         out
     }
 
-    async fn flock_inner(&self, a: &FlockArgs) -> Result<(), Errno> {
+    async fn flock_inner(
+        &self,
+        a: &FlockArgs,
+        interrupted: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), Errno> {
         if !a.wait || a.typ == libc::F_UNLCK as u32 {
             return self.flock_once(a, false).await.map(|_| ());
         }
         if !self.callback_channel_up() {
-            return self.flock_poll(a).await;
+            return self.flock_poll(a, interrupted).await;
         }
         loop {
             let lost = self.flocks_lost();
-            let rx = {
+            let mut rx = {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 self.locks.flock_waits.lock().insert((a.fid, a.owner), tx);
                 rx
             };
             let queued = self.flock_once(a, true).await;
             return match queued {
-                Ok(true) => match rx.await {
+                Ok(true) => match self.await_grant(a, &mut rx, interrupted).await {
                     Ok(true) => Ok(()),
-                    // Its owner unlocked meanwhile (an interrupted wait).
+                    // Cancelled: interrupted, or its owner unlocked meanwhile.
                     Ok(false) => Err(Errno::EINTR),
                     // The callback channel went (the MDT restarted, or the connection
-                    // broke) but the MDT kept this client: wait again.
+                    // broke) but the MDT kept this client: wait again, unless the
+                    // caller gave up meanwhile.
+                    Err(_) if interrupted() => Err(Errno::EINTR),
                     Err(_) if self.flocks_lost() == lost => {
                         if !self.callback_channel_up() {
-                            return self.flock_poll(a).await;
+                            return self.flock_poll(a, interrupted).await;
                         }
                         continue;
                     }
@@ -181,11 +201,48 @@ impl Client {
         }
     }
 
-    /// A waiting lock without a callback channel: tries again until granted.
-    async fn flock_poll(&self, a: &FlockArgs) -> Result<(), Errno> {
+    /// The MDT's answer to a queued wait (`true`: granted). Once `interrupted`, the
+    /// wait is cancelled on the MDT, which then answers it (not granted, or granted
+    /// if the grant won the race).
+    async fn await_grant(
+        &self,
+        a: &FlockArgs,
+        rx: &mut tokio::sync::oneshot::Receiver<bool>,
+        interrupted: &(dyn Fn() -> bool + Sync),
+    ) -> Result<bool, tokio::sync::oneshot::error::RecvError> {
+        loop {
+            tokio::select! {
+                r = &mut *rx => return r,
+                () = tokio::time::sleep(INTERRUPT_POLL) => {
+                    if !interrupted() {
+                        continue;
+                    }
+                    let cancel = FlockReq {
+                        typ: libc::F_UNLCK as u32,
+                        wait: true,
+                        test: false,
+                        ..a.clone()
+                    };
+                    if let Err(e) = self.md(Request::Flock(cancel)).await {
+                        tracing::warn!(fid = %a.fid, "cancelling an interrupted lock wait failed: {e}");
+                    }
+                    return rx.await;
+                }
+            }
+        }
+    }
+
+    /// A waiting lock without a callback channel: tries again until granted or
+    /// `interrupted`.
+    async fn flock_poll(
+        &self,
+        a: &FlockArgs,
+        interrupted: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), Errno> {
         let mut pause = POLL_FIRST;
         loop {
             match self.flock_once(a, false).await {
+                Err(Errno::EAGAIN) if interrupted() => return Err(Errno::EINTR),
                 Err(Errno::EAGAIN) => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(POLL_MAX);

@@ -1,6 +1,7 @@
 //! The `fuser::Filesystem` implementation.
 
 use crate::attr::{file_attr, kind, ns};
+use crate::caller::{caller, Caller};
 use crate::cred::Groups;
 use fuser::{
     AccessFlags, Errno as FErrno, FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo,
@@ -54,6 +55,9 @@ pub struct MountOptions {
     pub writeback: bool,
     /// FUSE threads reading requests (`-o threads=N`).
     pub threads: usize,
+    /// `fcntl` and `flock(2)` locks held for the whole cluster by the MDT (Lustre's
+    /// `flock`, the default), or only by this machine's kernel (`localflock`).
+    pub cluster_locks: bool,
 }
 
 struct DirHandle {
@@ -420,11 +424,15 @@ impl Filesystem for LodeFs {
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES
             | InitFlags::FUSE_MAX_PAGES
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
-            // fcntl locks go to the MDT, so they hold across clients. flock(2) locks
-            // stay the kernel's, per mount: fuser does not say which a lock request
-            // is (FUSE_LK_FLOCK), and Linux keeps the two kinds apart.
-            | InitFlags::FUSE_POSIX_LOCKS;
+            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        if self.inner.opts.cluster_locks {
+            // fcntl and flock(2) locks go to the MDT, so they hold across clients.
+            // The kernel sends a flock as a whole-file lock owned by the open file
+            // description (fuser does not pass on FUSE_LK_FLOCK), so the two kinds
+            // share one lock space, as on Lustre and NFS: a flock and an fcntl lock
+            // on the same file conflict, where a local file system keeps them apart.
+            want |= InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
+        }
         if self.inner.opts.writeback {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -1220,7 +1228,7 @@ impl Filesystem for LodeFs {
 
     fn setlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: Fh,
         lock_owner: fuser::LockOwner,
@@ -1231,10 +1239,21 @@ impl Filesystem for LodeFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        // The thread that asked: a signal it takes ends its wait, as the kernel's
+        // FUSE_INTERRUPT would if fuser passed it on.
+        let tid = req.pid();
         let f = move |i: Arc<Inner>| async move {
             let r = async {
                 let a = flock_args(i.fid(ino)?, lock_owner, (start, end), typ, pid, sleep)?;
-                i.client.flock(&a).await
+                let interrupted = || caller(tid) != Caller::Waiting;
+                let r = i.client.flock_interruptible(&a, &interrupted).await;
+                if r.is_ok() && a.wait && caller(tid) == Caller::Gone {
+                    // Granted as its caller died: its close has dropped its locks
+                    // already, so this one would outlive it.
+                    let un = flock_args(a.fid, lock_owner, (start, end), libc::F_UNLCK, 0, false)?;
+                    i.client.flock(&un).await?;
+                }
+                r
             };
             match r.await {
                 Ok(()) => reply.ok(),

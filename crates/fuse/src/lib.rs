@@ -6,6 +6,7 @@
 //! each request carries the caller's uid, gid and supplementary groups.
 
 mod attr;
+mod caller;
 mod cred;
 mod fs;
 

@@ -115,7 +115,12 @@ impl Flocks {
         if r.typ == UN {
             let mut grants = Vec::new();
             if let Some(f) = files.get_mut(&r.fid) {
-                f.remove_range(owner, r.start, r.end);
+                // `wait` on an unlock cancels only the owner's wait (an interrupted
+                // F_SETLKW): the locks it holds stay, as after a local wait a signal
+                // ended.
+                if !r.wait {
+                    f.remove_range(owner, r.start, r.end);
+                }
                 // Its waits on this file end too (a process that unlocks no longer
                 // waits: it was interrupted, or is closing the file).
                 f.waiting.retain(|w| {
@@ -358,6 +363,42 @@ mod tests {
                 granted: true
             }]
         );
+    }
+
+    #[test]
+    fn a_cancelled_wait_ends_alone_and_the_owners_locks_stay() {
+        let l = Flocks::default();
+        l.request(1, &req(1, 1, WR, 0, 9, false), true)
+            .expect("A holds 0-9");
+        l.request(2, &req(1, 2, WR, 20, 29, false), true)
+            .expect("B holds 20-29");
+        let (rep, _) = l
+            .request(2, &req(1, 2, WR, 0, 9, true), true)
+            .expect("B waits for 0-9");
+        assert!(rep.queued);
+        // B is interrupted: its wait ends, answered "not granted"...
+        let (_, grants) = l
+            .request(2, &req(1, 2, UN, 0, u64::MAX, true), true)
+            .expect("cancel");
+        assert_eq!(
+            grants,
+            [Grant {
+                slot: 2,
+                fid: fid(1),
+                owner: 2,
+                granted: false
+            }]
+        );
+        // ...but B still holds 20-29, and A's unlock grants nobody.
+        assert_eq!(
+            l.request(3, &req(1, 3, RD, 25, 25, false), true).err(),
+            Some(Errno::EAGAIN)
+        );
+        let (_, grants) = l
+            .request(1, &req(1, 1, UN, 0, u64::MAX, false), true)
+            .expect("unlock");
+        assert!(grants.is_empty());
+        assert_eq!(l.held(), 1);
     }
 
     #[test]

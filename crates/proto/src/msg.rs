@@ -195,7 +195,8 @@ pub struct FlockReq {
     /// Last byte (inclusive; `u64::MAX`/`i64::MAX`: to the end of the file).
     pub end: u64,
     /// Wait for a conflicting lock to go (`F_SETLKW`): the reply then says "queued"
-    /// and the grant comes later as a `FlockGranted` callback.
+    /// and the grant comes later as a `FlockGranted` callback. With `F_UNLCK`: cancel
+    /// only the owner's wait on the file (an interrupted wait), keeping its locks.
     pub wait: bool,
     /// Only test (`F_GETLK`): the reply names a conflicting lock, if any.
     pub test: bool,

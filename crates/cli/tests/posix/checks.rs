@@ -703,6 +703,9 @@ fn flock_and_fcntl_locks_work() {
     assert_eq!(fl(b, libc::LOCK_EX | libc::LOCK_NB), Err(libc::EWOULDBLOCK));
     assert_eq!(fl(a, libc::LOCK_UN), Ok(0));
     assert_eq!(fl(b, libc::LOCK_SH | libc::LOCK_NB), Ok(0));
+    // On lode, as on Lustre and NFS, flock and fcntl locks share one lock space (a
+    // local file system keeps them apart), so the two kinds are checked one at a time.
+    assert_eq!(fl(b, libc::LOCK_UN), Ok(0));
     assert_eq!(lock(a, libc::F_SETLK, libc::F_WRLCK, 0, 100).0, Ok(0));
     // A process's own locks never conflict with it.
     let (r, l) = lock(b, libc::F_GETLK, libc::F_RDLCK, 0, 10);
