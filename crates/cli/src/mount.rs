@@ -19,7 +19,9 @@ pub struct MountArgs {
     /// Mount options, mount(8) style: attr_timeout=SECS, entry_timeout=SECS, allow_other,
     /// writeback, threads=N, timeout=SECS, key_file=PATH, nolocks (no metadata locks:
     /// nothing cached beyond the timeouts), flock (the default: fcntl and flock(2)
-    /// locks hold across the cluster) or localflock (they hold on this machine only).
+    /// locks hold across the cluster) or localflock (they hold on this machine only),
+    /// readdirplus=always|auto (attributes with every directory page, the default, or
+    /// with the first only).
     #[arg(short = 'o')]
     pub options: Option<String>,
     /// Stay in the foreground instead of daemonizing once mounted.
@@ -43,6 +45,9 @@ struct Opts {
     /// fcntl and flock(2) locks across the cluster (`flock`), or this machine's only
     /// (`localflock`).
     cluster_locks: bool,
+    /// Attributes with every directory page (`readdirplus=always`), or with the first
+    /// one only (`auto`).
+    readdirplus_always: bool,
     /// mount(8)'s generic options given (suid, nodev, noexec, ro, ...), for the kernel.
     kernel: Vec<fuser::MountOption>,
 }
@@ -68,6 +73,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         key: Vec::new(),
         locks: true,
         cluster_locks: true,
+        readdirplus_always: true,
         kernel: Vec::new(),
     };
     for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {
@@ -80,6 +86,13 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
             "nolocks" => o.locks = false,
             "flock" => o.cluster_locks = true,
             "localflock" => o.cluster_locks = false,
+            "readdirplus" => {
+                o.readdirplus_always = match v {
+                    "always" => true,
+                    "auto" => false,
+                    _ => bail!("mount: readdirplus={v:?} must be always or auto"),
+                }
+            }
             "writeback" => o.writeback = true,
             "threads" => {
                 o.threads = v
@@ -184,6 +197,7 @@ pub fn run(a: MountArgs) -> Result<()> {
             writeback: opts.writeback,
             threads: opts.threads,
             cluster_locks: opts.cluster_locks,
+            readdirplus_always: opts.readdirplus_always,
         },
         rt.handle().clone(),
     );

@@ -1,7 +1,11 @@
-//! Statahead through a real mount: a directory listed and then stat'ed name by name
-//! (`ls -l`, `du`) has its attributes fetched ahead a page at a time, counted in
-//! `llite.*.statahead_stats`; what it fetched is kept under locks, so another client's
-//! chmod or rename is seen at once; `statahead_max=0` turns it off.
+//! Tree walks through a real mount. By default every directory page the kernel reads
+//! carries attributes (readdir+), so `ls -l` stats nothing through the client. With
+//! `-o readdirplus=auto` (the kernel asks for attributes with a directory's first page
+//! only), a directory listed and then stat'ed name by name (`ls -l`, `du`) has its
+//! attributes fetched ahead a page at a time by statahead, counted in
+//! `llite.*.statahead_stats`. Either way what was fetched is kept under locks, so
+//! another client's chmod or rename is seen at once; `statahead_max=0` turns
+//! statahead off.
 
 mod common;
 
@@ -9,6 +13,10 @@ use common::*;
 use lode_base::Fid;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
+
+/// A mount whose kernel asks for attributes with a directory's first page only, so
+/// that stats after a listing reach the client as lookups.
+const AUTO: &[&str] = &["readdirplus=auto"];
 
 /// A counter of `llite.*.statahead_stats`.
 fn stat_of(c: &lode_testkit::Cluster, what: &str) -> u64 {
@@ -65,7 +73,7 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
     const N: usize = 5000;
     let d = filled_dir(&s, "d", N, |i| format!("f{i}"));
     // A mount that has seen none of it.
-    let m = c.mount();
+    let m = c.mount_with(AUTO);
     let dir = m.path().join("d");
     let got = ls_l(&dir);
     assert_eq!(got.len(), N);
@@ -98,12 +106,51 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
     assert!(again.iter().any(|(n, _)| n == "f1-moved"));
 
     // Off: no page fetched, every stat still right.
-    let m2 = c.mount();
+    let m2 = c.mount_with(AUTO);
     c.set_param("llite.*.statahead_max=0");
     c.set_param("llite.*.statahead_stats=clear");
     let listed = ls_l(&m2.path().join("d"));
     assert_eq!(listed.len(), N);
     assert_eq!(stat_of(&c, "pages"), 0, "statahead_max=0 fetches nothing");
+}
+
+/// By default the kernel gets attributes with every directory page, under locks: `ls
+/// -l` of a large directory made elsewhere sends no lookup or getattr at all, only
+/// pages, and another client's chmod or rename of what a page carried is seen at once.
+#[test]
+fn ls_l_with_attributes_on_every_page_sends_no_lookups_and_is_never_stale() {
+    let c = cluster(1);
+    let s = c.client();
+    let r = root();
+    const N: usize = 5000;
+    let d = filled_dir(&s, "d", N, |i| format!("f{i}"));
+    let m = c.mount();
+    let dir = m.path().join("d");
+    let _ = fs::metadata(&dir);
+    c.set_param("mdc.*.md_stats=0");
+    let got = ls_l(&dir);
+    assert_eq!(got.len(), N);
+    assert!(got.iter().all(|(_, mode)| *mode == 0o644));
+    let stats = c.get_param("mdc.*.md_stats");
+    assert!(md_stat(&c, "read_page") >= 2, "{stats}");
+    for op in ["getattr_name", "getattr", "getattr_lock"] {
+        assert_eq!(md_stat(&c, op), 0, "{op}: {stats}");
+    }
+    let f0 = fid(&s, "/d/f0").expect("f0");
+    let sa = lode_base::SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    s.run(s.client.setattr(&r, f0, sa)).expect("chmod");
+    s.run(s.client.rename(&r, d, b"f1", d, b"f1-moved", 0))
+        .expect("rename");
+    let meta = |n: &str| fs::symlink_metadata(dir.join(n));
+    assert_eq!(meta("f0").expect("f0").permissions().mode() & 0o7777, 0o600);
+    assert!(meta("f1").is_err(), "the old name is gone");
+    let again = ls_l(&dir);
+    assert_eq!(again.len(), N);
+    assert!(again.contains(&("f0".to_string(), 0o600)));
+    assert!(again.iter().any(|(n, _)| n == "f1-moved"));
 }
 
 /// Opening a directory costs no RPC of its own (its attributes come with the lookup
@@ -196,10 +243,10 @@ fn stats_of_numbered_names_are_fetched_ahead_in_batches_and_never_stale() {
     );
 }
 
-/// `find` reads names only: on a new mount, the kernel's first call for a directory
-/// asks for attributes, but only for the first entries (a small readdir+ page), so a
-/// large directory walked without stats costs the MDT about a hundred entries'
-/// attributes and locks, not a full page of them.
+/// `find` reads names only: on a `readdirplus=auto` mount, the kernel's first call
+/// for a directory asks for attributes, but only for the first entries (a small
+/// readdir+ page), so a large directory walked without stats costs the MDT about a
+/// hundred entries' attributes and locks, not a full page of them.
 #[test]
 fn find_in_a_large_directory_takes_attributes_and_locks_for_its_first_entries_only() {
     let c = cluster(1);
@@ -209,7 +256,7 @@ fn find_in_a_large_directory_takes_attributes_and_locks_for_its_first_entries_on
         std::time::Duration::from_secs(10),
         || c.get_param("ldlm.namespaces.mdt-*.lock_count") == "0",
     );
-    let m = c.mount();
+    let m = c.mount_with(AUTO);
     let out = std::process::Command::new("find")
         .arg(m.path().join("big"))
         .args(["-name", "f2999"])
@@ -244,7 +291,7 @@ fn du_and_find_newer_on_a_new_mount_are_answered_by_statahead() {
             vec!["-newer".to_string(), "/etc/hostname".to_string()],
         ),
     ] {
-        let m = c.mount();
+        let m = c.mount_with(AUTO);
         c.set_param("llite.*.statahead_stats=clear");
         let mut cmd = std::process::Command::new(tool);
         if tool == "du" {

@@ -26,7 +26,7 @@ use tokio::runtime::Handle;
 pub use flock::FlockArgs;
 pub use io::FileHandle;
 pub use locks::{HeldLock, Inval, Invalidator};
-pub use lode_proto::{DirEntry, MdtBody};
+pub use lode_proto::{DirEntry, MdtBody, ReaddirRep};
 pub use lode_rpc::blocking_caller;
 
 /// Client settings; the names follow Lustre's tunables.

@@ -55,6 +55,12 @@ pub struct MountOptions {
     pub writeback: bool,
     /// FUSE threads reading requests (`-o threads=N`).
     pub threads: usize,
+    /// Every directory page the kernel reads carries attributes (readdir+), so a
+    /// listing followed by a stat of each entry (`ls -l`, `du`, rsync) needs no lookup
+    /// per entry; otherwise (`readdirplus=auto`) the kernel asks for attributes with
+    /// the first page only, and a listing of names alone (`ls -f`, `find -name`)
+    /// costs less.
+    pub readdirplus_always: bool,
     /// `fcntl` and `flock(2)` locks held for the whole cluster by the MDT (Lustre's
     /// `flock`, the default), or only by this machine's kernel (`localflock`).
     pub cluster_locks: bool,
@@ -67,6 +73,29 @@ struct DirHandle {
     page: Arc<Vec<DirEntry>>,
     next: u64,
     plus: bool,
+    /// The client's invalidation count before the page was asked for: a lock that
+    /// went since may have covered what the page says.
+    seq: u64,
+    /// The next page, asked for while the kernel takes this one, so that the MDT
+    /// reads it while the kernel and the client work.
+    ahead: Option<Ahead>,
+}
+
+/// A directory page being read ahead: its cookie, whether with attributes, the
+/// invalidation count before it was asked for, and the request.
+struct Ahead {
+    cookie: u64,
+    plus: bool,
+    seq: u64,
+    page: tokio::task::JoinHandle<Result<lode_client::ReaddirRep, Errno>>,
+}
+
+impl Drop for DirHandle {
+    fn drop(&mut self) {
+        if let Some(a) = self.ahead.take() {
+            a.page.abort();
+        }
+    }
 }
 
 struct Inner {
@@ -420,11 +449,13 @@ impl Filesystem for LodeFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let mut want = InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        if !self.inner.opts.readdirplus_always {
+            want |= InitFlags::FUSE_READDIRPLUS_AUTO;
+        }
         if self.inner.opts.cluster_locks {
             // fcntl and flock(2) locks go to the MDT, so they hold across clients.
             // The kernel sends a flock as a whole-file lock owned by the open file
@@ -897,6 +928,8 @@ impl Filesystem for LodeFs {
                         page: Arc::default(),
                         next: 0,
                         plus: false,
+                        seq: 0,
+                        ahead: None,
                     };
                     i.dirs
                         .lock()
@@ -951,7 +984,7 @@ impl Filesystem for LodeFs {
         self.spawn(|i| async move {
             let r = i.dir_entries(&cred, fh, offset, false).await;
             match r {
-                Ok((page, start)) => {
+                Ok((page, start, _)) => {
                     for e in &page[start..] {
                         // Plain readdir entries are not lookups: nothing to remember.
                         let ino = e.fid.ino();
@@ -978,12 +1011,11 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         self.spawn(|i| async move {
-            let seq = i.client.inval_seq();
             let r = i.dir_entries(&cred, fh, offset, true).await;
             let dir = i.fid(ino).ok();
             let mut long = Vec::new();
             match r {
-                Ok((page, start)) => {
+                Ok((page, start, seq)) => {
                     // A kernel buffer holds a few dozen entries: their glimpses go
                     // together, one RPC per OST, a batch at a time.
                     'batches: for chunk in page[start..].chunks(GLIMPSE_BATCH) {
@@ -1331,7 +1363,7 @@ impl Inner {
         fh: Fh,
         offset: u64,
         plus: bool,
-    ) -> Result<(Arc<Vec<DirEntry>>, usize), Errno> {
+    ) -> Result<(Arc<Vec<DirEntry>>, usize, u64), Errno> {
         let d = self.dirs.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)?;
         let mut d = d.lock().await;
         let cached = !d.page.is_empty()
@@ -1340,27 +1372,59 @@ impl Inner {
             && (!plus || d.plus);
         if !cached {
             if offset >= lode_base::hash::END_COOKIE {
-                return Ok((Arc::default(), 0));
+                return Ok((Arc::default(), 0, self.client.inval_seq()));
             }
-            // The kernel asks for attributes on its first call only, and takes what
-            // fits its buffer (a few dozen): a small page then, so a directory walked
-            // without stats (`find`) does not cost the MDT a page of attributes and
-            // locks; statahead fetches them if stats follow.
-            let count = if plus && offset == 0 {
-                FIRST_PLUS_ENTRIES
-            } else {
-                0
+            let ahead = d
+                .ahead
+                .take()
+                .filter(|a| a.cookie == offset && a.plus == plus);
+            let (page, seq) = match ahead {
+                Some(a) => match a.page.await {
+                    Ok(r) => (r?, a.seq),
+                    Err(_) => return Err(Errno::EIO),
+                },
+                None => {
+                    // The first page with attributes is a small one: the kernel takes
+                    // a few dozen entries per call, and a small directory is then
+                    // listed in one RPC.
+                    let count = if plus && offset == 0 {
+                        FIRST_PLUS_ENTRIES
+                    } else {
+                        0
+                    };
+                    let seq = self.client.inval_seq();
+                    let page = self
+                        .client
+                        .readdir_n(cred, d.fid, offset, plus, count)
+                        .await?;
+                    (page, seq)
+                }
             };
-            let page = self
-                .client
-                .readdir_n(cred, d.fid, offset, plus, count)
-                .await?;
             d.plus = page.entries.iter().all(|e| e.body.is_some());
             d.page = Arc::new(page.entries);
             d.next = page.next;
+            d.seq = seq;
+            if page.next != lode_base::hash::END_COOKIE {
+                // Unless every page carries attributes, the kernel asks for them again
+                // only if stats followed the page before: read ahead names only.
+                let plus = plus && self.opts.readdirplus_always;
+                let (client, cred, fid, cookie) =
+                    (self.client.clone(), cred.clone(), d.fid, page.next);
+                let seq = client.inval_seq();
+                let page =
+                    tokio::spawn(
+                        async move { client.readdir_n(&cred, fid, cookie, plus, 0).await },
+                    );
+                d.ahead = Some(Ahead {
+                    cookie,
+                    plus,
+                    seq,
+                    page,
+                });
+            }
         }
         // Cookies increase through a page.
         let start = d.page.partition_point(|e| e.cookie < offset);
-        Ok((d.page.clone(), start))
+        Ok((d.page.clone(), start, d.seq))
     }
 }
