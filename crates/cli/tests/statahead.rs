@@ -63,11 +63,33 @@ fn ls_l(dir: &std::path::Path) -> Vec<(String, u32)> {
         .collect()
 }
 
+/// Client `s` chmods `/d/f0` and renames `/d/f1` of directory `d` (`n` entries, seen
+/// by a mount at `dir`): the mount sees both at once, by name and in a new listing.
+fn changed_elsewhere_is_seen(s: &lode_client::Session, d: Fid, dir: &std::path::Path, n: usize) {
+    let r = root();
+    let f0 = fid(s, "/d/f0").expect("f0");
+    let sa = lode_base::SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    s.run(s.client.setattr(&r, f0, sa)).expect("chmod");
+    s.run(s.client.rename(&r, d, b"f1", d, b"f1-moved", 0))
+        .expect("rename");
+    let meta = |name: &str| fs::symlink_metadata(dir.join(name));
+    assert_eq!(meta("f0").expect("f0").permissions().mode() & 0o7777, 0o600);
+    assert!(meta("f1").is_err(), "the old name is gone");
+    assert!(meta("f1-moved").is_ok(), "the new name is there");
+    // A listing taken again agrees, names and modes.
+    let again = ls_l(dir);
+    assert_eq!(again.len(), n);
+    assert!(again.contains(&("f0".to_string(), 0o600)));
+    assert!(again.iter().any(|(name, _)| name == "f1-moved"));
+}
+
 #[test]
 fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale() {
     let c = cluster(1);
     let s = c.client();
-    let r = root();
     // Several readdir pages: the mount reads the first with attributes (the kernel asks
     // for them on its first call), the others without.
     const N: usize = 5000;
@@ -87,23 +109,7 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
     );
 
     // Another client changes what statahead fetched: seen at once.
-    let f0 = fid(&s, "/d/f0").expect("f0");
-    let sa = lode_base::SetAttr {
-        mode: Some(0o600),
-        ..Default::default()
-    };
-    s.run(s.client.setattr(&r, f0, sa)).expect("chmod");
-    s.run(s.client.rename(&r, d, b"f1", d, b"f1-moved", 0))
-        .expect("rename");
-    let meta = |n: &str| fs::symlink_metadata(dir.join(n));
-    assert_eq!(meta("f0").expect("f0").permissions().mode() & 0o7777, 0o600);
-    assert!(meta("f1").is_err(), "the old name is gone");
-    assert!(meta("f1-moved").is_ok(), "the new name is there");
-    // A listing taken again agrees, names and modes.
-    let again = ls_l(&dir);
-    assert_eq!(again.len(), N);
-    assert!(again.contains(&("f0".to_string(), 0o600)));
-    assert!(again.iter().any(|(n, _)| n == "f1-moved"));
+    changed_elsewhere_is_seen(&s, d, &dir, N);
 
     // Off: no page fetched, every stat still right.
     let m2 = c.mount_with(AUTO);
@@ -121,7 +127,6 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
 fn ls_l_with_attributes_on_every_page_sends_no_lookups_and_is_never_stale() {
     let c = cluster(1);
     let s = c.client();
-    let r = root();
     const N: usize = 5000;
     let d = filled_dir(&s, "d", N, |i| format!("f{i}"));
     let m = c.mount();
@@ -136,21 +141,7 @@ fn ls_l_with_attributes_on_every_page_sends_no_lookups_and_is_never_stale() {
     for op in ["getattr_name", "getattr", "getattr_lock"] {
         assert_eq!(md_stat(&c, op), 0, "{op}: {stats}");
     }
-    let f0 = fid(&s, "/d/f0").expect("f0");
-    let sa = lode_base::SetAttr {
-        mode: Some(0o600),
-        ..Default::default()
-    };
-    s.run(s.client.setattr(&r, f0, sa)).expect("chmod");
-    s.run(s.client.rename(&r, d, b"f1", d, b"f1-moved", 0))
-        .expect("rename");
-    let meta = |n: &str| fs::symlink_metadata(dir.join(n));
-    assert_eq!(meta("f0").expect("f0").permissions().mode() & 0o7777, 0o600);
-    assert!(meta("f1").is_err(), "the old name is gone");
-    let again = ls_l(&dir);
-    assert_eq!(again.len(), N);
-    assert!(again.contains(&("f0".to_string(), 0o600)));
-    assert!(again.iter().any(|(n, _)| n == "f1-moved"));
+    changed_elsewhere_is_seen(&s, d, &dir, N);
 }
 
 /// Opening a directory costs no RPC of its own (its attributes come with the lookup
