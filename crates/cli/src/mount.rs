@@ -20,8 +20,8 @@ pub struct MountArgs {
     /// writeback, threads=N, timeout=SECS, key_file=PATH, nolocks (no metadata locks:
     /// nothing cached beyond the timeouts), flock (the default: fcntl and flock(2)
     /// locks hold across the cluster) or localflock (they hold on this machine only),
-    /// readdirplus=always|auto (attributes with every directory page, the default, or
-    /// with the first only).
+    /// readdirplus=auto|always (attributes with a directory's first page only, the
+    /// default, or with every page).
     #[arg(short = 'o')]
     pub options: Option<String>,
     /// Stay in the foreground instead of daemonizing once mounted.
@@ -73,7 +73,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         key: Vec::new(),
         locks: true,
         cluster_locks: true,
-        readdirplus_always: true,
+        readdirplus_always: false,
         kernel: Vec::new(),
     };
     for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {

@@ -1,11 +1,10 @@
-//! Tree walks through a real mount. By default every directory page the kernel reads
-//! carries attributes (readdir+), so `ls -l` stats nothing through the client. With
-//! `-o readdirplus=auto` (the kernel asks for attributes with a directory's first page
-//! only), a directory listed and then stat'ed name by name (`ls -l`, `du`) has its
-//! attributes fetched ahead a page at a time by statahead, counted in
-//! `llite.*.statahead_stats`. Either way what was fetched is kept under locks, so
-//! another client's chmod or rename is seen at once; `statahead_max=0` turns
-//! statahead off.
+//! Tree walks through a real mount. By default the kernel asks for attributes with a
+//! directory's first page only, and a directory listed and then stat'ed name by name
+//! (`ls -l`, `du`) has its attributes fetched ahead a page at a time by statahead,
+//! counted in `llite.*.statahead_stats`. With `-o readdirplus=always` every page
+//! carries attributes, so `ls -l` stats nothing through the client. Either way what
+//! was fetched is kept under locks, so another client's chmod or rename is seen at
+//! once; `statahead_max=0` turns statahead off.
 
 mod common;
 
@@ -13,10 +12,6 @@ use common::*;
 use lode_base::Fid;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-
-/// A mount whose kernel asks for attributes with a directory's first page only, so
-/// that stats after a listing reach the client as lookups.
-const AUTO: &[&str] = &["readdirplus=auto"];
 
 /// A counter of `llite.*.statahead_stats`.
 fn stat_of(c: &lode_testkit::Cluster, what: &str) -> u64 {
@@ -95,7 +90,7 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
     const N: usize = 5000;
     let d = filled_dir(&s, "d", N, |i| format!("f{i}"));
     // A mount that has seen none of it.
-    let m = c.mount_with(AUTO);
+    let m = c.mount();
     let dir = m.path().join("d");
     let got = ls_l(&dir);
     assert_eq!(got.len(), N);
@@ -112,7 +107,7 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
     changed_elsewhere_is_seen(&s, d, &dir, N);
 
     // Off: no page fetched, every stat still right.
-    let m2 = c.mount_with(AUTO);
+    let m2 = c.mount();
     c.set_param("llite.*.statahead_max=0");
     c.set_param("llite.*.statahead_stats=clear");
     let listed = ls_l(&m2.path().join("d"));
@@ -120,16 +115,17 @@ fn ls_l_of_a_directory_made_elsewhere_is_answered_by_statahead_and_never_stale()
     assert_eq!(stat_of(&c, "pages"), 0, "statahead_max=0 fetches nothing");
 }
 
-/// By default the kernel gets attributes with every directory page, under locks: `ls
-/// -l` of a large directory made elsewhere sends no lookup or getattr at all, only
-/// pages, and another client's chmod or rename of what a page carried is seen at once.
+/// With `readdirplus=always` the kernel gets attributes with every directory page,
+/// under locks: `ls -l` of a large directory made elsewhere sends no lookup or getattr
+/// at all, only pages, and another client's chmod or rename of what a page carried is
+/// seen at once.
 #[test]
 fn ls_l_with_attributes_on_every_page_sends_no_lookups_and_is_never_stale() {
     let c = cluster(1);
     let s = c.client();
     const N: usize = 5000;
     let d = filled_dir(&s, "d", N, |i| format!("f{i}"));
-    let m = c.mount();
+    let m = c.mount_with(&["readdirplus=always"]);
     let dir = m.path().join("d");
     let _ = fs::metadata(&dir);
     c.set_param("mdc.*.md_stats=0");
@@ -234,10 +230,10 @@ fn stats_of_numbered_names_are_fetched_ahead_in_batches_and_never_stale() {
     );
 }
 
-/// `find` reads names only: on a `readdirplus=auto` mount, the kernel's first call
-/// for a directory asks for attributes, but only for the first entries (a small
-/// readdir+ page), so a large directory walked without stats costs the MDT about a
-/// hundred entries' attributes and locks, not a full page of them.
+/// `find` reads names only: on a new mount, the kernel's first call for a directory
+/// asks for attributes, but only for the first entries (a small readdir+ page), so a
+/// large directory walked without stats costs the MDT about a hundred entries'
+/// attributes and locks, not a full page of them.
 #[test]
 fn find_in_a_large_directory_takes_attributes_and_locks_for_its_first_entries_only() {
     let c = cluster(1);
@@ -247,7 +243,7 @@ fn find_in_a_large_directory_takes_attributes_and_locks_for_its_first_entries_on
         std::time::Duration::from_secs(10),
         || c.get_param("ldlm.namespaces.mdt-*.lock_count") == "0",
     );
-    let m = c.mount_with(AUTO);
+    let m = c.mount();
     let out = std::process::Command::new("find")
         .arg(m.path().join("big"))
         .args(["-name", "f2999"])
@@ -282,7 +278,7 @@ fn du_and_find_newer_on_a_new_mount_are_answered_by_statahead() {
             vec!["-newer".to_string(), "/etc/hostname".to_string()],
         ),
     ] {
-        let m = c.mount_with(AUTO);
+        let m = c.mount();
         c.set_param("llite.*.statahead_stats=clear");
         let mut cmd = std::process::Command::new(tool);
         if tool == "du" {

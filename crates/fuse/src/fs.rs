@@ -55,11 +55,12 @@ pub struct MountOptions {
     pub writeback: bool,
     /// FUSE threads reading requests (`-o threads=N`).
     pub threads: usize,
-    /// Every directory page the kernel reads carries attributes (readdir+), so a
-    /// listing followed by a stat of each entry (`ls -l`, `du`, rsync) needs no lookup
-    /// per entry; otherwise (`readdirplus=auto`) the kernel asks for attributes with
-    /// the first page only, and a listing of names alone (`ls -f`, `find -name`)
-    /// costs less.
+    /// Every directory page the kernel reads carries attributes (`readdirplus=always`),
+    /// so a listing followed by a stat of each entry (`ls -l`, `du`, rsync) needs no
+    /// lookup per entry, as long as the entries' locks fit the lock LRU; otherwise
+    /// (`auto`, the default) the kernel asks for attributes with the first page only,
+    /// a listing of names alone (`ls -f`, `find -name`) costs less, and statahead
+    /// answers the lookups of a stat walk.
     pub readdirplus_always: bool,
     /// `fcntl` and `flock(2)` locks held for the whole cluster by the MDT (Lustre's
     /// `flock`, the default), or only by this machine's kernel (`localflock`).
