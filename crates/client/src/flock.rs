@@ -142,8 +142,11 @@ impl Client {
             return match queued {
                 Ok(true) => match self.await_grant(a, &mut rx, interrupted).await {
                     Ok(true) => Ok(()),
-                    // Cancelled: interrupted, or its owner unlocked meanwhile.
-                    Ok(false) => Err(Errno::EINTR),
+                    // Cancelled because interrupted.
+                    Ok(false) if interrupted() => Err(Errno::EINTR),
+                    // Its owner unlocked meanwhile (another thread, or a close): a
+                    // POSIX wait goes on.
+                    Ok(false) => continue,
                     // The callback channel went (the MDT restarted, or the connection
                     // broke) but the MDT kept this client: wait again, unless the
                     // caller gave up meanwhile.
@@ -223,10 +226,12 @@ impl Client {
                         test: false,
                         ..a.clone()
                     };
-                    if let Err(e) = self.md(Request::Flock(cancel)).await {
-                        tracing::warn!(fid = %a.fid, "cancelling an interrupted lock wait failed: {e}");
+                    match self.md(Request::Flock(cancel)).await {
+                        Ok(_) => return rx.await,
+                        // Asked again at the next tick, while the caller still waits
+                        // for nothing else.
+                        Err(e) => tracing::warn!(fid = %a.fid, "cancelling an interrupted lock wait failed: {e}"),
                     }
-                    return rx.await;
                 }
             }
         }

@@ -25,8 +25,16 @@ pub(crate) fn caller(tid: u32) -> Caller {
     }
     match std::fs::read_to_string(format!("/proc/{tid}/status")) {
         Ok(s) => parse(&s),
-        Err(_) => Caller::Gone,
+        // Only a thread killed while it waited can vanish; a /proc this process
+        // cannot read (none mounted, or another PID namespace's) says nothing.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && proc_readable() => Caller::Gone,
+        Err(_) => Caller::Waiting,
     }
+}
+
+/// Whether this process sees a /proc at all.
+fn proc_readable() -> bool {
+    std::fs::metadata("/proc/self/status").is_ok()
 }
 
 /// [`caller`] from the text of a status file.

@@ -1281,10 +1281,12 @@ impl Filesystem for LodeFs {
                 let interrupted = || caller(tid) != Caller::Waiting;
                 let r = i.client.flock_interruptible(&a, &interrupted).await;
                 if r.is_ok() && a.wait && caller(tid) == Caller::Gone {
-                    // Granted as its caller died: its close has dropped its locks
-                    // already, so this one would outlive it.
+                    // Granted as its caller was killed: nobody takes the answer, and
+                    // the lock would outlive its owner. Dropped again, and never
+                    // answered as held.
                     let un = flock_args(a.fid, lock_owner, (start, end), libc::F_UNLCK, 0, false)?;
                     i.client.flock(&un).await?;
+                    return Err(Errno::ENOLCK);
                 }
                 r
             };
@@ -1375,15 +1377,20 @@ impl Inner {
             if offset >= lode_base::hash::END_COOKIE {
                 return Ok((Arc::default(), 0, self.client.inval_seq()));
             }
-            let ahead = d
-                .ahead
-                .take()
-                .filter(|a| a.cookie == offset && a.plus == plus);
+            // A page read ahead for another call is not waited for; one that failed
+            // is asked for again now.
+            let mut ahead = None;
+            if let Some(a) = d.ahead.take() {
+                if a.cookie == offset && a.plus == plus {
+                    if let Ok(Ok(page)) = a.page.await {
+                        ahead = Some((page, a.seq));
+                    }
+                } else {
+                    a.page.abort();
+                }
+            }
             let (page, seq) = match ahead {
-                Some(a) => match a.page.await {
-                    Ok(r) => (r?, a.seq),
-                    Err(_) => return Err(Errno::EIO),
-                },
+                Some(got) => got,
                 None => {
                     // The first page with attributes is a small one: the kernel takes
                     // a few dozen entries per call, and a small directory is then
