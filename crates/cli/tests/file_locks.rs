@@ -45,6 +45,63 @@ fn within<T: Send + 'static>(d: Duration, f: impl FnOnce() -> T + Send + 'static
     rx.recv_timeout(d).ok()
 }
 
+/// A forked process that runs `body`, writes the byte it returns to a pipe, then waits
+/// to be killed (by [`Child::kill`], or when dropped).
+struct Child {
+    pid: i32,
+    rd: i32,
+}
+
+impl Child {
+    fn fork(body: impl FnOnce() -> u8) -> Child {
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let [rd, wr] = fds;
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let said = body();
+            unsafe {
+                libc::write(wr, [said].as_ptr().cast(), 1);
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        Child { pid, rd }
+    }
+
+    /// The byte it wrote, if it did within `ms` milliseconds.
+    fn said(&self, ms: i32) -> Option<u8> {
+        let mut pfd = libc::pollfd {
+            fd: self.rd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut said = [0u8];
+        let ready = unsafe { libc::poll(&mut pfd, 1, ms) } == 1;
+        (ready && unsafe { libc::read(self.rd, said.as_mut_ptr().cast(), 1) } == 1)
+            .then_some(said[0])
+    }
+
+    fn kill(&mut self) {
+        if self.pid > 0 {
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            }
+            self.pid = 0;
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.kill();
+        unsafe { libc::close(self.rd) };
+    }
+}
+
 #[test]
 fn a_lock_on_one_mount_blocks_another_until_released() {
     let c = cluster(1);
@@ -110,28 +167,15 @@ fn a_killed_holder_releases_its_locks_and_a_native_client_contends_too() {
     let (a, b) = (c.mount(), c.mount());
     let path = a.path().join("f");
     drop(rw(&path));
-    let mut fds = [0; 2];
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    let [rd, wr] = fds;
     let cpath = cs(&path);
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0);
-    if pid == 0 {
-        // The holder: lock, say so, and wait to be killed.
-        unsafe {
-            let fd = libc::open(cpath.as_ptr(), libc::O_RDWR);
-            let mut l: libc::flock = std::mem::zeroed();
-            (l.l_type, l.l_whence) = (libc::F_WRLCK as i16, libc::SEEK_SET as i16);
-            let ok = fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &mut l) == 0;
-            libc::write(wr, [u8::from(ok)].as_ptr().cast(), 1);
-            loop {
-                libc::pause();
-            }
-        }
-    }
-    let mut said = [0u8];
-    assert_eq!(unsafe { libc::read(rd, said.as_mut_ptr().cast(), 1) }, 1);
-    assert_eq!(said[0], 1, "the child took the lock");
+    // The holder: lock, say so, and wait to be killed.
+    let mut holder = Child::fork(|| unsafe {
+        let fd = libc::open(cpath.as_ptr(), libc::O_RDWR);
+        let mut l: libc::flock = std::mem::zeroed();
+        (l.l_type, l.l_whence) = (libc::F_WRLCK as i16, libc::SEEK_SET as i16);
+        u8::from(fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &mut l) == 0)
+    });
+    assert_eq!(holder.said(-1), Some(1), "the child took the lock");
     let fb = rw(&b.path().join("f"));
     assert_eq!(
         lock(&fb, libc::F_SETLK, libc::F_WRLCK, 0, 0).0,
@@ -151,10 +195,7 @@ fn a_killed_holder_releases_its_locks_and_a_native_client_contends_too() {
         test: false,
     };
     assert_eq!(s.run(s.client.flock(&args)), Err(lode_base::Errno::EAGAIN));
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, std::ptr::null_mut(), 0);
-    }
+    holder.kill();
     let got = within(Duration::from_secs(30), move || {
         lock(&fb, libc::F_SETLKW, libc::F_WRLCK, 0, 0).0
     });
@@ -269,64 +310,41 @@ fn a_signal_ends_a_lock_wait_and_the_waiter_keeps_its_other_locks() {
     let fa = rw(&a.path().join("f"));
     assert_eq!(lock(&fa, libc::F_SETLK, libc::F_WRLCK, 0, 100).0, Ok(()));
     let path = cs(b.path().join("f"));
-    let mut fds = [0; 2];
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    let [rd, wr] = fds;
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0);
-    if pid == 0 {
-        // The waiter, on mount B: holds bytes 200-209, then waits for A's bytes
-        // until an alarm (a handler without SA_RESTART) ends the wait with EINTR.
-        unsafe {
-            let fd = libc::open(path.as_ptr(), libc::O_RDWR);
-            let mut l: libc::flock = std::mem::zeroed();
-            (l.l_type, l.l_whence, l.l_start, l.l_len) =
-                (libc::F_WRLCK as i16, libc::SEEK_SET as i16, 200, 10);
-            let held = fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &mut l) == 0;
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_alarm as *const () as usize;
-            libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
-            libc::alarm(1);
-            (l.l_start, l.l_len) = (0, 10);
-            let r = libc::fcntl(fd, libc::F_SETLKW, &mut l);
-            let e = *libc::__errno_location();
-            let said = u8::from(held) + 2 * u8::from(r < 0 && e == libc::EINTR);
-            libc::write(wr, [said].as_ptr().cast(), 1);
-            loop {
-                libc::pause();
-            }
-        }
-    }
-    let mut pfd = libc::pollfd {
-        fd: rd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ready = unsafe { libc::poll(&mut pfd, 1, 20_000) };
-    let mut said = [0u8];
-    let got = ready == 1 && unsafe { libc::read(rd, said.as_mut_ptr().cast(), 1) } == 1;
-    let child_pid = pid;
-    let kill = || unsafe {
-        libc::kill(child_pid, libc::SIGKILL);
-        libc::waitpid(child_pid, std::ptr::null_mut(), 0);
-    };
-    if !got {
-        kill();
-        panic!("the waiter's F_SETLKW did not end within 20 s of its alarm");
-    }
+    // The waiter, on mount B: holds bytes 200-209, then waits for A's bytes until an
+    // alarm (a handler without SA_RESTART) ends the wait with EINTR.
+    let waiter = Child::fork(|| unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+        let mut l: libc::flock = std::mem::zeroed();
+        (l.l_type, l.l_whence, l.l_start, l.l_len) =
+            (libc::F_WRLCK as i16, libc::SEEK_SET as i16, 200, 10);
+        let held = fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &mut l) == 0;
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_alarm as *const () as usize;
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        libc::alarm(1);
+        (l.l_start, l.l_len) = (0, 10);
+        let r = libc::fcntl(fd, libc::F_SETLKW, &mut l);
+        let e = *libc::__errno_location();
+        u8::from(held) + 2 * u8::from(r < 0 && e == libc::EINTR)
+    });
+    let said = waiter.said(20_000);
+    assert!(
+        said.is_some(),
+        "the waiter's F_SETLKW did not end within 20 s of its alarm"
+    );
     assert_eq!(
-        said[0], 3,
+        said,
+        Some(3),
         "the waiter held its bytes (1) and got EINTR (2)"
     );
     // Its other lock is still held, and the cancelled wait never becomes a lock.
     let (r, l) = lock(&fa, libc::F_GETLK, libc::F_WRLCK, 200, 10);
     assert_eq!(r, Ok(()));
-    assert_eq!((l.l_type, l.l_pid), (libc::F_WRLCK as i16, pid));
+    assert_eq!((l.l_type, l.l_pid), (libc::F_WRLCK as i16, waiter.pid));
     assert_eq!(lock(&fa, libc::F_SETLK, libc::F_UNLCK, 0, 0).0, Ok(()));
     std::thread::sleep(Duration::from_millis(200));
     let (r, l) = lock(&fa, libc::F_GETLK, libc::F_WRLCK, 0, 100);
     assert_eq!((r, l.l_type), (Ok(()), libc::F_UNLCK as i16));
-    kill();
 }
 
 #[test]
@@ -336,22 +354,13 @@ fn a_killed_waiter_never_holds_the_lock_it_waited_for() {
     let fa = rw(&a.path().join("f"));
     assert_eq!(flock(&fa, libc::LOCK_EX), Ok(()));
     let path = cs(b.path().join("f"));
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0);
-    if pid == 0 {
-        unsafe {
-            let fd = libc::open(path.as_ptr(), libc::O_RDWR);
-            libc::flock(fd, libc::LOCK_EX);
-            loop {
-                libc::pause();
-            }
-        }
-    }
+    let mut waiter = Child::fork(|| unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+        libc::flock(fd, libc::LOCK_EX);
+        0
+    });
     std::thread::sleep(Duration::from_millis(500));
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, std::ptr::null_mut(), 0);
-    }
+    waiter.kill();
     std::thread::sleep(Duration::from_millis(200));
     drop(fa);
     // Nobody holds the file now: a third open file takes it at once.

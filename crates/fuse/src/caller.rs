@@ -90,51 +90,28 @@ mod tests {
     const ALRM: u64 = 1 << (libc::SIGALRM - 1);
 
     #[test]
-    fn a_pending_signal_it_takes_interrupts_it() {
-        assert_eq!(
-            parse(&status("S (sleeping)", 1, 0, 0, 0, 0)),
-            Caller::Waiting
-        );
-        assert_eq!(
-            parse(&status("S (sleeping)", 1, ALRM, 0, 0, 0)),
-            Caller::Signalled
-        );
-        assert_eq!(
-            parse(&status("S (sleeping)", 1, 0, ALRM, 0, 0)),
-            Caller::Signalled
-        );
-        // Blocked or ignored: the kernel would not interrupt it either.
-        assert_eq!(
-            parse(&status("S (sleeping)", 1, ALRM, 0, ALRM, 0)),
-            Caller::Waiting
-        );
-        assert_eq!(
-            parse(&status("S (sleeping)", 1, 0, ALRM, 0, ALRM)),
-            Caller::Waiting
-        );
-        // Sent to a threaded process: another thread may take it.
-        assert_eq!(
-            parse(&status("S (sleeping)", 3, 0, ALRM, 0, 0)),
-            Caller::Waiting
-        );
-        assert_eq!(
-            parse(&status("S (sleeping)", 3, ALRM, 0, 0, 0)),
-            Caller::Signalled
-        );
-    }
-
-    #[test]
-    fn a_killed_or_dead_caller_is_gone() {
-        let kill = SIGKILL_BIT;
-        assert_eq!(
-            parse(&status("S (sleeping)", 1, 0, kill, 0, 0)),
-            Caller::Gone
-        );
-        assert_eq!(
-            parse(&status("S (sleeping)", 4, kill, 0, 0, 0)),
-            Caller::Gone
-        );
-        assert_eq!(parse(&status("Z (zombie)", 1, 0, 0, 0, 0)), Caller::Gone);
+    fn a_pending_signal_it_takes_interrupts_it_and_a_killed_caller_is_gone() {
+        use Caller::*;
+        let (s, kill) = ("S (sleeping)", SIGKILL_BIT);
+        // (state, threads, pending, shared pending, blocked, ignored): the verdict.
+        let cases = [
+            ((s, 1, 0, 0, 0, 0), Waiting),
+            ((s, 1, ALRM, 0, 0, 0), Signalled),
+            ((s, 1, 0, ALRM, 0, 0), Signalled),
+            // Blocked or ignored: the kernel would not interrupt it either.
+            ((s, 1, ALRM, 0, ALRM, 0), Waiting),
+            ((s, 1, 0, ALRM, 0, ALRM), Waiting),
+            // Sent to a threaded process: another thread may take it.
+            ((s, 3, 0, ALRM, 0, 0), Waiting),
+            ((s, 3, ALRM, 0, 0, 0), Signalled),
+            ((s, 1, 0, kill, 0, 0), Gone),
+            ((s, 4, kill, 0, 0, 0), Gone),
+            (("Z (zombie)", 1, 0, 0, 0, 0), Gone),
+        ];
+        for ((st, threads, pnd, shd, blk, ign), want) in cases {
+            let text = status(st, threads, pnd, shd, blk, ign);
+            assert_eq!(parse(&text), want, "{text}");
+        }
         assert_eq!(caller(u32::MAX), Caller::Gone);
         assert_eq!(caller(0), Caller::Waiting);
         assert_eq!(caller(std::process::id()), Caller::Waiting);
