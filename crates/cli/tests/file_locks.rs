@@ -297,8 +297,42 @@ fn flock_holds_across_mounts_until_the_last_close_of_its_open_file() {
         flock(&fa2, libc::LOCK_SH | libc::LOCK_NB),
         Err(libc::EWOULDBLOCK)
     );
+    // B's last close ends its lock. The kernel does not wait for a FUSE RELEASE, so
+    // another mount may see the lock go a round trip after close(2) returned: A waits.
     drop(fb);
-    assert_eq!(flock(&fa2, libc::LOCK_EX | libc::LOCK_NB), Ok(()));
+    let got = within(Duration::from_secs(10), move || flock(&fa2, libc::LOCK_EX));
+    assert_eq!(got, Some(Ok(())));
+}
+
+#[test]
+fn on_one_mount_a_flock_is_free_as_soon_as_close_returns() {
+    let c = cluster(1);
+    let a = c.mount();
+    let p = a.path().join("f");
+    let other = rw(&p);
+    // Each round's lock goes with an asynchronous RELEASE; the next open file's
+    // attempt, on the same mount, must never see it.
+    for round in 0..300 {
+        let f = rw(&p);
+        assert_eq!(
+            flock(&f, libc::LOCK_EX | libc::LOCK_NB),
+            Ok(()),
+            "round {round}"
+        );
+        drop(f);
+        assert_eq!(
+            flock(&other, libc::LOCK_EX | libc::LOCK_NB),
+            Ok(()),
+            "round {round}"
+        );
+        assert_eq!(flock(&other, libc::LOCK_UN), Ok(()));
+    }
+    // And a process's fcntl test sees no lock that a close ended.
+    let f = rw(&p);
+    assert_eq!(flock(&f, libc::LOCK_EX | libc::LOCK_NB), Ok(()));
+    drop(f);
+    let (r, l) = lock(&other, libc::F_GETLK, libc::F_WRLCK, 0, 0);
+    assert_eq!((r, l.l_type), (Ok(()), libc::F_UNLCK as i16));
 }
 
 extern "C" fn on_alarm(_: i32) {}

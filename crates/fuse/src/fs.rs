@@ -113,7 +113,36 @@ struct Inner {
     inline: AtomicUsize,
     /// Where the kernel is told what to forget, once the session is up.
     invals: Mutex<Option<std::sync::mpsc::Sender<InvalJob>>>,
+    /// Open files holding flock locks; see [`Inner::after_closes`].
+    flock_files: FlockFiles,
 }
+
+/// Open files (by FUSE handle) that took file locks. The last close of an open file
+/// drops its flock locks in a RELEASE that the kernel does not wait for, so a lock call
+/// that follows `close(2)` on this mount may reach the MDT first; it learns from here
+/// that it should wait for that RELEASE.
+#[derive(Default)]
+struct FlockFiles {
+    by_fh: Mutex<HashMap<u64, FlockFile>>,
+    /// How many have gone since the mount.
+    went: AtomicU64,
+    /// Told when one goes.
+    gone: tokio::sync::Notify,
+}
+
+struct FlockFile {
+    fid: Fid,
+    /// The owner of its last lock: the open file's own for a flock (or an OFD lock), a
+    /// process's for an fcntl lock.
+    owner: u64,
+    /// A descriptor of it was closed by another owner since: the last one, if its
+    /// RELEASE comes.
+    closed: bool,
+}
+
+/// How long a refused lock call waits for the RELEASE of a file a `close(2)` may have
+/// ended: one comes within a round trip, unless the closed descriptor was not the last.
+const RELEASE_WAIT: Duration = Duration::from_millis(250);
 
 /// Entries for the kernel to forget, and what to call once it has.
 type InvalJob = (Vec<Inval>, Box<dyn FnOnce() + Send>);
@@ -175,6 +204,7 @@ impl LodeFs {
                 groups: Groups::default(),
                 inline: AtomicUsize::new(0),
                 invals: Mutex::new(None),
+                flock_files: FlockFiles::default(),
             }),
             rt,
         }
@@ -842,12 +872,17 @@ impl Filesystem for LodeFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: Fh,
+        fh: Fh,
         lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
         // Writes are sent to the OSTs as they come; nothing is buffered here. What a
         // close ends is the closing process's record locks on the file, if it has any.
+        if let Some(f) = self.inner.flock_files.by_fh.lock().get_mut(&fh.0) {
+            // The close of a descriptor by a process that is not the lock's owner: a
+            // flock's open file may be going (its RELEASE follows).
+            f.closed |= f.owner != lock_owner.0;
+        }
         let Ok(fid) = self.inner.fid(ino) else {
             reply.ok();
             return;
@@ -889,6 +924,7 @@ impl Filesystem for LodeFs {
                     tracing::warn!(fid = %h.fid, "dropping flock locks at close failed: {e}");
                 }
             }
+            i.flock_file_gone(fh.0);
             if let Err(e) = i.client.close(&h).await {
                 tracing::warn!(fid = %h.fid, "close on the MDT failed: {e}");
             }
@@ -1238,7 +1274,7 @@ impl Filesystem for LodeFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: Fh,
+        fh: Fh,
         lock_owner: fuser::LockOwner,
         start: u64,
         end: u64,
@@ -1249,7 +1285,9 @@ impl Filesystem for LodeFs {
         self.spawn(move |i| async move {
             let r = async {
                 let a = flock_args(i.fid(ino)?, lock_owner, (start, end), typ, pid, false)?;
-                i.client.flock_test(&a).await
+                let refused = |r: &Result<Option<_>, _>| matches!(r, Ok(Some(_)));
+                i.after_closes(a.fid, fh.0, || i.client.flock_test(&a), refused)
+                    .await
             };
             match r.await {
                 Ok(Some(c)) => reply.locked(c.start, c.end, c.typ as i32, c.pid),
@@ -1263,7 +1301,7 @@ impl Filesystem for LodeFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: Fh,
+        fh: Fh,
         lock_owner: fuser::LockOwner,
         start: u64,
         end: u64,
@@ -1279,7 +1317,20 @@ impl Filesystem for LodeFs {
             let r = async {
                 let a = flock_args(i.fid(ino)?, lock_owner, (start, end), typ, pid, sleep)?;
                 let interrupted = || caller(tid) != Caller::Waiting;
-                let r = i.client.flock_interruptible(&a, &interrupted).await;
+                let call = || i.client.flock_interruptible(&a, &interrupted);
+                let r = i
+                    .after_closes(a.fid, fh.0, call, |r| r == &Err(Errno::EAGAIN))
+                    .await;
+                if r.is_ok() && typ != libc::F_UNLCK {
+                    i.flock_files.by_fh.lock().insert(
+                        fh.0,
+                        FlockFile {
+                            fid: a.fid,
+                            owner: lock_owner.0,
+                            closed: false,
+                        },
+                    );
+                }
                 if r.is_ok() && a.wait && caller(tid) == Caller::Gone {
                     // Granted as its caller was killed: nobody takes the answer, and
                     // the lock would outlive its owner. Dropped again, and never
@@ -1356,6 +1407,59 @@ fn dtype_mode(d: u8) -> u32 {
 }
 
 impl Inner {
+    /// Runs the lock call `call` on `fid` from open file `fh`; if it is `refused`, waits
+    /// (at most [`RELEASE_WAIT`]) for the RELEASEs of this mount's other open files of
+    /// `fid` that took locks and had a descriptor closed, and if any RELEASE ended
+    /// since the call began, runs it again: a lock that `close(2)` ended on this mount
+    /// is free to the next call.
+    async fn after_closes<T, F>(
+        &self,
+        fid: Fid,
+        fh: u64,
+        call: impl Fn() -> F,
+        refused: impl Fn(&T) -> bool,
+    ) -> T
+    where
+        F: Future<Output = T>,
+    {
+        let went = self.flock_files.went.load(Ordering::Acquire);
+        let r = call().await;
+        let closing = || {
+            let by_fh = self.flock_files.by_fh.lock();
+            by_fh
+                .iter()
+                .any(|(&k, f)| k != fh && f.fid == fid && f.closed)
+        };
+        if !refused(&r) {
+            return r;
+        }
+        let released = async {
+            loop {
+                // Made before the check, so a RELEASE ending in between still wakes it.
+                let gone = self.flock_files.gone.notified();
+                if !closing() {
+                    return;
+                }
+                gone.await;
+            }
+        };
+        let _ = tokio::time::timeout(RELEASE_WAIT, released).await;
+        // Refused by a lock that a RELEASE dropped since the call began (the call may
+        // have passed it on the way to the MDT): asked again.
+        if self.flock_files.went.load(Ordering::Acquire) == went {
+            return r;
+        }
+        call().await
+    }
+
+    /// Open file `fh` was released, its flock locks dropped.
+    fn flock_file_gone(&self, fh: u64) {
+        if self.flock_files.by_fh.lock().remove(&fh).is_some() {
+            self.flock_files.went.fetch_add(1, Ordering::AcqRel);
+            self.flock_files.gone.notify_waiters();
+        }
+    }
+
     /// The entries of the directory open as `fh` from FUSE offset `offset` (the cookie
     /// of the entry wanted) on: the handle's last page when it covers the offset (else
     /// the page read from there), and where in it they start. The kernel takes a few per call (a 4 KiB buffer), so
