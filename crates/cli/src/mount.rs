@@ -21,7 +21,8 @@ pub struct MountArgs {
     /// nothing cached beyond the timeouts), flock (the default: fcntl and flock(2)
     /// locks hold across the cluster) or localflock (they hold on this machine only),
     /// readdirplus=auto|always (attributes with a directory's first page only, the
-    /// default, or with every page).
+    /// default, or with every page), seclabel (store SELinux labels even where this
+    /// machine does not run SELinux; see [`lode_fuse::MountOptions::seclabel`]).
     #[arg(short = 'o')]
     pub options: Option<String>,
     /// Stay in the foreground instead of daemonizing once mounted.
@@ -48,6 +49,8 @@ struct Opts {
     /// Attributes with every directory page (`readdirplus=always`), or with the first
     /// one only (`auto`).
     readdirplus_always: bool,
+    /// `security.selinux` stored although SELinux is off here (`seclabel`).
+    seclabel: bool,
     /// mount(8)'s generic options given (suid, nodev, noexec, ro, ...), for the kernel.
     kernel: Vec<fuser::MountOption>,
 }
@@ -74,6 +77,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         locks: true,
         cluster_locks: true,
         readdirplus_always: false,
+        seclabel: std::path::Path::new(lode_fuse::SELINUX_FS).exists(),
         kernel: Vec::new(),
     };
     for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {
@@ -86,6 +90,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
             "nolocks" => o.locks = false,
             "flock" => o.cluster_locks = true,
             "localflock" => o.cluster_locks = false,
+            "seclabel" => o.seclabel = true,
             "readdirplus" => {
                 o.readdirplus_always = match v {
                     "always" => true,
@@ -198,6 +203,7 @@ pub fn run(a: MountArgs) -> Result<()> {
             threads: opts.threads,
             cluster_locks: opts.cluster_locks,
             readdirplus_always: opts.readdirplus_always,
+            seclabel: opts.seclabel,
         },
         rt.handle().clone(),
     );

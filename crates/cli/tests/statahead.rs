@@ -293,3 +293,53 @@ fn du_and_find_newer_on_a_new_mount_are_answered_by_statahead() {
         drop(m);
     }
 }
+
+/// getxattr, then setxattr of `name` on `p`: each call's errno (0 for success).
+fn xattr_errnos(p: &std::path::Path, name: &str) -> (i32, i32) {
+    let (p, n) = (cs(p), cs(name));
+    let mut buf = [0u8; 64];
+    let err = |r: isize| {
+        if r < 0 {
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+        } else {
+            0
+        }
+    };
+    // SAFETY: NUL-terminated names and a buffer of the length given.
+    let get = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let get = err(get);
+    let set = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), b"v".as_ptr().cast(), 1, 0) };
+    (get, err(set as isize))
+}
+
+/// `ls -l` asks every file for its SELinux label, a kernel round trip each, until a
+/// file system says labels are "not supported". Where this machine does not run
+/// SELinux, a mount says so for that one name (other `security.*` names are stored);
+/// with `-o seclabel` labels are stored as any xattr.
+#[test]
+fn without_selinux_here_the_label_is_not_supported_unless_seclabel() {
+    if std::path::Path::new("/sys/fs/selinux").exists() {
+        eprintln!("SELinux runs here: labels are stored on every mount; not checked");
+        return;
+    }
+    let c = cluster(1);
+    let m = c.mount();
+    let f = m.path().join("f");
+    fs::write(&f, b"x").expect("create");
+    assert_eq!(
+        xattr_errnos(&f, "security.selinux"),
+        (libc::EOPNOTSUPP, libc::EOPNOTSUPP)
+    );
+    assert_eq!(xattr_errnos(&f, "security.other"), (libc::ENODATA, 0));
+    assert_eq!(xattr_errnos(&f, "security.other"), (0, 0));
+    let out = std::process::Command::new("ls")
+        .arg("-l")
+        .arg(m.path())
+        .output()
+        .expect("ls");
+    assert!(out.status.success(), "ls -l: {out:?}");
+    let labelled = c.mount_with(&["seclabel"]);
+    let g = labelled.path().join("f");
+    assert_eq!(xattr_errnos(&g, "security.selinux"), (libc::ENODATA, 0));
+    assert_eq!(xattr_errnos(&g, "security.selinux"), (0, 0));
+}

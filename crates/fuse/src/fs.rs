@@ -65,7 +65,19 @@ pub struct MountOptions {
     /// `fcntl` and `flock(2)` locks held for the whole cluster by the MDT (Lustre's
     /// `flock`, the default), or only by this machine's kernel (`localflock`).
     pub cluster_locks: bool,
+    /// SELinux labels (`security.selinux`) are stored and read as any xattr: by
+    /// default only where this machine runs SELinux ([`SELINUX_FS`] exists), or with
+    /// `-o seclabel`. Otherwise that one name is refused with `EOPNOTSUPP`, as NFS
+    /// without labels does: `ls -l` asks for it on every file, one kernel round trip
+    /// each, until a file system answers "not supported", then no more on that one.
+    pub seclabel: bool,
 }
+
+/// Where the kernel shows SELinux when it runs it.
+pub const SELINUX_FS: &str = "/sys/fs/selinux";
+
+/// The xattr that holds an inode's SELinux label.
+const SELINUX_XATTR: &[u8] = b"security.selinux";
 
 struct DirHandle {
     fid: Fid,
@@ -1150,6 +1162,10 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let (name, value) = (name_bytes(name), value.to_vec());
+        if name == SELINUX_XATTR && !self.inner.opts.seclabel {
+            reply.error(FErrno::EOPNOTSUPP);
+            return;
+        }
         if name == MIGRATE_XATTR {
             self.reply_empty(reply, move |i| async move {
                 let layout = lode_base::layout::decode_xattr(&value).ok_or(Errno::EINVAL)?;
@@ -1170,6 +1186,10 @@ impl Filesystem for LodeFs {
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let cred = self.cred(req);
         let name = name_bytes(name);
+        if name == SELINUX_XATTR && !self.inner.opts.seclabel {
+            reply.error(FErrno::EOPNOTSUPP);
+            return;
+        }
         if name == FID_XATTR {
             // Answered here: the client knows every inode's FID (path2fid).
             match self.inner.fid(ino) {
@@ -1243,6 +1263,10 @@ impl Filesystem for LodeFs {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = self.cred(req);
         let name = name_bytes(name);
+        if name == SELINUX_XATTR && !self.inner.opts.seclabel {
+            reply.error(FErrno::EOPNOTSUPP);
+            return;
+        }
         self.reply_empty(reply, move |i| async move {
             i.client.setxattr(&cred, i.fid(ino)?, &name, None, 0).await
         });

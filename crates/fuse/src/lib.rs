@@ -10,4 +10,6 @@ mod caller;
 mod cred;
 mod fs;
 
-pub use fs::{LodeFs, MountOptions, FID2PATH_XATTR, FID_XATTR, MIGRATE_XATTR, STATFS_XATTR};
+pub use fs::{
+    LodeFs, MountOptions, FID2PATH_XATTR, FID_XATTR, MIGRATE_XATTR, SELINUX_FS, STATFS_XATTR,
+};
