@@ -14,7 +14,7 @@ use lode_proto::{
     Empty, Frame, Header, LdlmCancelReq, LdlmEnqueueReq, MdtBody, Opcode, Reply, Request,
 };
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet, HashSetExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;

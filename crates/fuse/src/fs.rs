@@ -13,7 +13,7 @@ use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
 use lode_client::{Client, DirEntry, FileHandle, FlockArgs, Inval, MdtBody};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;

@@ -20,7 +20,8 @@
 
 use lode_base::{Errno, Fid};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
