@@ -771,6 +771,9 @@ impl Client {
             Reply::Setattr(b) => b,
             _ => return Err(Errno::EPROTO),
         };
+        // Granted with the change (an intent): the getattr that usually follows is
+        // answered here.
+        self.remember(&body, None);
         if let Some(size) = sa.size {
             self.punch_objects(fid, body.layout.as_ref(), size).await?;
         }

@@ -286,6 +286,7 @@ impl Client {
                 | Request::Lookup(_)
                 | Request::Create(_)
                 | Request::Unlink(_)
+                | Request::Setattr(_)
                 | Request::Readdir(lode_proto::ReaddirReq { plus: true, .. })
         ) && self.callback_channel_up()
         {

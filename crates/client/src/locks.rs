@@ -7,6 +7,7 @@
 //! (an empty callback), drops every lock.
 
 use crate::Client;
+use foldhash::{HashMap, HashSet, HashSetExt};
 use lode_base::perm::{may_access, MAY_EXEC};
 use lode_base::{Cred, Errno, Fid};
 use lode_proto::frame::{FLAG_CALLBACK, FLAG_REPLY};
@@ -14,7 +15,6 @@ use lode_proto::{
     Empty, Frame, Header, LdlmCancelReq, LdlmEnqueueReq, MdtBody, Opcode, Reply, Request,
 };
 use parking_lot::Mutex;
-use foldhash::{HashMap, HashSet, HashSetExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;

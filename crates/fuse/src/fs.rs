@@ -3,6 +3,7 @@
 use crate::attr::{file_attr, kind, ns};
 use crate::caller::{caller, Caller};
 use crate::cred::Groups;
+use foldhash::{HashMap, HashMapExt};
 use fuser::{
     AccessFlags, Errno as FErrno, FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -13,7 +14,6 @@ use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
 use lode_client::{Client, DirEntry, FileHandle, FlockArgs, Inval, MdtBody};
 use parking_lot::{Mutex, RwLock};
-use foldhash::{HashMap, HashMapExt};
 use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;

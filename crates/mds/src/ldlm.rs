@@ -18,9 +18,9 @@
 //!   called back (a blocking callback), and the operation is woken when their cancels
 //!   (or their holders' eviction, [`Ldlm::overdue`] after `ldlm_timeout`) free it.
 
+use foldhash::{HashMap, HashSet};
 use lode_base::{Errno, Fid};
 use parking_lot::Mutex;
-use foldhash::{HashMap, HashSet};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

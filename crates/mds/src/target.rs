@@ -1747,6 +1747,10 @@ impl Mdt {
             MdtRequest::Create(r) if intent => Some((r.parent, r.name.clone())),
             _ => None,
         };
+        let setattr_intent = match &req {
+            MdtRequest::Setattr(r) if intent => Some(r.fid),
+            _ => None,
+        };
         // The directory a create or unlink changes, and its ctime before: handed back
         // after, so the client knows whether its copy was current.
         let parent_intent = match &req {
@@ -1780,6 +1784,11 @@ impl Mdt {
         match (create_intent, out.status, locks) {
             (Some(c), 0, Some(l)) => self.grant_created(exp, c, l, parent, &mut out),
             (None, 0, Some(l)) if parent.is_some() => self.grant_parent(exp, l, parent, &mut out),
+            (None, 0, Some(l)) => {
+                if let Some(fid) = setattr_intent {
+                    self.grant_changed(exp, fid, l, &mut out);
+                }
+            }
             _ => {}
         }
         self.untag(exp.slot, tag, xid);
@@ -1828,6 +1837,19 @@ impl Mdt {
             p.body.dir_lock = got[0];
         }
         out.body = Reply::Unlink(UnlinkRep { parent: Some(p) }).encode();
+    }
+
+    /// A setattr with an intent: the change's lock on the object is handed over to its
+    /// client as the PR UPDATE|PERM lock a getattr would get, with the attributes the
+    /// reply carries already, so a `chmod` is not followed by a getattr to cache them.
+    fn grant_changed(&self, exp: &Export, fid: Fid, locks: MdtLocks, out: &mut Outgoing) {
+        let Ok(Reply::Setattr(mut body)) = Reply::decode(Opcode::Setattr as u16, &out.body) else {
+            return;
+        };
+        use ldlm::bits::{PERM, UPDATE};
+        let want = (ResId::object(fid), LockMode::Pr, UPDATE | PERM);
+        body.lock = self.ldlm.release_and_grant(locks, exp.slot, &[want])[0];
+        out.body = Reply::Setattr(body).encode();
     }
 
     /// A create with an intent: the change's own locks are handed over to the creator as
