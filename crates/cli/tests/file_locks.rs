@@ -310,23 +310,24 @@ fn on_one_mount_a_flock_is_free_as_soon_as_close_returns() {
     let a = c.mount();
     let p = a.path().join("f");
     let other = rw(&p);
-    // Each round's lock goes with an asynchronous RELEASE; the next open file's
-    // attempt, on the same mount, must never see it.
-    for round in 0..300 {
-        let f = rw(&p);
-        assert_eq!(
-            flock(&f, libc::LOCK_EX | libc::LOCK_NB),
-            Ok(()),
-            "round {round}"
-        );
-        drop(f);
-        assert_eq!(
-            flock(&other, libc::LOCK_EX | libc::LOCK_NB),
-            Ok(()),
-            "round {round}"
-        );
-        assert_eq!(flock(&other, libc::LOCK_UN), Ok(()));
-    }
+    // Each round's locks go with an asynchronous RELEASE; the next open file's
+    // attempt, on the same mount, must never see them.
+    let rounds = |n: usize, take: &dyn Fn(&File) -> Result<(), i32>| {
+        for round in 0..n {
+            let f = rw(&p);
+            assert_eq!(take(&f), Ok(()), "round {round}");
+            drop(f);
+            let ex = flock(&other, libc::LOCK_EX | libc::LOCK_NB);
+            assert_eq!(ex, Ok(()), "round {round}");
+            assert_eq!(flock(&other, libc::LOCK_UN), Ok(()));
+        }
+    };
+    rounds(300, &|f| flock(f, libc::LOCK_EX | libc::LOCK_NB));
+    // An open file holding a flock and its process's fcntl lock: the close ends both.
+    rounds(50, &|f| {
+        flock(f, libc::LOCK_SH | libc::LOCK_NB)?;
+        lock(f, libc::F_SETLK, libc::F_RDLCK, 0, 10).0
+    });
     // And a process's fcntl test sees no lock that a close ended.
     let f = rw(&p);
     assert_eq!(flock(&f, libc::LOCK_EX | libc::LOCK_NB), Ok(()));
@@ -397,11 +398,18 @@ fn a_killed_waiter_never_holds_the_lock_it_waited_for() {
     waiter.kill();
     std::thread::sleep(Duration::from_millis(200));
     drop(fa);
-    // Nobody holds the file now: a third open file takes it at once.
+    // Nobody holds the file now: a third open file takes it as soon as A's RELEASE
+    // (which the kernel does not wait for, on another mount) has reached the MDT.
     let fb = rw(&b.path().join("f"));
     let got = within(Duration::from_secs(20), move || {
-        let r = flock(&fb, libc::LOCK_EX | libc::LOCK_NB);
-        (r, fb)
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let r = flock(&fb, libc::LOCK_EX | libc::LOCK_NB);
+            if r.is_ok() || std::time::Instant::now() > end {
+                return (r, fb);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     });
     assert_eq!(got.map(|g| g.0), Some(Ok(())));
 }

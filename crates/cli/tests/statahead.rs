@@ -342,4 +342,26 @@ fn without_selinux_here_the_label_is_not_supported_unless_seclabel() {
     let g = labelled.path().join("f");
     assert_eq!(xattr_errnos(&g, "security.selinux"), (libc::ENODATA, 0));
     assert_eq!(xattr_errnos(&g, "security.selinux"), (0, 0));
+    // The label stored there is not listed where it cannot be read.
+    let names = |p: &std::path::Path| -> Vec<String> {
+        let p = cs(p);
+        // SAFETY: a NUL-terminated path; a null buffer of size 0 asks for the size.
+        let n = unsafe { libc::listxattr(p.as_ptr(), std::ptr::null_mut(), 0) };
+        assert!(n >= 0, "listxattr size");
+        let mut buf = vec![0u8; n as usize];
+        // SAFETY: a buffer of the length given.
+        let got = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        assert_eq!(got, n, "the size asked for first is the size");
+        buf.split(|&b| b == 0)
+            .filter(|n| !n.is_empty())
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .collect()
+    };
+    assert!(names(&g).contains(&"security.selinux".to_string()));
+    let plain = names(&f);
+    assert!(plain.contains(&"security.other".to_string()), "{plain:?}");
+    assert!(
+        !plain.contains(&"security.selinux".to_string()),
+        "{plain:?}"
+    );
 }

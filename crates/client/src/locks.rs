@@ -394,8 +394,13 @@ impl Client {
     }
 
     /// The locks this client holds now.
-    pub fn locks_held(&self) -> HashMap<u64, HeldLock> {
-        self.locks.held.lock().clone()
+    pub fn locks_held(&self) -> std::collections::HashMap<u64, HeldLock> {
+        self.locks
+            .held
+            .lock()
+            .iter()
+            .map(|(&h, l)| (h, *l))
+            .collect()
     }
 
     /// Eviction notices received from the MDT so far (open handles from before one

@@ -20,7 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::runtime::Handle;
 
 /// Open flags of regular files. FLUSH stays on (`FOPEN_NOFLUSH` would skip it): with
@@ -144,13 +144,21 @@ struct FlockFiles {
 
 struct FlockFile {
     fid: Fid,
-    /// The owner of its last lock: the open file's own for a flock (or an OFD lock), a
-    /// process's for an fcntl lock.
-    owner: u64,
-    /// A descriptor of it was closed by another owner since: the last one, if its
-    /// RELEASE comes.
-    closed: bool,
+    /// The owners of its locks (a few): the open file's own for a flock (or an OFD
+    /// lock), a process's for an fcntl lock.
+    owners: Vec<u64>,
+    /// When a descriptor of it was last closed by a process that is not one of those
+    /// owners: the last one, if a RELEASE follows at once; a forked child's, if not.
+    closed: Option<Instant>,
 }
+
+/// Owners remembered per open file: beyond them a close always counts (see
+/// [`FlockFile::closed`]).
+const FLOCK_OWNERS_MAX: usize = 8;
+
+/// How long after such a close a refused lock call still waits for a RELEASE: one
+/// follows within a round trip, or not at all (the closed descriptor was not the last).
+const CLOSE_RECENT: Duration = Duration::from_secs(1);
 
 /// How long a refused lock call waits for the RELEASE of a file a `close(2)` may have
 /// ended: one comes within a round trip, unless the closed descriptor was not the last.
@@ -891,9 +899,11 @@ impl Filesystem for LodeFs {
         // Writes are sent to the OSTs as they come; nothing is buffered here. What a
         // close ends is the closing process's record locks on the file, if it has any.
         if let Some(f) = self.inner.flock_files.by_fh.lock().get_mut(&fh.0) {
-            // The close of a descriptor by a process that is not the lock's owner: a
-            // flock's open file may be going (its RELEASE follows).
-            f.closed |= f.owner != lock_owner.0;
+            // The close of a descriptor by a process that does not own all of the
+            // file's locks: a flock's open file may be going (its RELEASE follows).
+            if f.owners.len() >= FLOCK_OWNERS_MAX || f.owners.iter().any(|&o| o != lock_owner.0) {
+                f.closed = Some(Instant::now());
+            }
         }
         let Ok(fid) = self.inner.fid(ino) else {
             reply.ok();
@@ -1250,6 +1260,25 @@ impl Filesystem for LodeFs {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let cred = self.cred(req);
+        if !self.inner.opts.seclabel {
+            // A label stored by a mount that keeps them is not listed where getxattr
+            // refuses it: the whole list is fetched, filtered, then measured.
+            self.spawn(move |i| async move {
+                let r = async {
+                    let fid = i.fid(ino)?;
+                    let (_, n) = i.client.listxattr(&cred, fid, 0).await?;
+                    let (v, _) = i.client.listxattr(&cred, fid, n).await?;
+                    Ok::<_, Errno>(without_selinux(&v))
+                };
+                match r.await {
+                    Ok(v) if size == 0 => reply.size(v.len() as u32),
+                    Ok(v) if v.len() > size as usize => reply.error(FErrno::ERANGE),
+                    Ok(v) => reply.data(&v),
+                    Err(e) => reply.error(ferr(e)),
+                }
+            });
+            return;
+        }
         self.spawn(|i| async move {
             let r = async { i.client.listxattr(&cred, i.fid(ino)?, size).await };
             match r.await {
@@ -1346,14 +1375,15 @@ impl Filesystem for LodeFs {
                     .after_closes(a.fid, fh.0, call, |r| r == &Err(Errno::EAGAIN))
                     .await;
                 if r.is_ok() && typ != libc::F_UNLCK {
-                    i.flock_files.by_fh.lock().insert(
-                        fh.0,
-                        FlockFile {
-                            fid: a.fid,
-                            owner: lock_owner.0,
-                            closed: false,
-                        },
-                    );
+                    let mut by_fh = i.flock_files.by_fh.lock();
+                    let f = by_fh.entry(fh.0).or_insert_with(|| FlockFile {
+                        fid: a.fid,
+                        owners: Vec::new(),
+                        closed: None,
+                    });
+                    if !f.owners.contains(&lock_owner.0) && f.owners.len() < FLOCK_OWNERS_MAX {
+                        f.owners.push(lock_owner.0);
+                    }
                 }
                 if r.is_ok() && a.wait && caller(tid) == Caller::Gone {
                     // Granted as its caller was killed: nobody takes the answer, and
@@ -1417,6 +1447,17 @@ fn flock_args(
     })
 }
 
+/// A NUL-separated list of xattr names without `security.selinux`.
+fn without_selinux(list: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(list.len());
+    for name in list.split_inclusive(|&b| b == 0) {
+        if name.strip_suffix(&[0]).unwrap_or(name) != SELINUX_XATTR {
+            out.extend_from_slice(name);
+        }
+    }
+    out
+}
+
 /// The `S_IFMT` bits for a `d_type`.
 fn dtype_mode(d: u8) -> u32 {
     match d {
@@ -1450,9 +1491,9 @@ impl Inner {
         let r = call().await;
         let closing = || {
             let by_fh = self.flock_files.by_fh.lock();
-            by_fh
-                .iter()
-                .any(|(&k, f)| k != fh && f.fid == fid && f.closed)
+            by_fh.iter().any(|(&k, f)| {
+                k != fh && f.fid == fid && f.closed.is_some_and(|t| t.elapsed() < CLOSE_RECENT)
+            })
         };
         if !refused(&r) {
             return r;
@@ -1562,5 +1603,32 @@ impl Inner {
         // Cookies increase through a page.
         let start = d.page.partition_point(|e| e.cookie < offset);
         Ok((d.page.clone(), start, d.seq))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_selinux;
+
+    #[test]
+    fn the_selinux_label_is_taken_out_of_an_xattr_list_and_nothing_else() {
+        let cases: [(&[u8], &[u8]); 5] = [
+            (b"", b""),
+            (b"security.selinux\0", b""),
+            (b"user.a\0security.selinux\0user.b\0", b"user.a\0user.b\0"),
+            (
+                b"security.selinuxx\0security.capability\0",
+                b"security.selinuxx\0security.capability\0",
+            ),
+            (b"user.a\0security.selinux", b"user.a\0"),
+        ];
+        for (list, want) in cases {
+            assert_eq!(
+                without_selinux(list),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(list)
+            );
+        }
     }
 }
