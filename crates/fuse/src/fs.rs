@@ -243,6 +243,12 @@ impl LodeFs {
         Invalidation(self.inner.clone())
     }
 
+    /// Whether xattr `name` is the SELinux label this mount does not keep (see
+    /// [`MountOptions::seclabel`]).
+    fn label_refused(&self, name: &[u8]) -> bool {
+        name == SELINUX_XATTR && !self.inner.opts.seclabel
+    }
+
     fn cred(&self, req: &Request) -> Cred {
         self.inner.groups.cred(req.uid(), req.gid(), req.pid())
     }
@@ -1172,7 +1178,7 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let (name, value) = (name_bytes(name), value.to_vec());
-        if name == SELINUX_XATTR && !self.inner.opts.seclabel {
+        if self.label_refused(&name) {
             reply.error(FErrno::EOPNOTSUPP);
             return;
         }
@@ -1196,7 +1202,7 @@ impl Filesystem for LodeFs {
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        if name == SELINUX_XATTR && !self.inner.opts.seclabel {
+        if self.label_refused(&name) {
             reply.error(FErrno::EOPNOTSUPP);
             return;
         }
@@ -1260,30 +1266,21 @@ impl Filesystem for LodeFs {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let cred = self.cred(req);
-        if !self.inner.opts.seclabel {
-            // A label stored by a mount that keeps them is not listed where getxattr
-            // refuses it: the whole list is fetched, filtered, then measured.
-            self.spawn(move |i| async move {
-                let r = async {
-                    let fid = i.fid(ino)?;
-                    let (_, n) = i.client.listxattr(&cred, fid, 0).await?;
-                    let (v, _) = i.client.listxattr(&cred, fid, n).await?;
-                    Ok::<_, Errno>(without_selinux(&v))
-                };
-                match r.await {
-                    Ok(v) if size == 0 => reply.size(v.len() as u32),
-                    Ok(v) if v.len() > size as usize => reply.error(FErrno::ERANGE),
-                    Ok(v) => reply.data(&v),
-                    Err(e) => reply.error(ferr(e)),
-                }
-            });
-            return;
-        }
-        self.spawn(|i| async move {
-            let r = async { i.client.listxattr(&cred, i.fid(ino)?, size).await };
+        self.spawn(move |i| async move {
+            let r = async {
+                // The whole list in one call (the MDT bounds it), so that a label this
+                // mount refuses is left out of what is measured as well as what is sent.
+                let (v, _) = i.client.listxattr(&cred, i.fid(ino)?, u32::MAX).await?;
+                Ok::<_, Errno>(if i.opts.seclabel {
+                    v
+                } else {
+                    without_selinux(&v)
+                })
+            };
             match r.await {
-                Ok((_, n)) if size == 0 => reply.size(n),
-                Ok((v, _)) => reply.data(&v),
+                Ok(v) if size == 0 => reply.size(v.len() as u32),
+                Ok(v) if v.len() > size as usize => reply.error(FErrno::ERANGE),
+                Ok(v) => reply.data(&v),
                 Err(e) => reply.error(ferr(e)),
             }
         });
@@ -1292,7 +1289,7 @@ impl Filesystem for LodeFs {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = self.cred(req);
         let name = name_bytes(name);
-        if name == SELINUX_XATTR && !self.inner.opts.seclabel {
+        if self.label_refused(&name) {
             reply.error(FErrno::EOPNOTSUPP);
             return;
         }
