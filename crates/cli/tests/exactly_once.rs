@@ -91,6 +91,26 @@ fn a_resent_create_open_create_close_mkdir_mknod_or_symlink_returns_the_original
         "close: the file is still there"
     );
 
+    // A read-only open and its close change nothing on disk: their replies are kept
+    // in memory only, and a resend is still answered from them (a second open would
+    // leave a second handle, a second close would say EBADF).
+    let ro = with_lost_reply(&c, "read-only open", || {
+        s.run(cl.open(&r, fh.fid, libc::O_RDONLY))
+    })
+    .unwrap_or_else(|e| panic!("read-only open: resent open must succeed, got {e:?}"));
+    assert_eq!(
+        c.get_param("mdt.*.open_files"),
+        "1",
+        "read-only open: exactly one open handle, not one per execution"
+    );
+    with_lost_reply(&c, "read-only close", || s.run(cl.close(&ro)))
+        .unwrap_or_else(|e| panic!("read-only close: resent close must succeed, got {e:?}"));
+    assert_eq!(
+        c.get_param("mdt.*.open_files"),
+        "0",
+        "read-only close: the handle is closed"
+    );
+
     // mkdir: EEXIST on a second execution, and the parent's link count would not be
     // what one new subdirectory makes it.
     let before = nlink(&s, dir);

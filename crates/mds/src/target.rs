@@ -697,6 +697,7 @@ impl Mdt {
                 }
                 self.vanished.lock().remove(&slot);
                 self.tags.lock().remove(&slot);
+                self.ns.store.forget_replies(slot);
             }
             None => {
                 self.vanished.lock().insert(slot, Instant::now());

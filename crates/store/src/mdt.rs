@@ -1,12 +1,16 @@
 //! Transactions and commits: every change is one batch that also holds its reply
 //! record; transnos are assigned inside the batch-apply critical section so WAL order
 //! is transno order; a commit thread syncs the WAL and only then publishes
-//! `last_committed`.
+//! `last_committed`. A change that writes nothing (a read-only open, a close that
+//! changes nothing) still gets a transno, so its client replays it in order after a
+//! restart (Lustre's "empty transno"), but its reply record stays in memory: only a
+//! resend to this same run of the target reads it.
 
 use crate::engine::{Batch, Cf, Engine, Op, StoreError};
 use crate::records::{self, reply_key};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,7 +118,13 @@ pub struct MdtStore {
     engine: Arc<dyn Engine>,
     apply_lock: Mutex<()>,
     last_transno: AtomicU64,
+    /// Highest transno in `LAST_TRANSNO` on disk (or in the WAL): below
+    /// `last_transno` after changes that wrote nothing, until the next commit.
+    last_written: AtomicU64,
     last_committed: AtomicU64,
+    /// Reply records of changes that wrote nothing, by `reply_key`: a later record
+    /// on disk under the same key replaces one here.
+    volatile: Mutex<HashMap<Vec<u8>, ReplyRecord>>,
     stopped: AtomicBool,
     interval_ms: AtomicU64,
     commit: Mutex<CommitState>,
@@ -138,7 +148,9 @@ impl MdtStore {
             engine,
             apply_lock: Mutex::new(()),
             last_transno: AtomicU64::new(last),
+            last_written: AtomicU64::new(last),
             last_committed: AtomicU64::new(last),
+            volatile: Mutex::new(HashMap::new()),
             stopped: AtomicBool::new(false),
             interval_ms: AtomicU64::new(100),
             commit: Mutex::new(CommitState {
@@ -232,7 +244,10 @@ impl MdtStore {
     }
 
     /// Applies `batch` atomically with a reply record for `reply` (if any), assigning
-    /// the next transno. Returns the transno. Nothing is synced here.
+    /// the next transno. Returns the transno. Nothing is synced here. An empty batch
+    /// with a reply writes nothing: the transno is assigned and the record kept in
+    /// memory (see the module's note); an empty batch without one still writes the
+    /// transno.
     pub fn apply(
         &self,
         mut batch: Batch,
@@ -250,6 +265,8 @@ impl MdtStore {
             Some((s, _, _)) if s.replay_transno >= next => s.replay_transno,
             _ => next,
         };
+        // Nothing but a reply record: the record stays in memory.
+        let empty = batch.is_empty() && reply.is_some();
         if let Some((slot, status, body)) = reply {
             let rec = ReplyRecord {
                 xid: slot.xid,
@@ -257,24 +274,54 @@ impl MdtStore {
                 status,
                 body,
             };
-            batch.put(
-                Cf::Reply,
-                reply_key(slot.slot, slot.tag, slot.sub),
-                records::encode(&rec),
-            );
+            let key = reply_key(slot.slot, slot.tag, slot.sub);
+            let mut volatile = self.volatile.lock();
+            if empty {
+                volatile.insert(key, rec);
+            } else {
+                volatile.remove(&key);
+                batch.put(Cf::Reply, key, records::encode(&rec));
+            }
         }
-        batch.put(Cf::Server, LAST_TRANSNO, transno.to_le_bytes().to_vec());
-        if let Err(e) = self.engine.write(&batch) {
-            self.stop(&e);
-            return Err(e);
+        if !empty {
+            batch.put(Cf::Server, LAST_TRANSNO, transno.to_le_bytes().to_vec());
+            if let Err(e) = self.engine.write(&batch) {
+                self.stop(&e);
+                return Err(e);
+            }
+            self.written(&batch);
+            self.last_written.store(transno, Ordering::Release);
         }
-        self.written(&batch);
         assert!(
             transno > self.last_transno.load(Ordering::Relaxed),
             "transno never goes backwards"
         );
         self.last_transno.store(transno, Ordering::Release);
         Ok(transno)
+    }
+
+    /// Writes `LAST_TRANSNO` if changes that wrote nothing took transnos since the
+    /// last write, so that a commit makes them as durable as any other: after a
+    /// restart they are at or below the store's last transno.
+    fn write_last_transno(&self) -> Result<(), StoreError> {
+        let _g = self.apply_lock.lock();
+        let t = self.last_transno.load(Ordering::Relaxed);
+        if t <= self.last_written.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut b = Batch::new();
+        b.put(Cf::Server, LAST_TRANSNO, t.to_le_bytes().to_vec());
+        self.engine.write(&b)?;
+        self.last_written.store(t, Ordering::Release);
+        Ok(())
+    }
+
+    /// Forgets the in-memory reply records of client `slot` (its on-disk ones are
+    /// deleted with its slot).
+    pub fn forget_replies(&self, slot: u32) {
+        let prefix = reply_key(slot, 0, 0);
+        let prefix = &prefix[..std::mem::size_of::<u32>()];
+        self.volatile.lock().retain(|k, _| !k.starts_with(prefix));
     }
 
     /// The inode record under `key` (in `Cf::Inode`), from the cache when it is there.
@@ -385,13 +432,12 @@ impl MdtStore {
             status,
             body: Vec::new(),
         };
+        let key = reply_key(slot.slot, slot.tag, slot.sub);
         let mut b = Batch::new();
-        b.put(
-            Cf::Reply,
-            reply_key(slot.slot, slot.tag, slot.sub),
-            records::encode(&rec),
-        );
-        self.apply_untracked(&b)
+        b.put(Cf::Reply, key.clone(), records::encode(&rec));
+        self.apply_untracked(&b)?;
+        self.volatile.lock().remove(&key);
+        Ok(())
     }
 
     /// The reply record stored for `(slot, tag)`, or for sub-request `sub - 1` of the
@@ -402,7 +448,11 @@ impl MdtStore {
         tag: u16,
         sub: u16,
     ) -> Result<Option<ReplyRecord>, StoreError> {
-        match self.engine.get(Cf::Reply, &reply_key(slot, tag, sub))? {
+        let key = reply_key(slot, tag, sub);
+        if let Some(rec) = self.volatile.lock().get(&key) {
+            return Ok(Some(rec.clone()));
+        }
+        match self.engine.get(Cf::Reply, &key)? {
             Some(b) => Ok(Some(records::decode("reply", &b)?)),
             None => Ok(None),
         }
@@ -451,7 +501,7 @@ impl MdtStore {
             // Everything written before the sync starts is covered by it.
             let target = self.last_transno();
             if target > self.last_committed() {
-                if let Err(e) = self.engine.sync() {
+                if let Err(e) = self.write_last_transno().and_then(|()| self.engine.sync()) {
                     self.stop(&e);
                     return;
                 }
@@ -583,6 +633,57 @@ mod tests {
         assert_eq!((r.xid, r.transno, r.body), (42, 1, vec![9]));
         assert_eq!(s.sync().unwrap(), 1);
         assert_eq!(s.last_committed(), 1);
+    }
+
+    fn reply(slot: u32, tag: u16, xid: u64) -> Option<(ReplySlot, i32, Vec<u8>)> {
+        let at = ReplySlot {
+            slot,
+            tag,
+            xid,
+            replay_transno: 0,
+            sub: 0,
+        };
+        Some((at, 0, vec![xid as u8]))
+    }
+
+    #[test]
+    fn a_change_that_writes_nothing_gets_a_transno_and_a_record_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
+        s.start_commit_thread().unwrap();
+        assert_eq!(s.apply(Batch::new(), reply(3, 1, 7)).unwrap(), 1);
+        assert_eq!(s.reply_record(3, 1, 0).unwrap().map(|r| r.xid), Some(7));
+        assert_eq!(
+            s.engine().get(Cf::Reply, &reply_key(3, 1, 0)).unwrap(),
+            None
+        );
+        // A record on disk under the same tag replaces the one in memory.
+        let mut b = Batch::new();
+        b.put(Cf::Inode, b"k".to_vec(), b"v".to_vec());
+        assert_eq!(s.apply(b, reply(3, 1, 8)).unwrap(), 2);
+        assert_eq!(s.reply_record(3, 1, 0).unwrap().map(|r| r.xid), Some(8));
+        // The last change wrote nothing: a commit still makes its transno durable.
+        assert_eq!(s.apply(Batch::new(), reply(3, 2, 9)).unwrap(), 3);
+        assert_eq!(s.sync().unwrap(), 3);
+        let last = s.engine().get(Cf::Server, LAST_TRANSNO).unwrap();
+        assert_eq!(last, Some(3u64.to_le_bytes().to_vec()));
+        s.forget_replies(3);
+        assert_eq!(s.reply_record(3, 2, 0).unwrap(), None);
+        assert_eq!(s.reply_record(3, 1, 0).unwrap().map(|r| r.xid), Some(8));
+    }
+
+    #[test]
+    fn an_uncommitted_change_that_wrote_nothing_is_gone_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
+            s.apply(Batch::new(), None).unwrap();
+            assert_eq!(s.apply(Batch::new(), reply(1, 1, 5)).unwrap(), 2);
+        }
+        let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
+        // Its client still holds it for replay, which keeps transno 2.
+        assert_eq!(s.last_transno(), 1);
+        assert_eq!(s.reply_record(1, 1, 0).unwrap(), None);
     }
 
     #[test]
