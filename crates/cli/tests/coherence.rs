@@ -492,3 +492,101 @@ fn a_mount_working_alone_in_its_directory_is_never_called_back() {
     fs::write(b.path().join("mine/from-b"), b"").expect("create on B");
     assert!(callbacks() > alone, "the counter counts");
 }
+
+/// Whether the kernel holds the first page of `f` in its page cache (`mincore` of a
+/// mapping that has not been touched, so nothing is read to answer).
+fn first_page_cached(f: &fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        let mut v = [0u8; 1];
+        assert_eq!(libc::mincore(p, 4096, v.as_mut_ptr()), 0, "mincore");
+        libc::munmap(p, 4096);
+        v[0] & 1 == 1
+    }
+}
+
+/// Read-on-open fills the kernel's page cache (as Lustre's does the client's pages),
+/// so reading a small DoM file after opening it is no FUSE round trip; the pages are
+/// the file as it is at each open, whoever changed it, and never replace what a
+/// writable mapping of this mount has not written back yet.
+#[test]
+fn a_small_dom_file_opened_for_reading_is_in_the_page_cache_and_stays_current() {
+    let c = cluster(2);
+    let (a, b) = (c.mount(), c.mount());
+    let (pa, pb) = (a.path().join("d/f"), b.path().join("d/f"));
+    fs::create_dir(a.path().join("d")).expect("mkdir");
+    lode_ok(
+        &c,
+        &[
+            "setstripe",
+            "-E",
+            "1M",
+            "-L",
+            "mdt",
+            &arg(&a.path().join("d")),
+        ],
+    );
+    fs::write(&pa, b"first version").expect("write");
+    let _ = fs::metadata(&pa);
+
+    let f = fs::File::open(&pa).expect("open");
+    assert!(
+        first_page_cached(&f),
+        "the open put the file in the page cache"
+    );
+    assert_eq!(std::io::read_to_string(&f).expect("read"), "first version");
+    drop(f);
+
+    // Changed elsewhere, longer then shorter: each open on A reads it as it is.
+    fs::write(&pb, b"second, longer version").expect("write on B");
+    assert_eq!(fs::read(&pa).expect("read"), b"second, longer version");
+    fs::write(&pb, b"third").expect("write on B");
+    assert_eq!(fs::read(&pa).expect("read"), b"third");
+    assert_eq!(fs::metadata(&pa).expect("stat").len(), 5);
+
+    // A shared writable mapping on A, not written back: a read-only open on A must
+    // read the mapping's bytes, not the MDT's older ones over them.
+    let w = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&pa)
+        .expect("open rw");
+    unsafe {
+        use std::os::fd::AsRawFd;
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            w.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        std::ptr::copy_nonoverlapping(b"THIRD".as_ptr(), p.cast::<u8>(), 5);
+        // The attributes asked again, so the mount may hold their lock once more.
+        let _ = fs::metadata(&pa);
+        let _ = fs::metadata(&pb);
+        let _ = fs::metadata(&pa);
+        assert_eq!(
+            fs::read(&pa).expect("read"),
+            b"THIRD",
+            "the mapping's bytes"
+        );
+        libc::munmap(p, 4096);
+    }
+    drop(w);
+    assert_eq!(
+        fs::read(&pb).expect("read on B"),
+        b"THIRD",
+        "written back at unmap"
+    );
+}

@@ -394,6 +394,16 @@ impl Client {
         }
     }
 
+    /// The whole file as its open found it (read-on-open), if the handle holds all of
+    /// it (at least one byte) and nothing was written through this client since: what
+    /// a mount may put in the kernel's page cache at open, as Lustre's read-on-open
+    /// fills the client's pages.
+    pub fn opened_contents(&self, fh: &FileHandle) -> Option<Arc<DomPrefetch>> {
+        let (p, at) = fh.prefetch.as_ref()?;
+        let whole = p.eof && !p.data.is_empty() && p.data.len() as u64 == fh.attr.size;
+        (whole && *at == self.data_epoch.load(Ordering::Acquire)).then(|| p.clone())
+    }
+
     /// Reads up to `len` bytes at `off`; short at end of file. The read is done again
     /// with the new layout if the layout changed (a migration swapped it) while it
     /// was under way: the old layout's objects may be gone by the time its replies

@@ -117,7 +117,7 @@ struct Inner {
     /// Inode number → (FID, kernel lookup count); an entry goes when the kernel
     /// forgets the inode, so memory follows what the kernel caches.
     inodes: RwLock<HashMap<u64, (Fid, u64)>>,
-    files: Mutex<HashMap<u64, Arc<FileHandle>>>,
+    files: Mutex<OpenFiles>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
     next_fh: AtomicU64,
     groups: Groups,
@@ -125,8 +125,62 @@ struct Inner {
     inline: AtomicUsize,
     /// Where the kernel is told what to forget, once the session is up.
     invals: Mutex<Option<std::sync::mpsc::Sender<InvalJob>>>,
+    /// The session's notifier, for filling the page cache at open (see
+    /// [`Inner::fill_pages`]); set with `invals`.
+    pages: Mutex<Option<fuser::Notifier>>,
     /// Open files holding flock locks; see [`Inner::after_closes`].
     flock_files: FlockFiles,
+}
+
+/// The mount's open files, by FUSE handle, and how many of them each file has open
+/// for writing.
+#[derive(Default)]
+struct OpenFiles {
+    by_fh: HashMap<u64, Arc<FileHandle>>,
+    writers: HashMap<Fid, u32>,
+}
+
+impl OpenFiles {
+    fn get(&self, fh: &u64) -> Option<&Arc<FileHandle>> {
+        self.by_fh.get(fh)
+    }
+
+    fn insert(&mut self, fh: u64, h: Arc<FileHandle>) {
+        if h.writable() {
+            *self.writers.entry(h.fid).or_insert(0) += 1;
+        }
+        if let Some(old) = self.by_fh.insert(fh, h) {
+            self.forget_writer(&old);
+        }
+    }
+
+    fn remove(&mut self, fh: &u64) -> Option<Arc<FileHandle>> {
+        let h = self.by_fh.remove(fh)?;
+        self.forget_writer(&h);
+        Some(h)
+    }
+
+    fn forget_writer(&mut self, h: &FileHandle) {
+        if !h.writable() {
+            return;
+        }
+        if let Some(n) = self.writers.get_mut(&h.fid) {
+            *n -= 1;
+            if *n == 0 {
+                self.writers.remove(&h.fid);
+            }
+        }
+    }
+
+    fn drain(&mut self) -> Vec<Arc<FileHandle>> {
+        self.writers.clear();
+        self.by_fh.drain().map(|(_, f)| f).collect()
+    }
+
+    /// Whether some handle has `fid` open for writing.
+    fn writing(&self, fid: Fid) -> bool {
+        self.writers.contains_key(&fid)
+    }
 }
 
 /// Open files (by FUSE handle) that took file locks. The last close of an open file
@@ -175,6 +229,7 @@ impl Invalidation {
     /// `notifier` (the session's). Until then, the kernel is given no long timeouts.
     pub fn start(self, notifier: fuser::Notifier) -> std::io::Result<()> {
         let (tx, rx) = std::sync::mpsc::channel::<InvalJob>();
+        *self.0.pages.lock() = Some(notifier.clone());
         let inner = self.0.clone();
         std::thread::Builder::new()
             .name("lode-inval".into())
@@ -218,12 +273,13 @@ impl LodeFs {
                 client,
                 opts,
                 inodes: RwLock::new(inodes),
-                files: Mutex::new(HashMap::new()),
+                files: Mutex::new(OpenFiles::default()),
                 dirs: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 groups: Groups::default(),
                 inline: AtomicUsize::new(0),
                 invals: Mutex::new(None),
+                pages: Mutex::new(None),
                 flock_files: FlockFiles::default(),
             }),
             rt,
@@ -385,6 +441,41 @@ impl Inner {
         }
     }
 
+    /// Read-on-open into the kernel's page cache (Lustre's `ll_dom_finish_open`): a
+    /// read-only open that brought the whole file stores it in the file's pages, so
+    /// the read that follows is served by the kernel, not by a FUSE round trip. True
+    /// if the kernel may keep its cache at this open (`FOPEN_KEEP_CACHE`, which every
+    /// other open goes without): every byte of the file was just replaced, the
+    /// kernel's size is the MDT's (this client holds the attributes lock, whose loss
+    /// makes the kernel forget them), no handle of this mount has the file open for
+    /// writing, and nothing was written through this mount meanwhile, checked again
+    /// after the store (a local write racing it leaves the open to drop the pages, as
+    /// any open does).
+    fn fill_pages(&self, ino: INodeNo, h: &FileHandle) -> bool {
+        if self.opts.writeback || h.flags & libc::O_APPEND != 0 {
+            return false;
+        }
+        let Some(p) = self.client.opened_contents(h) else {
+            return false;
+        };
+        // A handle open for writing may have dirty pages (a shared writable mapping)
+        // that the store would overwrite.
+        if self.files.lock().writing(h.fid) {
+            return false;
+        }
+        if !self.client.covered(None, h.fid).1 {
+            return false;
+        }
+        let Some(n) = self.pages.lock().clone() else {
+            return false;
+        };
+        if let Err(e) = n.store(ino, 0, &p.data) {
+            tracing::debug!(fid = %h.fid, "storing read-on-open data in the page cache: {e}");
+            return false;
+        }
+        self.client.opened_contents(h).is_some()
+    }
+
     /// With the writeback cache, the kernel writes a file's pages through whichever
     /// handle it likes, even after the one they were written with is closed: no
     /// handle can then say it wrote nothing.
@@ -534,7 +625,7 @@ impl Filesystem for LodeFs {
 
     fn destroy(&mut self) {
         let client = self.inner.client.clone();
-        let files: Vec<Arc<FileHandle>> = self.inner.files.lock().drain().map(|(_, f)| f).collect();
+        let files: Vec<Arc<FileHandle>> = self.inner.files.lock().drain();
         let _ = self.rt.block_on(async move {
             for f in files {
                 let _ = client.close(&f).await;
@@ -783,7 +874,10 @@ impl Filesystem for LodeFs {
             match r.await {
                 Ok(h) => {
                     i.track_writes(&h);
-                    let open_flags = i.open_flags(&h);
+                    let mut open_flags = i.open_flags(&h);
+                    if i.fill_pages(ino, &h) {
+                        open_flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                    }
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
                     i.files.lock().insert(fh, Arc::new(h));
                     reply.opened(Fh(fh), open_flags);
