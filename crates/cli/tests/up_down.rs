@@ -21,26 +21,30 @@ fn lode_processes_for(dir: &Path) -> usize {
         .count()
 }
 
+/// Runs `lode up` (through `cmd`, a lode binary) on `dir` with ports from `base`, which
+/// must succeed; returns what it printed.
+fn up_with(mut cmd: Command, dir: &Path, base: u16) -> String {
+    let out = cmd
+        .args(["up", "--dir"])
+        .arg(dir)
+        .args(["--port-base", &base.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
 #[test]
 fn up_then_down_twice_leaves_nothing_behind_and_keeps_data() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("data");
     // Below the ephemeral port range (32768+), so free_port() of other tests never collides.
     let base = 20000 + (std::process::id() % 1200) as u16 * 10;
-    let up = || {
-        let out = lode()
-            .args(["up", "--dir"])
-            .arg(&dir)
-            .args(["--port-base", &base.to_string()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let up = || up_with(lode(), &dir, base);
     let down = || {
         let out = lode().args(["down", "--dir"]).arg(&dir).output().unwrap();
         assert!(
@@ -77,6 +81,33 @@ fn up_then_down_twice_leaves_nothing_behind_and_keeps_data() {
             || lode_processes_for(&dir) == 0,
         );
     }
+}
+
+/// `lode down` stops what `lode up` started even when that was a copy of the binary
+/// under another name.
+#[test]
+fn down_stops_servers_started_by_a_renamed_copy_of_lode() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("data");
+    let copy = t.path().join("lodefs-copy");
+    std::fs::copy(env!("CARGO_BIN_EXE_lode"), &copy).unwrap();
+    let base = 21000 + (std::process::id() % 1000) as u16 * 10;
+    up_with(Command::new(&copy), &dir, base);
+    assert!(
+        lode_processes_for(&dir) >= 5,
+        "four servers and a mount run"
+    );
+    let out = lode().args(["down", "--dir"]).arg(&dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "down: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lode_testkit::wait_for(
+        "the copy's processes to exit",
+        std::time::Duration::from_secs(15),
+        || lode_processes_for(&dir) == 0,
+    );
 }
 
 fn fails_with(cmd: &mut Command, words: &str) {
