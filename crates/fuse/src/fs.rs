@@ -1036,14 +1036,11 @@ impl Filesystem for LodeFs {
         // The last close of an open file description ends its flock locks.
         let flock_owner = lock_owner
             .and_then(|o| flock_args(h.fid, o, (0, u64::MAX), libc::F_UNLCK, 0, false).ok());
-        // close(2) does not wait for RELEASE: answer now, then close on the MDT in the
-        // background (its errors could not reach the application anyway). On the
-        // runtime, not on this thread: a FUSE thread waiting for the CLOSE's reply
-        // would be the one to read the next OPEN's reply off the connection and wake
-        // the OPEN's thread for it, one more hand-off on the application's path.
+        // close(2) does not wait for RELEASE: answer now, then close on the MDT from
+        // this thread (like any call, on the runtime when the threads are busy); its
+        // errors could not reach the application anyway.
         reply.ok();
-        let i = self.inner.clone();
-        self.rt.spawn(async move {
+        self.spawn(|i| async move {
             if let Some(a) = flock_owner {
                 if let Err(e) = i.client.flock(&a).await {
                     tracing::warn!(fid = %h.fid, "dropping flock locks at close failed: {e}");
