@@ -285,12 +285,21 @@ impl Namespace {
     }
 
     /// Commits a modification: the batch plus its reply record, returning the transno.
+    /// An open or close that changes nothing takes an empty transno (its record stays
+    /// in memory, see `MdtStore::apply_volatile`): run again after a restart, it does
+    /// what it did. Any other change keeps its record on disk, even with nothing else
+    /// to write (a rename between two links of one inode, run again after others
+    /// changed those names, would not be a no-op).
     pub(crate) fn commit(&self, ctx: &Ctx, batch: Batch, reply: &Reply) -> OpResult<u64> {
         if !inode::vbr::commit() {
             return Err(Errno::EOVERFLOW.into());
         }
         let rec = ctx.slot.map(|s| (s, 0, reply.encode()));
-        Ok(self.store.apply(batch, rec)?)
+        let volatile = matches!(reply, Reply::Open(_) | Reply::Close(_));
+        Ok(match rec {
+            Some(rec) if volatile && batch.is_empty() => self.store.apply_volatile(rec)?,
+            rec => self.store.apply(batch, rec)?,
+        })
     }
 
     /// Fails with ENOSPC when the MDT's disk is nearly full, before anything is written.

@@ -1,10 +1,10 @@
 //! Transactions and commits: every change is one batch that also holds its reply
 //! record; transnos are assigned inside the batch-apply critical section so WAL order
 //! is transno order; a commit thread syncs the WAL and only then publishes
-//! `last_committed`. A change that writes nothing (a read-only open, a close that
-//! changes nothing) still gets a transno, so its client replays it in order after a
-//! restart (Lustre's "empty transno"), but its reply record stays in memory: only a
-//! resend to this same run of the target reads it.
+//! `last_committed`. A change that writes nothing and may run again after a restart
+//! (a read-only open, a close that changes nothing) still gets a transno, so its
+//! client replays it in order after a restart (Lustre's "empty transno"), but its reply
+//! record stays in memory: only a resend to this same run of the target reads it.
 
 use crate::engine::{Batch, Cf, Engine, Op, StoreError};
 use crate::records::{self, reply_key};
@@ -244,14 +244,28 @@ impl MdtStore {
     }
 
     /// Applies `batch` atomically with a reply record for `reply` (if any), assigning
-    /// the next transno. Returns the transno. Nothing is synced here. An empty batch
-    /// with a reply writes nothing: the transno is assigned and the record kept in
-    /// memory (see the module's note); an empty batch without one still writes the
-    /// transno.
+    /// the next transno. Returns the transno. Nothing is synced here.
     pub fn apply(
+        &self,
+        batch: Batch,
+        reply: Option<(ReplySlot, i32, Vec<u8>)>,
+    ) -> Result<u64, StoreError> {
+        self.apply_inner(batch, reply, false)
+    }
+
+    /// Assigns the next transno to a change that wrote nothing, keeping its reply
+    /// record in memory only (see the module's note). Only for changes whose running
+    /// again after a restart is harmless (a read-only open, a close that changed
+    /// nothing): a resend that finds no record after a restart runs again.
+    pub fn apply_volatile(&self, reply: (ReplySlot, i32, Vec<u8>)) -> Result<u64, StoreError> {
+        self.apply_inner(Batch::new(), Some(reply), true)
+    }
+
+    fn apply_inner(
         &self,
         mut batch: Batch,
         reply: Option<(ReplySlot, i32, Vec<u8>)>,
+        volatile: bool,
     ) -> Result<u64, StoreError> {
         let _g = self.apply_lock.lock();
         if self.is_stopped() {
@@ -266,7 +280,7 @@ impl MdtStore {
             _ => next,
         };
         // Nothing but a reply record: the record stays in memory.
-        let empty = batch.is_empty() && reply.is_some();
+        let empty = volatile && batch.is_empty() && reply.is_some();
         if let Some((slot, status, body)) = reply {
             let rec = ReplyRecord {
                 xid: slot.xid,
@@ -635,7 +649,7 @@ mod tests {
         assert_eq!(s.last_committed(), 1);
     }
 
-    fn reply(slot: u32, tag: u16, xid: u64) -> Option<(ReplySlot, i32, Vec<u8>)> {
+    fn reply(slot: u32, tag: u16, xid: u64) -> (ReplySlot, i32, Vec<u8>) {
         let at = ReplySlot {
             slot,
             tag,
@@ -643,7 +657,7 @@ mod tests {
             replay_transno: 0,
             sub: 0,
         };
-        Some((at, 0, vec![xid as u8]))
+        (at, 0, vec![xid as u8])
     }
 
     #[test]
@@ -651,7 +665,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
         s.start_commit_thread().unwrap();
-        assert_eq!(s.apply(Batch::new(), reply(3, 1, 7)).unwrap(), 1);
+        assert_eq!(s.apply_volatile(reply(3, 1, 7)).unwrap(), 1);
         assert_eq!(s.reply_record(3, 1, 0).unwrap().map(|r| r.xid), Some(7));
         assert_eq!(
             s.engine().get(Cf::Reply, &reply_key(3, 1, 0)).unwrap(),
@@ -660,10 +674,10 @@ mod tests {
         // A record on disk under the same tag replaces the one in memory.
         let mut b = Batch::new();
         b.put(Cf::Inode, b"k".to_vec(), b"v".to_vec());
-        assert_eq!(s.apply(b, reply(3, 1, 8)).unwrap(), 2);
+        assert_eq!(s.apply(b, Some(reply(3, 1, 8))).unwrap(), 2);
         assert_eq!(s.reply_record(3, 1, 0).unwrap().map(|r| r.xid), Some(8));
         // The last change wrote nothing: a commit still makes its transno durable.
-        assert_eq!(s.apply(Batch::new(), reply(3, 2, 9)).unwrap(), 3);
+        assert_eq!(s.apply_volatile(reply(3, 2, 9)).unwrap(), 3);
         assert_eq!(s.sync().unwrap(), 3);
         let last = s.engine().get(Cf::Server, LAST_TRANSNO).unwrap();
         assert_eq!(last, Some(3u64.to_le_bytes().to_vec()));
@@ -678,7 +692,7 @@ mod tests {
         {
             let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
             s.apply(Batch::new(), None).unwrap();
-            assert_eq!(s.apply(Batch::new(), reply(1, 1, 5)).unwrap(), 2);
+            assert_eq!(s.apply_volatile(reply(1, 1, 5)).unwrap(), 2);
         }
         let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
         // Its client still holds it for replay, which keeps transno 2.
