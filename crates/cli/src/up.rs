@@ -161,17 +161,20 @@ fn processes() -> Vec<(u32, Vec<String>)> {
 
 /// The live lode process whose arguments include `verb` and `path` (a server's role
 /// and target directory, or `mount` and its mount point), whatever its pid file says:
-/// after a crash a pid file may be empty, torn or name a pid reused since. A lode
-/// binary under another name (a copy, a build kept for comparison) counts when `verb`
-/// is its first argument, as `lode up` starts it: otherwise `lode down` would leave it
-/// running and say the servers stopped.
+/// after a crash a pid file may be empty, torn or name a pid reused since. A copy of
+/// the binary under another name that starts with `lode` (`lode-old`, a build kept
+/// for comparison) counts when `verb` is its first argument, as `lode up` starts it;
+/// other programs with a `mount` verb (`rclone mount SRC DIR`) never do.
 fn lode_process(verb: &str, path: &Path) -> Option<u32> {
     let p = path.to_string_lossy();
     processes().into_iter().find_map(|(pid, args)| {
-        let lode = args
+        let name = args
             .first()
-            .is_some_and(|a| Path::new(a).file_name().is_some_and(|n| n == "lode"))
-            || args.get(1).is_some_and(|a| a == verb);
+            .and_then(|a| Path::new(a).file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let lode =
+            name == "lode" || (name.starts_with("lode") && args.get(1).is_some_and(|a| a == verb));
         let zombie =
             std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "));
         (lode && !zombie && args.iter().any(|a| a == verb) && args.iter().any(|a| *a == p))

@@ -84,7 +84,7 @@ fn up_then_down_twice_leaves_nothing_behind_and_keeps_data() {
 }
 
 /// `lode down` stops what `lode up` started even when that was a copy of the binary
-/// under another name.
+/// under another name (one that starts with `lode`).
 #[test]
 fn down_stops_servers_started_by_a_renamed_copy_of_lode() {
     let t = tempfile::tempdir().unwrap();

@@ -108,6 +108,10 @@ fn raid0_geometry(layout: &Layout, ci: usize) -> Option<(u64, u64, u32, &[u32])>
 impl Client {
     /// Opens `fid`. `O_TRUNC` truncates (MDT size and OST objects).
     pub async fn open(&self, cred: &Cred, fid: Fid, flags: i32) -> Result<FileHandle, Errno> {
+        // Taken before the request leaves: a local write or truncate that starts while
+        // it is out may postdate the MDT's copy of the data, so the copy must not be
+        // taken as current after it.
+        let data_epoch = self.data_epoch.load(Ordering::Acquire);
         let rep = match self
             .md(Request::Open(lode_proto::OpenReq {
                 cred: cred.clone(),
@@ -119,7 +123,6 @@ impl Client {
             Reply::Open(r) => r,
             _ => return Err(Errno::EPROTO),
         };
-        let data_epoch = self.data_epoch.load(Ordering::Acquire);
         let fh = FileHandle {
             fid,
             handle: rep.handle.ok_or(Errno::EPROTO)?,

@@ -132,6 +132,13 @@ struct Inner {
     flock_files: FlockFiles,
 }
 
+std::thread_local! {
+    /// This FUSE thread runs a request inline (see [`LodeFs::spawn`]): another FUSE
+    /// thread is free to read the kernel's next request, and the runtime is not
+    /// blocked by what this one waits for.
+    static INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// The mount's open files, by FUSE handle, and how many of them each file has open
 /// for writing.
 #[derive(Default)]
@@ -322,7 +329,9 @@ impl LodeFs {
         // With one FUSE thread nothing runs inline: it must always be free to read.
         let max_inline = self.inner.opts.threads.saturating_sub(1);
         if self.inner.inline.fetch_add(1, Ordering::AcqRel) < max_inline {
+            let was = INLINE.replace(true);
             lode_client::blocking_caller(|| self.rt.block_on(fut));
+            INLINE.set(was);
             self.inner.inline.fetch_sub(1, Ordering::AcqRel);
         } else {
             self.inner.inline.fetch_sub(1, Ordering::AcqRel);
@@ -451,8 +460,13 @@ impl Inner {
     /// writing, and nothing was written through this mount meanwhile, checked again
     /// after the store (a local write racing it leaves the open to drop the pages, as
     /// any open does).
+    ///
+    /// Only on a FUSE thread running the OPEN inline: the store waits for any locked
+    /// page of the file, which a READ in flight holds until it is answered, so the
+    /// thread that waits must leave another FUSE thread, and the runtime, free to
+    /// answer it.
     fn fill_pages(&self, ino: INodeNo, h: &FileHandle) -> bool {
-        if self.opts.writeback || h.flags & libc::O_APPEND != 0 {
+        if self.opts.writeback || h.flags & libc::O_APPEND != 0 || !INLINE.get() {
             return false;
         }
         let Some(p) = self.client.opened_contents(h) else {
@@ -473,7 +487,9 @@ impl Inner {
             tracing::debug!(fid = %h.fid, "storing read-on-open data in the page cache: {e}");
             return false;
         }
-        self.client.opened_contents(h).is_some()
+        // Still current: no local write since, and the lock (which another client's
+        // change calls back) still held.
+        self.client.opened_contents(h).is_some() && self.client.covered(None, h.fid).1
     }
 
     /// With the writeback cache, the kernel writes a file's pages through whichever
