@@ -679,14 +679,7 @@ impl Mdt {
         b.delete(Cf::Server, connected_key(slot));
         if let Some(uuid) = goodbye {
             b.delete(Cf::Clients, uuid.as_bytes().to_vec());
-            let prefix = slot.to_be_bytes();
-            self.ns
-                .store
-                .engine()
-                .scan(Cf::Reply, &prefix, &prefix, &mut |k, _| {
-                    b.delete(Cf::Reply, k.to_vec());
-                    true
-                })?;
+            self.ns.store.delete_replies(&mut b, slot)?;
         }
         // With a transno, so a commit covers it even if nothing else changes.
         self.ns.store.apply(b, None)?;
@@ -697,7 +690,6 @@ impl Mdt {
                 }
                 self.vanished.lock().remove(&slot);
                 self.tags.lock().remove(&slot);
-                self.ns.store.forget_replies(slot);
             }
             None => {
                 self.vanished.lock().insert(slot, Instant::now());

@@ -279,8 +279,6 @@ impl MdtStore {
             Some((s, _, _)) if s.replay_transno >= next => s.replay_transno,
             _ => next,
         };
-        // Nothing but a reply record: the record stays in memory.
-        let empty = volatile && batch.is_empty() && reply.is_some();
         if let Some((slot, status, body)) = reply {
             let rec = ReplyRecord {
                 xid: slot.xid,
@@ -289,15 +287,16 @@ impl MdtStore {
                 body,
             };
             let key = reply_key(slot.slot, slot.tag, slot.sub);
-            let mut volatile = self.volatile.lock();
-            if empty {
-                volatile.insert(key, rec);
+            let mut in_memory = self.volatile.lock();
+            if volatile {
+                in_memory.insert(key, rec);
             } else {
-                volatile.remove(&key);
+                in_memory.remove(&key);
                 batch.put(Cf::Reply, key, records::encode(&rec));
             }
         }
-        if !empty {
+        // A volatile change (only a reply record, see `apply_volatile`) writes nothing.
+        if !volatile {
             batch.put(Cf::Server, LAST_TRANSNO, transno.to_le_bytes().to_vec());
             if let Err(e) = self.engine.write(&batch) {
                 self.stop(&e);
@@ -330,12 +329,16 @@ impl MdtStore {
         Ok(())
     }
 
-    /// Forgets the in-memory reply records of client `slot` (its on-disk ones are
-    /// deleted with its slot).
-    pub fn forget_replies(&self, slot: u32) {
-        let prefix = reply_key(slot, 0, 0);
-        let prefix = &prefix[..std::mem::size_of::<u32>()];
-        self.volatile.lock().retain(|k, _| !k.starts_with(prefix));
+    /// Adds to `b` the deletion of every reply record of client `slot` on disk, and
+    /// forgets those kept in memory: the slot is being freed for another client.
+    pub fn delete_replies(&self, b: &mut Batch, slot: u32) -> Result<(), StoreError> {
+        let prefix = slot.to_be_bytes();
+        self.engine.scan(Cf::Reply, &prefix, &prefix, &mut |k, _| {
+            b.delete(Cf::Reply, k.to_vec());
+            true
+        })?;
+        self.volatile.lock().retain(|k, _| !k.starts_with(&prefix));
+        Ok(())
     }
 
     /// The inode record under `key` (in `Cf::Inode`), from the cache when it is there.
@@ -681,9 +684,12 @@ mod tests {
         assert_eq!(s.sync().unwrap(), 3);
         let last = s.engine().get(Cf::Server, LAST_TRANSNO).unwrap();
         assert_eq!(last, Some(3u64.to_le_bytes().to_vec()));
-        s.forget_replies(3);
+        // Freeing the slot forgets both kinds.
+        let mut b = Batch::new();
+        s.delete_replies(&mut b, 3).unwrap();
+        s.apply(b, None).unwrap();
         assert_eq!(s.reply_record(3, 2, 0).unwrap(), None);
-        assert_eq!(s.reply_record(3, 1, 0).unwrap().map(|r| r.xid), Some(8));
+        assert_eq!(s.reply_record(3, 1, 0).unwrap(), None);
     }
 
     #[test]
