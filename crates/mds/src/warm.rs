@@ -48,6 +48,14 @@ impl Warmer {
         std::thread::Builder::new()
             .name("mdt-warm".into())
             .spawn(move || {
+                // Background work on what the service threads leave idle: under
+                // SCHED_IDLE the scheduler also treats its CPU as free when it places a
+                // woken service thread or client (a nice value alone does not).
+                let idle = libc::sched_param { sched_priority: 0 };
+                // SAFETY: sets the calling thread's policy; `idle` outlives the call.
+                if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) } != 0 {
+                    debug!("cache warming: could not lower its priority");
+                }
                 while let Ok(dir) = rx.recv() {
                     let (Some(ns), Some(w)) = (ns.upgrade(), me.upgrade()) else {
                         return;

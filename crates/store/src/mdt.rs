@@ -67,8 +67,10 @@ pub type CommitWaiter = Box<dyn FnOnce(Result<u64, StoreError>) + Send>;
 /// record found in `old` moves back into `map`.
 #[derive(Default)]
 struct InodeCache {
-    map: std::collections::HashMap<Vec<u8>, Arc<Vec<u8>>>,
-    old: std::collections::HashMap<Vec<u8>, Arc<Vec<u8>>>,
+    // foldhash (seeded per process), not SipHash: FIDs come from sequences the MDT
+    // grants, and SipHash was the largest cost of cache warming.
+    map: foldhash::HashMap<Vec<u8>, Arc<Vec<u8>>>,
+    old: foldhash::HashMap<Vec<u8>, Arc<Vec<u8>>>,
     /// Bumped by every batch that writes an inode.
     gen: u64,
     hits: u64,
