@@ -26,6 +26,8 @@ pub const RPC_SIZE_MAX: usize = BULK_MAX + (64 << 10);
 pub const READDIR_PAGE_BYTES: usize = 64 << 10;
 /// Entries in one readdir page, a second bound next to the byte count.
 pub const READDIR_PAGE_ENTRIES: usize = 1024;
+/// Hash ranges of one directory a client reads side by side (`readdir_all`).
+pub const READDIR_RANGES_MAX: u64 = 4;
 /// Bytes a readdir page may grow to so as not to split a hash group (names whose
 /// 63-bit hashes collide): far beyond any group a real directory has, below a frame.
 pub const READDIR_GROUP_BYTES_MAX: usize = 2 << 20;
@@ -106,6 +108,9 @@ pub const SPIN_REST: u32 = 64;
 /// Bytes read from one connection before its requests are executed, so a flooding
 /// client is served in bounded rounds and its buffer stays small.
 pub const READ_ROUND_BYTES: usize = 256 << 10;
+/// Reply bytes of one round sent before the round's other requests run: a client
+/// that asked for several pages or reads at once gets each as it is made.
+pub const REPLY_EARLY_BYTES: usize = 32 << 10;
 
 /// Most sub-requests in one batch (Lustre batches statahead in groups of 64 to 1024).
 pub const BATCH_SUBS_MAX: usize = 1024;

@@ -8,6 +8,59 @@ use lode_base::hash::END_COOKIE;
 use lode_base::{Errno, Fid};
 use std::collections::{HashMap, HashSet};
 
+/// `n` empty files `{prefix}00000`… in `dir`, created 64 at a time.
+async fn create_many(cl: &lode_client::Client, dir: Fid, prefix: &str, n: u32) {
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let cl = cl.clone();
+            async move {
+                cl.create(
+                    &root(),
+                    dir,
+                    format!("{prefix}{i:05}").as_bytes(),
+                    0o644,
+                    None,
+                )
+                .await
+            }
+        })
+        .buffer_unordered(64)
+        .for_each(|r| async {
+            r.expect("create");
+        })
+        .await;
+}
+
+#[test]
+fn a_directory_of_40000_entries_is_listed_in_ranges_side_by_side_each_entry_once_in_order() {
+    let c = cluster(2);
+    let s = c.client();
+    let cl = s.client.clone();
+    s.run(async {
+        let dir = mkdir_p(&cl, "/big").await;
+        create_many(&cl, dir, "e", 40_000).await;
+        // About 40 pages: read as four hash ranges at once.
+        let first = cl.readdir(&root(), dir, 0, false).await.expect("readdir");
+        assert!(
+            first.next < END_COOKIE / 16,
+            "the first page covers a sliver"
+        );
+        let before = cl.mdc().stats().count(lode_proto::Opcode::Readdir);
+        let all = cl.readdir_all(&root(), dir, false).await.expect("readdir");
+        let pages = cl.mdc().stats().count(lode_proto::Opcode::Readdir) - before;
+        assert_eq!(all.len(), 40_002, "40,000 entries plus . and ..");
+        let names: HashSet<Vec<u8>> = all.iter().map(|e| e.name.clone()).collect();
+        assert_eq!(names.len(), 40_002, "no entry listed twice");
+        assert!(
+            all.windows(2).all(|w| w[0].cookie <= w[1].cookie),
+            "listed in cookie order, as page after page would"
+        );
+        // Each range's last page reaches into the next range: a few pages more than
+        // reading them one after another, never many.
+        assert!((40..=50).contains(&pages), "{pages} readdir RPCs");
+    });
+}
+
 #[test]
 fn tree_of_10000_entries_lists_renames_links_and_unlinks() {
     let c = cluster(2);
@@ -15,20 +68,7 @@ fn tree_of_10000_entries_lists_renames_links_and_unlinks() {
     let cl = s.client.clone();
     s.run(async {
         let dir = mkdir_p(&cl, "/tree").await;
-        // 10,000 files, created 64 at a time.
-        futures::stream::iter(0..10_000)
-            .map(|i| {
-                let cl = cl.clone();
-                async move {
-                    cl.create(&root(), dir, format!("f{i:05}").as_bytes(), 0o644, None)
-                        .await
-                }
-            })
-            .buffer_unordered(64)
-            .for_each(|r| async {
-                r.expect("create");
-            })
-            .await;
+        create_many(&cl, dir, "f", 10_000).await;
         let all = cl.readdir_all(&root(), dir, false).await.expect("readdir");
         assert_eq!(all.len(), 10_002, "10,000 entries plus . and ..");
         let names: HashSet<Vec<u8>> = all.iter().map(|e| e.name.clone()).collect();

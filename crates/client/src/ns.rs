@@ -2,7 +2,8 @@
 
 use crate::locks::DirChange;
 use crate::Client;
-use lode_base::limits::{NAME_MAX, PATH_MAX};
+use lode_base::hash::END_COOKIE;
+use lode_base::limits::{NAME_MAX, PATH_MAX, READDIR_PAGE_ENTRIES, READDIR_RANGES_MAX};
 use lode_base::{Attr, Cred, Errno, Fid, FileType, Layout};
 use lode_proto::{
     CreateReq, DirEntry, GetattrReq, GetxattrReq, LinkReq, LookupReq, MdtBody, ReaddirRep,
@@ -519,19 +520,53 @@ impl Client {
         }
     }
 
-    /// Every entry of a directory (including `.` and `..`).
+    /// Every entry of a directory (including `.` and `..`), in cookie order.
+    ///
+    /// A directory larger than its first page is read as several hash ranges side by
+    /// side (names are spread evenly over the 63-bit hash space), so the MDT produces
+    /// the next pages while this client takes in the ones it has; a range ends with
+    /// the first page that reaches the next range's start.
     pub async fn readdir_all(
         &self,
         cred: &Cred,
         fid: Fid,
         plus: bool,
     ) -> Result<Vec<DirEntry>, Errno> {
+        let first = self.readdir(cred, fid, 0, plus).await?;
+        let (mut out, lo) = (first.entries, first.next);
+        if lo == END_COOKIE {
+            return Ok(out);
+        }
+        let parts = readdir_parts(out.len(), lo);
+        let span = (END_COOKIE - lo) / parts;
+        let ranges = (0..parts).map(|i| {
+            let a = lo + i * span;
+            let b = if i + 1 == parts { END_COOKIE } else { a + span };
+            self.readdir_range(cred, fid, a, b, plus)
+        });
+        for r in futures::future::join_all(ranges).await {
+            out.extend(r?);
+        }
+        Ok(out)
+    }
+
+    /// The entries whose cookies are in `from..to`, page after page.
+    async fn readdir_range(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        from: u64,
+        to: u64,
+        plus: bool,
+    ) -> Result<Vec<DirEntry>, Errno> {
         let mut out = Vec::new();
-        let mut cookie = 0;
+        let mut cookie = from;
         loop {
             let page = self.readdir(cred, fid, cookie, plus).await?;
-            out.extend(page.entries);
-            if page.next == lode_base::hash::END_COOKIE {
+            // A hash group is never split across pages, so filtering by cookie keeps
+            // each group whole in exactly one range.
+            out.extend(page.entries.into_iter().filter(|e| e.cookie < to));
+            if page.next >= to {
                 return Ok(out);
             }
             cookie = page.next;
@@ -630,4 +665,33 @@ impl Client {
 
 fn components(p: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
     p.split(|b| *b == b'/').filter(|c| !c.is_empty())
+}
+
+/// Ranges a directory is read in side by side, from its first page: `n` entries below
+/// cookie `next`. One range per eight pages still to read, at most
+/// [`READDIR_RANGES_MAX`]; a small directory is read page after page, as it costs no
+/// more RPCs that way (each range's last page reaches into the next range).
+fn readdir_parts(n: usize, next: u64) -> u64 {
+    let covered = (next as f64 / END_COOKIE as f64).max(f64::MIN_POSITIVE);
+    let rest = n as f64 / covered - n as f64;
+    let pages = rest / READDIR_PAGE_ENTRIES as f64;
+    ((pages / 8.0) as u64).clamp(1, READDIR_RANGES_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_is_read_in_ranges_only_when_many_pages_remain() {
+        let full = READDIR_PAGE_ENTRIES;
+        // The first page covered a hundredth of the hash space: ~99 pages to go.
+        assert_eq!(readdir_parts(full, END_COOKIE / 100), READDIR_RANGES_MAX);
+        // Half of it: one page to go, read as it always was.
+        assert_eq!(readdir_parts(full, END_COOKIE / 2), 1);
+        // Twenty pages to go: two ranges.
+        assert_eq!(readdir_parts(full, END_COOKIE / 21), 2);
+        // A cookie at the very start of the space does not divide by zero.
+        assert_eq!(readdir_parts(full, 0), READDIR_RANGES_MAX);
+    }
 }

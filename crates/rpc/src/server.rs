@@ -638,6 +638,13 @@ async fn serve_connection(
                     off += used;
                     executed = true;
                     execute(svc, to, frame, peer, conn_id, &mut out);
+                    // Large replies (readdir pages, data) go out as soon as they are
+                    // ready, so the client takes in one while the next is made.
+                    if out.len() >= limits::REPLY_EARLY_BYTES
+                        && !flush_replies(svc, to, &mut out, &mut executed)
+                    {
+                        return Closed::StoreFailed;
+                    }
                 }
                 Err(FrameError::Truncated) => break,
                 Err(e) => return Closed::Frame(e),
