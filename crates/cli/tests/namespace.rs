@@ -11,18 +11,9 @@ use std::collections::{HashMap, HashSet};
 /// `n` empty files `{prefix}00000`… in `dir`, created 64 at a time.
 async fn create_many(cl: &lode_client::Client, dir: Fid, prefix: &str, n: u32) {
     futures::stream::iter(0..n)
-        .map(|i| {
-            let cl = cl.clone();
-            async move {
-                cl.create(
-                    &root(),
-                    dir,
-                    format!("{prefix}{i:05}").as_bytes(),
-                    0o644,
-                    None,
-                )
-                .await
-            }
+        .map(|i| async move {
+            let name = format!("{prefix}{i:05}");
+            cl.create(&root(), dir, name.as_bytes(), 0o644, None).await
         })
         .buffer_unordered(64)
         .for_each(|r| async {
