@@ -109,8 +109,9 @@ pub const SPIN_REST: u32 = 64;
 /// client is served in bounded rounds and its buffer stays small.
 pub const READ_ROUND_BYTES: usize = 256 << 10;
 /// Reply bytes of one round sent before the round's other requests run: a client
-/// that asked for several pages or reads at once gets each as it is made.
-pub const REPLY_EARLY_BYTES: usize = 32 << 10;
+/// that asked for several pages or reads at once gets each as it is made (a page of
+/// 1,024 short names is about 30 KB).
+pub const REPLY_EARLY_BYTES: usize = 16 << 10;
 
 /// Most sub-requests in one batch (Lustre batches statahead in groups of 64 to 1024).
 pub const BATCH_SUBS_MAX: usize = 1024;

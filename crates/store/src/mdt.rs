@@ -69,8 +69,12 @@ pub type CommitWaiter = Box<dyn FnOnce(Result<u64, StoreError>) + Send>;
 struct InodeCache {
     // foldhash (seeded per process), not SipHash: FIDs come from sequences the MDT
     // grants, and SipHash was the largest cost of cache warming.
-    map: foldhash::HashMap<Vec<u8>, Arc<Vec<u8>>>,
-    old: foldhash::HashMap<Vec<u8>, Arc<Vec<u8>>>,
+    map: InodeMap,
+    old: InodeMap,
+    /// The generation `insert` pushed out, for whoever holds the lock to drop after
+    /// releasing it: freeing ~131k records takes milliseconds, and the warming thread
+    /// (idle-class, preempted at once) must not hold the lock meanwhile.
+    retired: Option<InodeMap>,
     /// Bumped by every batch that writes an inode.
     gen: u64,
     hits: u64,
@@ -89,11 +93,14 @@ impl InodeCache {
 
     fn insert(&mut self, key: Vec<u8>, v: Arc<Vec<u8>>) {
         if self.map.len() >= INODE_CACHE_MAX / 2 {
-            self.old = std::mem::take(&mut self.map);
+            let full = std::mem::take(&mut self.map);
+            self.retired = Some(std::mem::replace(&mut self.old, full));
         }
         self.map.insert(key, v);
     }
 }
+
+type InodeMap = foldhash::HashMap<Vec<u8>, Arc<Vec<u8>>>;
 
 /// Records kept at most (about 300 bytes each with the key and the tables' overhead).
 pub const INODE_CACHE_MAX: usize = 1 << 18;
@@ -345,16 +352,21 @@ impl MdtStore {
 
     /// The inode record under `key` (in `Cf::Inode`), from the cache when it is there.
     pub fn inode(&self, key: &[u8]) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
-        let gen = {
+        let (found, gen, retired) = {
             let mut c = self.inodes.lock();
-            if let Some(v) = c.get(key) {
+            let found = c.get(key);
+            if found.is_some() {
                 c.hits += 1;
-                return Ok(Some(v));
+            } else {
+                c.misses += 1;
             }
-            c.misses += 1;
-            c.gen
+            (found, c.gen, c.retired.take())
         };
-        self.load_inode(key, gen)
+        drop(retired);
+        match found {
+            Some(v) => Ok(Some(v)),
+            None => self.load_inode(key, gen),
+        }
     }
 
     /// Reads `key` from the engine and keeps it in the cache if no inode was written
@@ -364,10 +376,14 @@ impl MdtStore {
             return Ok(None);
         };
         let v = Arc::new(v);
-        let mut c = self.inodes.lock();
-        if c.gen == gen {
-            c.insert(key.to_vec(), v.clone());
-        }
+        let retired = {
+            let mut c = self.inodes.lock();
+            if c.gen == gen {
+                c.insert(key.to_vec(), v.clone());
+            }
+            c.retired.take()
+        };
+        drop(retired);
         Ok(Some(v))
     }
 
@@ -574,6 +590,8 @@ mod tests {
             "not read for two generations: gone"
         );
         assert!(c.map.len() + c.old.len() <= INODE_CACHE_MAX);
+        // The generation pushed out waits for the lock holder to free it unlocked.
+        assert!(c.retired.take().is_some_and(|r| r.contains_key(&key(1))));
     }
 
     use super::*;
