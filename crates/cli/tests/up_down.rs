@@ -38,6 +38,16 @@ fn up_with(mut cmd: Command, dir: &Path, base: u16) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
+/// Runs `lode down` on `dir`, which must succeed.
+fn down(dir: &Path) {
+    let out = lode().args(["down", "--dir"]).arg(dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "down: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn up_then_down_twice_leaves_nothing_behind_and_keeps_data() {
     let t = tempfile::tempdir().unwrap();
@@ -45,14 +55,6 @@ fn up_then_down_twice_leaves_nothing_behind_and_keeps_data() {
     // Below the ephemeral port range (32768+), so free_port() of other tests never collides.
     let base = 20000 + (std::process::id() % 1200) as u16 * 10;
     let up = || up_with(lode(), &dir, base);
-    let down = || {
-        let out = lode().args(["down", "--dir"]).arg(&dir).output().unwrap();
-        assert!(
-            out.status.success(),
-            "down: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let mnt = dir.join("mnt");
     for round in 0..2 {
         let said = up();
@@ -71,7 +73,7 @@ fn up_then_down_twice_leaves_nothing_behind_and_keeps_data() {
         let st = String::from_utf8_lossy(&st.stdout);
         assert_eq!(st.lines().filter(|l| l.contains(" up ")).count(), 4, "{st}");
         assert!(st.contains("mounted"), "{st}");
-        down();
+        down(&dir);
         assert!(!lode_testkit::is_mounted(
             &std::fs::canonicalize(&mnt).unwrap()
         ));
@@ -97,12 +99,7 @@ fn down_stops_servers_started_by_a_renamed_copy_of_lode() {
         lode_processes_for(&dir) >= 5,
         "four servers and a mount run"
     );
-    let out = lode().args(["down", "--dir"]).arg(&dir).output().unwrap();
-    assert!(
-        out.status.success(),
-        "down: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    down(&dir);
     lode_testkit::wait_for(
         "the copy's processes to exit",
         std::time::Duration::from_secs(15),
