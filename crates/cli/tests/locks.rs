@@ -613,3 +613,132 @@ fn a_setattr_brings_back_the_attributes_lock_and_stays_coherent() {
     assert_eq!(a.run(a.client.getattr(&r, f)).expect("stat").size, 4096);
     assert_eq!(md_reads(&a), before);
 }
+
+/// A full lock cache gives back its oldest locks: what was cached last is still
+/// answered without the MDT, what was cached first is asked for again.
+#[test]
+fn a_full_lock_cache_gives_back_its_oldest_locks_first() {
+    let c = cluster(1);
+    let fids = made(
+        &c,
+        &(0..100)
+            .map(|i| format!("f{i}"))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let a = c.client();
+    channel_up(&a);
+    a.client.set_lock_cache_max(64);
+    let r = root();
+    for f in &fids {
+        a.run(a.client.getattr(&r, *f)).expect("stat");
+    }
+    assert!(
+        a.client.locks_held().len() <= 64,
+        "the cache stays within lru_size"
+    );
+    let before = md_reads(&a);
+    for f in fids.iter().rev().take(40) {
+        a.run(a.client.getattr(&r, *f)).expect("stat");
+    }
+    assert_eq!(md_reads(&a), before, "the 40 newest are all still cached");
+    a.run(a.client.getattr(&r, fids[0])).expect("stat");
+    assert_eq!(md_reads(&a), before + 1, "the oldest was given back");
+}
+
+/// A name without digits (so no numbered-pattern guess is made) for entry `i`.
+fn letters(i: usize) -> String {
+    let mut s = String::from("e");
+    let mut n = i;
+    loop {
+        s.push((b'a' + (n % 26) as u8) as char);
+        n /= 26;
+        if n == 0 {
+            return s;
+        }
+    }
+}
+
+/// A parallel walk has a directory per walker in progress: listings of up to eight
+/// directories are kept side by side, the least recently used going first, so each
+/// walker's stats are fetched ahead (one readdir+ page per directory here) and none
+/// becomes a lookup of its own.
+#[test]
+fn listings_of_eight_directories_walked_side_by_side_are_each_fetched_ahead() {
+    let c = cluster(1);
+    let maker = c.client();
+    let r = root();
+    let dirs: Vec<(lode_base::Fid, Vec<String>)> = (0..9)
+        .map(|d| {
+            let fid = maker
+                .run(maker.client.mkdir(
+                    &r,
+                    lode_base::Fid::ROOT,
+                    letters(d).as_bytes(),
+                    0o755,
+                    None,
+                ))
+                .expect("mkdir")
+                .attr
+                .fid;
+            let names: Vec<String> = (0..30).map(letters).collect();
+            for n in &names {
+                create_in(&maker, fid, n);
+            }
+            (fid, names)
+        })
+        .collect();
+    drop(maker);
+    let a = c.client();
+    channel_up(&a);
+    let listed = |dir: lode_base::Fid| -> Vec<Vec<u8>> {
+        a.run(a.client.readdir_all(&r, dir, false))
+            .expect("readdir")
+            .into_iter()
+            .map(|e| e.name)
+            .filter(|n| n != b"." && n != b"..")
+            .collect()
+    };
+    // The first directory listed is the least recently used when the ninth comes.
+    let orders: Vec<Vec<Vec<u8>>> = dirs.iter().map(|(d, _)| listed(*d)).collect();
+    for (d, names) in &dirs {
+        let mut got: Vec<String> = listed(*d)
+            .iter()
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .collect();
+        got.sort();
+        let mut want = names.clone();
+        want.sort();
+        assert_eq!(got, want);
+    }
+    // Each walker looks its directory up before walking it.
+    for d in 0..dirs.len() {
+        a.run(
+            a.client
+                .lookup(&r, lode_base::Fid::ROOT, letters(d).as_bytes()),
+        )
+        .expect("lookup");
+    }
+    let st = a.client.mdc().stats();
+    let lookups = st.count(lode_proto::Opcode::Lookup);
+    let pages = st.count(lode_proto::Opcode::Readdir);
+    // Directories 1-8 (listed last, in this order), their names in turn, as eight
+    // walkers would.
+    for i in 0..30 {
+        for ((d, _), order) in dirs.iter().zip(&orders).skip(1) {
+            a.run(a.client.lookup(&r, *d, &order[i])).expect("lookup");
+        }
+    }
+    assert_eq!(
+        st.count(lode_proto::Opcode::Lookup),
+        lookups,
+        "no lookup of its own"
+    );
+    assert_eq!(
+        st.count(lode_proto::Opcode::Readdir),
+        pages + 8,
+        "one page ahead per directory"
+    );
+}

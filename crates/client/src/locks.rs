@@ -15,6 +15,7 @@ use lode_proto::{
     Empty, Frame, Header, LdlmCancelReq, LdlmEnqueueReq, MdtBody, Opcode, Reply, Request,
 };
 use parking_lot::Mutex;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -108,6 +109,10 @@ struct Cache {
     names: HashMap<(Fid, Vec<u8>), (Fid, u64)>,
     search: HashMap<(Fid, Cred), u64>,
     by_lock: HashMap<u64, Key>,
+    /// Handles in the order they were kept, oldest first: the LRU gives back the
+    /// oldest (a walk's statahead keeps the entries it has not reached yet). A handle
+    /// forgotten otherwise stays here until it comes to the front or a compaction.
+    order: VecDeque<u64>,
     /// Every name of a directory whose attributes are cached, for directories this
     /// client made or has followed every change of since: "no such name" is answered
     /// here. Goes with the directory's attributes (their lock covers its contents).
@@ -131,6 +136,30 @@ pub(crate) enum DirChange<'a> {
 }
 
 impl Cache {
+    /// Records that `handle` was kept now; drops forgotten handles from the order
+    /// once they outnumber the live ones.
+    fn kept(&mut self, handle: u64) {
+        self.order.push_back(handle);
+        if self.order.len() > 2 * self.by_lock.len() + 1024 {
+            let live = &self.by_lock;
+            self.order.retain(|h| live.contains_key(h));
+        }
+    }
+
+    /// The `n` oldest handles kept, taken out of the order.
+    fn oldest(&mut self, n: usize) -> Vec<u64> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let Some(h) = self.order.pop_front() else {
+                break;
+            };
+            if self.by_lock.contains_key(&h) {
+                out.push(h);
+            }
+        }
+        out
+    }
+
     /// Forgets what `handle` covered, saying what the layers above must forget too;
     /// `None` if it covered nothing.
     fn forget_lock(&mut self, handle: u64) -> Option<Inval> {
@@ -647,6 +676,7 @@ impl Client {
                     },
                 );
                 c.by_lock.insert(h, key);
+                c.kept(h);
                 // One lock per entry: the one it replaces goes back.
                 if let Some(o) = old.filter(|o| *o != h) {
                     c.by_lock.remove(&o);
@@ -655,13 +685,8 @@ impl Client {
                 }
             }
             if c.by_lock.len() > self.lock_cache_max() {
-                let extra: Vec<u64> = c
-                    .by_lock
-                    .keys()
-                    .take(c.by_lock.len() / 8)
-                    .copied()
-                    .collect();
-                for h in extra {
+                let n = c.by_lock.len() / 8;
+                for h in c.oldest(n) {
                     invals.extend(c.forget_lock(h));
                     held.remove(&h);
                     stale.push(h);

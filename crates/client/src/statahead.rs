@@ -18,8 +18,9 @@ use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Directories whose listings are remembered at once.
-const DIRS_MAX: usize = 4;
+/// Directories whose listings are remembered at once (the least recently used goes
+/// first: a parallel walk has one directory per walker in progress).
+const DIRS_MAX: usize = 8;
 /// Names remembered per directory.
 const NAMES_MAX: usize = 1 << 17;
 /// `statahead_max` unless set: how many entries from the name looked up a fetch keeps
@@ -76,11 +77,15 @@ struct Dir {
     listed: HashMap<Vec<u8>, u64>,
     /// Names fetched ahead and not looked up yet.
     fetched: HashSet<Vec<u8>>,
+    /// When it was last used (a count of uses across all directories).
+    used: u64,
 }
 
 /// What the client remembers of listings, and what statahead did.
 pub(crate) struct Statahead {
     dirs: Mutex<HashMap<Fid, Dir>>,
+    /// Uses of `dirs` so far, to tell the least recently used directory.
+    ticks: AtomicU64,
     pattern: Mutex<Pattern>,
     /// `statahead_max` (0: off; `usize::MAX` stands for the default).
     max: AtomicUsize,
@@ -94,6 +99,7 @@ impl Default for Statahead {
     fn default() -> Self {
         Statahead {
             dirs: Mutex::default(),
+            ticks: AtomicU64::default(),
             pattern: Mutex::default(),
             max: AtomicUsize::new(usize::MAX),
             hits: AtomicU64::default(),
@@ -105,18 +111,27 @@ impl Default for Statahead {
 }
 
 impl Statahead {
-    /// `dir`'s entry, made if new: room for it is made by forgetting another
-    /// directory's, whose fetched names never looked up count as misses.
+    /// `dir`'s entry, made if new, marked as used now: room for it is made by
+    /// forgetting the least recently used directory's, whose fetched names never
+    /// looked up count as misses.
     fn dir<'a>(&self, dirs: &'a mut HashMap<Fid, Dir>, dir: Fid) -> &'a mut Dir {
         if !dirs.contains_key(&dir) && dirs.len() >= DIRS_MAX {
-            if let Some(k) = dirs.keys().next().copied() {
-                if let Some(d) = dirs.remove(&k) {
-                    self.misses
-                        .fetch_add(d.fetched.len() as u64, Ordering::Relaxed);
-                }
+            let lru = dirs.iter().min_by_key(|(_, d)| d.used).map(|(k, _)| *k);
+            if let Some(d) = lru.and_then(|k| dirs.remove(&k)) {
+                self.misses
+                    .fetch_add(d.fetched.len() as u64, Ordering::Relaxed);
             }
         }
-        dirs.entry(dir).or_default()
+        let d = dirs.entry(dir).or_default();
+        d.used = self.ticks.fetch_add(1, Ordering::Relaxed);
+        d
+    }
+
+    /// `dir`'s entry if there is one, marked as used now.
+    fn used<'a>(&self, dirs: &'a mut HashMap<Fid, Dir>, dir: Fid) -> Option<&'a mut Dir> {
+        let d = dirs.get_mut(&dir)?;
+        d.used = self.ticks.fetch_add(1, Ordering::Relaxed);
+        Some(d)
     }
 
     fn max(&self) -> usize {
@@ -187,7 +202,7 @@ impl Client {
             return;
         }
         let mut dirs = self.statahead.dirs.lock();
-        if let Some(d) = dirs.get_mut(&parent) {
+        if let Some(d) = self.statahead.used(&mut dirs, parent) {
             if d.fetched.remove(name) {
                 self.statahead.hits.fetch_add(1, Ordering::Relaxed);
             }
@@ -209,9 +224,7 @@ impl Client {
         }
         let cookie = self
             .statahead
-            .dirs
-            .lock()
-            .get_mut(&parent)?
+            .used(&mut self.statahead.dirs.lock(), parent)?
             .listed
             .remove(name)?;
         self.statahead.pages.fetch_add(1, Ordering::Relaxed);
