@@ -40,9 +40,31 @@ impl Namespace {
     /// The inode record of `fid`, or ENOENT. A change under way notes what it found
     /// (see [`vbr`]).
     pub(crate) fn inode(&self, fid: Fid) -> OpResult<InodeRec> {
-        match self.store.inode(&fid.to_bytes())? {
+        Self::found(
+            fid,
+            self.store
+                .inode(&fid.to_bytes())?
+                .as_deref()
+                .map(Vec::as_slice),
+        )
+    }
+
+    /// [`Namespace::inode`] of many FIDs, read from the store together.
+    pub(crate) fn inodes(&self, fids: &[Fid]) -> OpResult<Vec<OpResult<InodeRec>>> {
+        let keys: Vec<Vec<u8>> = fids.iter().map(|f| f.to_bytes().to_vec()).collect();
+        let got = self.store.inodes(&keys)?;
+        Ok(fids
+            .iter()
+            .zip(got)
+            .map(|(f, b)| Self::found(*f, b.as_deref().map(Vec::as_slice)))
+            .collect())
+    }
+
+    /// The record `fid`'s bytes hold (`None`: there is no such inode), noted as found.
+    fn found(fid: Fid, bytes: Option<&[u8]>) -> OpResult<InodeRec> {
+        match bytes {
             Some(b) => {
-                let rec: InodeRec = records::decode("inode", &b)?;
+                let rec: InodeRec = records::decode("inode", b)?;
                 vbr::found(fid, if is_dir(rec.mode) { 0 } else { rec.version });
                 Ok(rec)
             }

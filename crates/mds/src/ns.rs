@@ -154,6 +154,16 @@ impl Namespace {
         Ok(self.body(fid, &rec))
     }
 
+    /// [`Namespace::getattr`] of many FIDs (a readdir+ page), read together.
+    pub(crate) fn getattr_many(&self, fids: &[Fid]) -> OpResult<Vec<OpResult<MdtBody>>> {
+        Ok(self
+            .inodes(fids)?
+            .into_iter()
+            .zip(fids)
+            .map(|(rec, f)| rec.map(|rec| self.body(*f, &rec)))
+            .collect())
+    }
+
     pub(crate) fn lookup(&self, cred: &Cred, parent: Fid, name: &[u8]) -> OpResult<MdtBody> {
         self.getattr(self.lookup_fid(cred, parent, name)?)
     }
@@ -272,8 +282,14 @@ impl Namespace {
             return Err(e);
         }
         if plus {
+            let fids: Vec<Fid> = entries
+                .iter()
+                .filter(|e| e.body.is_none())
+                .map(|e| e.fid)
+                .collect();
+            let mut bodies = self.getattr_many(&fids)?.into_iter();
             for e in entries.iter_mut().filter(|e| e.body.is_none()) {
-                e.body = self.getattr(e.fid).ok();
+                e.body = bodies.next().and_then(Result::ok);
             }
         }
         let next = match (cut, last_hash) {

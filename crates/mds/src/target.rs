@@ -434,6 +434,8 @@ impl Mdt {
         let mut page = self
             .ns
             .readdir(&r.cred, r.fid, r.cookie, false, r.count as usize)?;
+        let fids: Vec<Fid> = page.entries.iter().map(|e| e.fid).collect();
+        let mut bodies = self.ns.getattr_many(&fids)?.into_iter();
         for e in &mut page.entries {
             let dots = e.name == b"." || e.name == b"..";
             let (name_lock, lock) = if dots {
@@ -444,7 +446,7 @@ impl Mdt {
                     self.grant_attrs(exp, e.fid),
                 )
             };
-            e.body = match self.ns.getattr(e.fid) {
+            e.body = match bodies.next().unwrap_or(Err(Errno::EIO.into())) {
                 Ok(mut b) => {
                     (b.name_lock, b.lock) = (name_lock, lock);
                     Some(b)

@@ -117,6 +117,11 @@ impl Batch {
 pub trait Engine: Send + Sync {
     /// Point read.
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Point reads of several keys, sorted (an engine may share the work of finding
+    /// them: RocksDB's MultiGet looks each block up once for all its keys).
+    fn get_many(&self, cf: Cf, sorted: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        sorted.iter().map(|k| self.get(cf, k)).collect()
+    }
     /// Applies a batch atomically (WAL written, not synced).
     fn write(&self, batch: &Batch) -> Result<(), StoreError>;
     /// Hands every written batch's WAL bytes to the OS (no sync): after it, a crash of

@@ -39,6 +39,9 @@ impl<E: Engine> Engine for Faulty<E> {
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get(cf, key)
     }
+    fn get_many(&self, cf: Cf, sorted: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.inner.get_many(cf, sorted)
+    }
     fn write(&self, batch: &Batch) -> Result<(), StoreError> {
         if self.injector.fail(FaultPoint::Write) {
             return Err(StoreError::Injected(FaultPoint::Write));

@@ -400,6 +400,44 @@ impl MdtStore {
         Ok(self.load_inode(key, gen)?.is_some())
     }
 
+    /// [`MdtStore::inode`] of many keys (a readdir+ page's children): those the cache
+    /// lacks are read from the engine together, in key order (RocksDB's MultiGet
+    /// finds each block once for all its keys). Counted as `inode` counts.
+    pub fn inodes(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Arc<Vec<u8>>>>, StoreError> {
+        let (mut out, gen, retired) = {
+            let mut c = self.inodes.lock();
+            let out: Vec<Option<Arc<Vec<u8>>>> = keys.iter().map(|k| c.get(k)).collect();
+            let hits = out.iter().filter(|v| v.is_some()).count() as u64;
+            c.hits += hits;
+            c.misses += keys.len() as u64 - hits;
+            (out, c.gen, c.retired.take())
+        };
+        drop(retired);
+        let mut missing: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        missing.sort_unstable_by(|&a, &b| keys[a].cmp(&keys[b]));
+        let refs: Vec<&[u8]> = missing.iter().map(|&i| keys[i].as_slice()).collect();
+        let got = self.engine.get_many(Cf::Inode, &refs)?;
+        let retired = {
+            let mut c = self.inodes.lock();
+            let keep = c.gen == gen;
+            for (&i, v) in missing.iter().zip(got) {
+                if let Some(v) = v {
+                    let v = Arc::new(v);
+                    if keep {
+                        c.insert(keys[i].clone(), v.clone());
+                    }
+                    out[i] = Some(v);
+                }
+            }
+            c.retired.take()
+        };
+        drop(retired);
+        Ok(out)
+    }
+
     /// The inode cache's size and counters.
     pub fn inode_cache_stats(&self) -> InodeCacheStats {
         let c = self.inodes.lock();
@@ -564,6 +602,40 @@ impl MdtStore {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn inodes_read_together_answer_as_one_by_one_and_count_alike() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine = crate::rocks::RocksEngine::open(dir.path(), 8).expect("open");
+        let store = MdtStore::open(Arc::new(engine)).expect("store");
+        let key = |i: u8| vec![0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, i];
+        let mut batch = Batch::new();
+        for i in [3u8, 1, 7] {
+            batch.put(Cf::Inode, key(i), vec![i; 4]);
+        }
+        store.apply_untracked(&batch).expect("write");
+        store.clear_inode_cache_stats();
+        // Unsorted, with a duplicate and a key that is not there.
+        let keys = [key(7), key(2), key(1), key(7), key(3)];
+        let got = store.inodes(&keys).expect("inodes");
+        let want: Vec<Option<Vec<u8>>> = keys
+            .iter()
+            .map(|k| store.engine.get(Cf::Inode, k).expect("get"))
+            .collect();
+        let got: Vec<Option<Vec<u8>>> = got.into_iter().map(|v| v.map(|v| v.to_vec())).collect();
+        assert_eq!(got, want);
+        assert_eq!(got[0], Some(vec![7; 4]));
+        assert_eq!(got[1], None);
+        let s = store.inode_cache_stats();
+        assert_eq!((s.hits, s.misses), (0, 5));
+        // What was read is cached now.
+        store.inodes(&[key(1), key(3)]).expect("inodes");
+        assert_eq!(store.inode_cache_stats().hits, 2);
+        assert_eq!(
+            store.inode(&key(7)).expect("inode").as_deref(),
+            Some(&vec![7; 4])
+        );
+    }
 
     #[test]
     fn the_inode_cache_keeps_what_was_read_recently_and_stays_bounded() {

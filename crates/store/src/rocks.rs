@@ -101,6 +101,14 @@ impl Engine for RocksEngine {
         self.db.get_cf(&self.cf(cf)?, key).map_err(err)
     }
 
+    fn get_many(&self, cf: Cf, sorted: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.db
+            .batched_multi_get_cf(&self.cf(cf)?, sorted.iter().copied(), true)
+            .into_iter()
+            .map(|r| r.map(|v| v.map(|v| v.to_vec())).map_err(err))
+            .collect()
+    }
+
     fn write(&self, batch: &Batch) -> Result<(), StoreError> {
         let mut wb = WriteBatch::default();
         for op in &batch.ops {
