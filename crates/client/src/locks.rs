@@ -163,30 +163,33 @@ impl Cache {
     /// Forgets what `handle` covered, saying what the layers above must forget too;
     /// `None` if it covered nothing.
     fn forget_lock(&mut self, handle: u64) -> Option<Inval> {
-        let key = self.by_lock.remove(&handle)?;
-        let mut dir = false;
-        match &key {
+        // The key is ours now: its parts become the lookup keys and the Inval
+        // without copies (an LRU pass forgets tens of thousands at once).
+        Some(match self.by_lock.remove(&handle)? {
             Key::Attr(fid) => {
-                if let Some((b, _)) = self.attrs.get(fid).filter(|(_, h)| *h == handle) {
+                let mut dir = false;
+                if let Some((b, _)) = self.attrs.get(&fid).filter(|(_, h)| *h == handle) {
                     dir = b.attr.is_dir();
-                    self.attrs.remove(fid);
-                    self.listings.remove(fid);
+                    self.attrs.remove(&fid);
+                    self.listings.remove(&fid);
                 }
+                Inval::Attr { fid, dir }
             }
             Key::Name(d, n) => {
-                let k = (*d, n.clone());
+                let k = (d, n);
                 if self.names.get(&k).is_some_and(|(_, h)| *h == handle) {
                     self.names.remove(&k);
                 }
+                Inval::Name(k.0, k.1)
             }
             Key::Search(d, c) => {
-                let k = (*d, c.clone());
+                let k = (d, c);
                 if self.search.get(&k) == Some(&handle) {
                     self.search.remove(&k);
                 }
+                Inval::Attr { fid: d, dir: true }
             }
-        }
-        Some(key.inval(dir))
+        })
     }
 
     /// What the layers above must forget when the whole cache goes.
@@ -631,10 +634,17 @@ impl Client {
     /// Keeps what a reply granted locks for: the attributes (`body.lock`) and, for a
     /// lookup, the name (`body.name_lock`).
     pub(crate) fn remember(&self, body: &MdtBody, name: Option<(Fid, &[u8], &Cred)>) {
-        let mut entries = vec![(body.lock, Key::Attr(body.attr.fid))];
+        let mut entries = Vec::with_capacity(3);
+        if body.lock != 0 {
+            entries.push((body.lock, Key::Attr(body.attr.fid)));
+        }
         if let Some((d, n, cred)) = name {
-            entries.push((body.name_lock, Key::Name(d, n.to_vec())));
-            entries.push((body.dir_lock, Key::Search(d, cred.clone())));
+            if body.name_lock != 0 {
+                entries.push((body.name_lock, Key::Name(d, n.to_vec())));
+            }
+            if body.dir_lock != 0 {
+                entries.push((body.dir_lock, Key::Search(d, cred.clone())));
+            }
         }
         self.keep(entries, Some(body));
     }
