@@ -108,11 +108,14 @@ struct Cache {
     attrs: HashMap<Fid, (MdtBody, u64)>,
     names: HashMap<(Fid, Vec<u8>), (Fid, u64)>,
     search: HashMap<(Fid, Cred), u64>,
-    by_lock: HashMap<u64, Key>,
-    /// Handles in the order they were kept, oldest first: the LRU gives back the
-    /// oldest (a walk's statahead keeps the entries it has not reached yet). A handle
-    /// forgotten otherwise stays here until it comes to the front or a compaction.
-    order: VecDeque<u64>,
+    /// Each lock: what it covers, and when it was last kept (a count of keeps).
+    by_lock: HashMap<u64, (Key, u64)>,
+    /// Handles with the keep count they were kept at, oldest first: the LRU gives
+    /// back the oldest (a walk's statahead keeps the entries it has not reached yet).
+    /// An entry whose handle was forgotten, or kept again since (it is further back
+    /// too), is skipped when it comes to the front, or dropped by a compaction.
+    order: VecDeque<(u64, u64)>,
+    keeps: u64,
     /// Every name of a directory whose attributes are cached, for directories this
     /// client made or has followed every change of since: "no such name" is answered
     /// here. Goes with the directory's attributes (their lock covers its contents).
@@ -136,13 +139,16 @@ pub(crate) enum DirChange<'a> {
 }
 
 impl Cache {
-    /// Records that `handle` was kept now; drops forgotten handles from the order
-    /// once they outnumber the live ones.
-    fn kept(&mut self, handle: u64) {
-        self.order.push_back(handle);
+    /// Keeps `key` under `handle`, as the newest in the LRU's order; drops stale
+    /// entries from the order once they outnumber the live ones.
+    fn kept(&mut self, handle: u64, key: Key) {
+        self.keeps += 1;
+        self.by_lock.insert(handle, (key, self.keeps));
+        self.order.push_back((handle, self.keeps));
         if self.order.len() > 2 * self.by_lock.len() + 1024 {
             let live = &self.by_lock;
-            self.order.retain(|h| live.contains_key(h));
+            self.order
+                .retain(|(h, k)| live.get(h).is_some_and(|(_, at)| at == k));
         }
     }
 
@@ -150,10 +156,10 @@ impl Cache {
     fn oldest(&mut self, n: usize) -> Vec<u64> {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
-            let Some(h) = self.order.pop_front() else {
+            let Some((h, k)) = self.order.pop_front() else {
                 break;
             };
-            if self.by_lock.contains_key(&h) {
+            if self.by_lock.get(&h).is_some_and(|(_, at)| *at == k) {
                 out.push(h);
             }
         }
@@ -165,7 +171,7 @@ impl Cache {
     fn forget_lock(&mut self, handle: u64) -> Option<Inval> {
         // The key is ours now: its parts become the lookup keys and the Inval
         // without copies (an LRU pass forgets tens of thousands at once).
-        Some(match self.by_lock.remove(&handle)? {
+        Some(match self.by_lock.remove(&handle)?.0 {
             Key::Attr(fid) => {
                 let mut dir = false;
                 if let Some((b, _)) = self.attrs.get(&fid).filter(|(_, h)| *h == handle) {
@@ -685,8 +691,7 @@ impl Client {
                         bits,
                     },
                 );
-                c.by_lock.insert(h, key);
-                c.kept(h);
+                c.kept(h, key);
                 // One lock per entry: the one it replaces goes back.
                 if let Some(o) = old.filter(|o| *o != h) {
                     c.by_lock.remove(&o);

@@ -154,14 +154,17 @@ impl Namespace {
         Ok(self.body(fid, &rec))
     }
 
-    /// [`Namespace::getattr`] of many FIDs (a readdir+ page), read together.
-    pub(crate) fn getattr_many(&self, fids: &[Fid]) -> OpResult<Vec<OpResult<MdtBody>>> {
-        Ok(self
-            .inodes(fids)?
-            .into_iter()
-            .zip(fids)
-            .map(|(rec, f)| rec.map(|rec| self.body(*f, &rec)))
-            .collect())
+    /// [`Namespace::getattr`] of many FIDs (a readdir+ page), read together. Each
+    /// answer stands alone: if reading them together fails, each is read by itself.
+    pub(crate) fn getattr_many(&self, fids: &[Fid]) -> Vec<OpResult<MdtBody>> {
+        match self.inodes(fids) {
+            Ok(recs) => recs
+                .into_iter()
+                .zip(fids)
+                .map(|(rec, f)| rec.map(|rec| self.body(*f, &rec)))
+                .collect(),
+            Err(_) => fids.iter().map(|f| self.getattr(*f)).collect(),
+        }
     }
 
     pub(crate) fn lookup(&self, cred: &Cred, parent: Fid, name: &[u8]) -> OpResult<MdtBody> {
@@ -287,7 +290,7 @@ impl Namespace {
                 .filter(|e| e.body.is_none())
                 .map(|e| e.fid)
                 .collect();
-            let mut bodies = self.getattr_many(&fids)?.into_iter();
+            let mut bodies = self.getattr_many(&fids).into_iter();
             for e in entries.iter_mut().filter(|e| e.body.is_none()) {
                 e.body = bodies.next().and_then(Result::ok);
             }

@@ -434,19 +434,25 @@ impl Mdt {
         let mut page = self
             .ns
             .readdir(&r.cred, r.fid, r.cookie, false, r.count as usize)?;
+        // Every entry's locks first, then the attributes they cover, read together.
+        let locks: Vec<(u64, u64)> = page
+            .entries
+            .iter()
+            .map(|e| {
+                if e.name == b"." || e.name == b".." {
+                    (0, 0)
+                } else {
+                    (
+                        self.grant_pr(exp, ResId::name(r.fid, &e.name), LOOKUP),
+                        self.grant_attrs(exp, e.fid),
+                    )
+                }
+            })
+            .collect();
         let fids: Vec<Fid> = page.entries.iter().map(|e| e.fid).collect();
-        let mut bodies = self.ns.getattr_many(&fids)?.into_iter();
-        for e in &mut page.entries {
-            let dots = e.name == b"." || e.name == b"..";
-            let (name_lock, lock) = if dots {
-                (0, 0)
-            } else {
-                (
-                    self.grant_pr(exp, ResId::name(r.fid, &e.name), LOOKUP),
-                    self.grant_attrs(exp, e.fid),
-                )
-            };
-            e.body = match bodies.next().unwrap_or(Err(Errno::EIO.into())) {
+        let bodies = self.ns.getattr_many(&fids);
+        for ((e, body), (name_lock, lock)) in page.entries.iter_mut().zip(bodies).zip(locks) {
+            e.body = match body {
                 Ok(mut b) => {
                     (b.name_lock, b.lock) = (name_lock, lock);
                     Some(b)

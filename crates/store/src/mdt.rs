@@ -402,7 +402,9 @@ impl MdtStore {
 
     /// [`MdtStore::inode`] of many keys (a readdir+ page's children): those the cache
     /// lacks are read from the engine together, in key order (RocksDB's MultiGet
-    /// finds each block once for all its keys). Counted as `inode` counts.
+    /// finds each block once for all its keys) and cached unless an inode was written
+    /// meanwhile (as `load_inode`: then none of them is). Each key counts a hit or a
+    /// miss.
     pub fn inodes(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Arc<Vec<u8>>>>, StoreError> {
         let (mut out, gen, retired) = {
             let mut c = self.inodes.lock();
@@ -604,7 +606,7 @@ impl MdtStore {
 mod tests {
 
     #[test]
-    fn inodes_read_together_answer_as_one_by_one_and_count_alike() {
+    fn inodes_read_together_answer_as_one_by_one_and_are_cached() {
         let dir = tempfile::tempdir().expect("tempdir");
         let engine = crate::rocks::RocksEngine::open(dir.path(), 8).expect("open");
         let store = MdtStore::open(Arc::new(engine)).expect("store");
@@ -626,6 +628,7 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(got[0], Some(vec![7; 4]));
         assert_eq!(got[1], None);
+        // Each key asked for counts (a key asked for twice in one call, twice).
         let s = store.inode_cache_stats();
         assert_eq!((s.hits, s.misses), (0, 5));
         // What was read is cached now.
@@ -635,6 +638,7 @@ mod tests {
             store.inode(&key(7)).expect("inode").as_deref(),
             Some(&vec![7; 4])
         );
+        assert_eq!(store.inode_cache_stats().hits, 3, "a hit");
     }
 
     #[test]
