@@ -18,6 +18,9 @@ use tracing::debug;
 
 /// Directories queued for warming at most.
 const QUEUE_MAX: usize = 8;
+/// Inodes read from the store together (one MultiGet; the cache's lock is taken
+/// twice per batch, so a batch is short).
+const WARM_BATCH: usize = 256;
 /// Entries of one directory warmed at most (a quarter of the inode cache).
 const ENTRIES_MAX: usize = lode_store::mdt::INODE_CACHE_MAX / 4;
 
@@ -103,10 +106,10 @@ fn warm_dir(ns: &Namespace, dir: Fid) -> u64 {
     }
     fids.sort_unstable();
     let mut n = 0;
-    for f in fids {
-        match ns.store.warm_inode(&f.to_bytes()) {
-            Ok(true) => n += 1,
-            Ok(false) => {}
+    for chunk in fids.chunks(WARM_BATCH) {
+        let keys: Vec<Vec<u8>> = chunk.iter().map(|f| f.to_bytes().to_vec()).collect();
+        match ns.store.warm_inodes(&keys) {
+            Ok(k) => n += k as u64,
             Err(e) => {
                 debug!(%dir, "cache warming: {e}");
                 break;

@@ -387,19 +387,6 @@ impl MdtStore {
         Ok(Some(v))
     }
 
-    /// Reads the inode record under `key` into the cache unless it is there, without
-    /// counting a hit or a miss (cache warming). Returns whether it read one.
-    pub fn warm_inode(&self, key: &[u8]) -> Result<bool, StoreError> {
-        let gen = {
-            let c = self.inodes.lock();
-            if c.map.contains_key(key) || c.old.contains_key(key) {
-                return Ok(false);
-            }
-            c.gen
-        };
-        Ok(self.load_inode(key, gen)?.is_some())
-    }
-
     /// [`MdtStore::inode`] of many keys (a readdir+ page's children): those the cache
     /// lacks are read from the engine together, in key order (RocksDB's MultiGet
     /// finds each block once for all its keys) and cached unless an inode was written
@@ -438,6 +425,42 @@ impl MdtStore {
         };
         drop(retired);
         Ok(out)
+    }
+
+    /// Reads the inode records under `keys` that the cache lacks into it, together
+    /// (as [`MdtStore::inodes`] does), without counting hits or misses (cache
+    /// warming). Returns how many it read.
+    pub fn warm_inodes(&self, keys: &[Vec<u8>]) -> Result<usize, StoreError> {
+        let (mut missing, gen): (Vec<&[u8]>, u64) = {
+            let c = self.inodes.lock();
+            let m = keys
+                .iter()
+                .map(Vec::as_slice)
+                .filter(|k| !c.map.contains_key(*k) && !c.old.contains_key(*k))
+                .collect();
+            (m, c.gen)
+        };
+        if missing.is_empty() {
+            return Ok(0);
+        }
+        missing.sort_unstable();
+        let got = self.engine.get_many(Cf::Inode, &missing)?;
+        let (n, retired) = {
+            let mut c = self.inodes.lock();
+            if c.gen != gen {
+                return Ok(0);
+            }
+            let mut n = 0;
+            for (k, v) in missing.into_iter().zip(got) {
+                if let Some(v) = v {
+                    c.insert(k.to_vec(), Arc::new(v));
+                    n += 1;
+                }
+            }
+            (n, c.retired.take())
+        };
+        drop(retired);
+        Ok(n)
     }
 
     /// The inode cache's size and counters.
@@ -604,6 +627,37 @@ impl MdtStore {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn warming_reads_only_what_is_not_cached_and_counts_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine = crate::rocks::RocksEngine::open(dir.path(), 8).expect("open");
+        let store = MdtStore::open(Arc::new(engine)).expect("store");
+        let key = |i: u8| vec![0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, i];
+        let mut batch = Batch::new();
+        for i in [3u8, 1, 7] {
+            batch.put(Cf::Inode, key(i), vec![i; 4]);
+        }
+        store.apply_untracked(&batch).expect("write");
+        store.clear_inode_cache_stats();
+        store.inodes(&[key(3)]).expect("inodes");
+        store.clear_inode_cache_stats();
+        assert_eq!(
+            store
+                .warm_inodes(&[key(7), key(2), key(1), key(3)])
+                .expect("warm"),
+            2
+        );
+        let s = store.inode_cache_stats();
+        assert_eq!((s.entries, s.hits, s.misses), (3, 0, 0));
+        assert_eq!(
+            store.warm_inodes(&[key(1), key(7)]).expect("warm"),
+            0,
+            "cached"
+        );
+        store.inodes(&[key(1), key(7)]).expect("inodes");
+        assert_eq!(store.inode_cache_stats().hits, 2);
+    }
 
     #[test]
     fn inodes_read_together_answer_as_one_by_one_and_are_cached() {
