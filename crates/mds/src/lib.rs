@@ -513,6 +513,48 @@ mod tests {
     }
 
     #[test]
+    fn pages_of_one_or_two_entries_list_everything_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ns, d) = with_dir(dir.path());
+        let mut b = Batch::new();
+        let mut want = std::collections::BTreeSet::new();
+        for i in 0..5u64 {
+            let rec = lode_store::records::DirentRec {
+                fid: Fid::new(FIRST_NORMAL_SEQ, 1000 + i as u32, 0),
+                dtype: libc::DT_REG,
+            };
+            let name = format!("n{i}");
+            b.put(
+                Cf::Dirent,
+                lode_store::records::dirent_key(d, 10 + i, name.as_bytes()),
+                inode::encode_dirent(&rec),
+            );
+            want.insert(name);
+        }
+        ns.store.apply(b, None).expect("apply");
+        for count in [1, 2] {
+            let (mut got, mut cookie, mut pages) = (Vec::new(), 0, 0);
+            while cookie != lode_base::hash::END_COOKIE {
+                let page = ns
+                    .readdir(&Cred::root(), d, cookie, false, count)
+                    .expect("readdir");
+                assert!(page.next > cookie, "count {count}: the cookie moves on");
+                got.extend(page.entries.into_iter().map(|e| e.name));
+                cookie = page.next;
+                pages += 1;
+                assert!(pages < 20, "count {count}: the listing ends");
+            }
+            let names: std::collections::BTreeSet<String> = got
+                .iter()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .filter(|n| n != "." && n != "..")
+                .collect();
+            assert_eq!(names, want, "count {count}");
+            assert_eq!(got.len(), want.len() + 2, "count {count}: each entry once");
+        }
+    }
+
+    #[test]
     fn a_rename_over_an_empty_directory_never_loses_a_create_racing_into_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let ns = namespace(dir.path());

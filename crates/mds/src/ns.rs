@@ -237,7 +237,8 @@ impl Namespace {
         start.extend_from_slice(&cookie.max(2).to_be_bytes());
         let mut bytes = 0usize;
         let mut last_hash = None;
-        let mut cut = false;
+        // The hash of the first entry left for the next page.
+        let mut cut = None;
         let mut bad = None;
         self.store
             .engine()
@@ -251,7 +252,7 @@ impl Namespace {
                     // hash, so a split group would be skipped or repeated. The page grows
                     // for a group instead, up to a bound no real group reaches.
                     if last_hash != Some(hash) {
-                        cut = true;
+                        cut = Some(hash);
                         return false;
                     }
                     if bytes >= READDIR_GROUP_BYTES_MAX {
@@ -295,9 +296,12 @@ impl Namespace {
                 e.body = bodies.next().and_then(Result::ok);
             }
         }
-        let next = match (cut, last_hash) {
-            (true, Some(h)) => h + 1,
-            _ => END_COOKIE,
+        // Where the next page starts: just past the last entry given (clients take
+        // that as the next offset), even when that is `..` (a count of 1 or 2).
+        let next = match (cut, entries.last()) {
+            (None, _) => END_COOKIE,
+            (Some(_), Some(e)) => e.cookie + 1,
+            (Some(h), None) => h,
         };
         Ok(ReaddirRep { entries, next })
     }
