@@ -100,7 +100,10 @@ impl InodeCache {
     }
 }
 
-type InodeMap = foldhash::HashMap<Vec<u8>, Arc<Vec<u8>>>;
+/// An inode record as stored, shared between the cache and its readers.
+type InodeBytes = Arc<Vec<u8>>;
+
+type InodeMap = foldhash::HashMap<Vec<u8>, InodeBytes>;
 
 /// Records kept at most (about 300 bytes each with the key and the tables' overhead).
 pub const INODE_CACHE_MAX: usize = 1 << 18;
@@ -408,22 +411,10 @@ impl MdtStore {
         }
         missing.sort_unstable_by(|&a, &b| keys[a].cmp(&keys[b]));
         let refs: Vec<&[u8]> = missing.iter().map(|&i| keys[i].as_slice()).collect();
-        let got = self.engine.get_many(Cf::Inode, &refs)?;
-        let retired = {
-            let mut c = self.inodes.lock();
-            let keep = c.gen == gen;
-            for (&i, v) in missing.iter().zip(got) {
-                if let Some(v) = v {
-                    let v = Arc::new(v);
-                    if keep {
-                        c.insert(keys[i].clone(), v.clone());
-                    }
-                    out[i] = Some(v);
-                }
-            }
-            c.retired.take()
-        };
-        drop(retired);
+        let (got, _) = self.read_in(&refs, gen)?;
+        for (i, v) in missing.into_iter().zip(got) {
+            out[i] = v;
+        }
         Ok(out)
     }
 
@@ -444,23 +435,42 @@ impl MdtStore {
             return Ok(0);
         }
         missing.sort_unstable();
-        let got = self.engine.get_many(Cf::Inode, &missing)?;
-        let (n, retired) = {
+        let (got, kept) = self.read_in(&missing, gen)?;
+        Ok(if kept {
+            got.iter().flatten().count()
+        } else {
+            0
+        })
+    }
+
+    /// Reads `sorted` keys from the engine together and keeps the records found in
+    /// the cache unless an inode was written since generation `gen` (the reader's
+    /// look at the cache); returns them, and whether they were kept.
+    fn read_in(
+        &self,
+        sorted: &[&[u8]],
+        gen: u64,
+    ) -> Result<(Vec<Option<InodeBytes>>, bool), StoreError> {
+        let got: Vec<Option<InodeBytes>> = self
+            .engine
+            .get_many(Cf::Inode, sorted)?
+            .into_iter()
+            .map(|v| v.map(Arc::new))
+            .collect();
+        let (kept, retired) = {
             let mut c = self.inodes.lock();
-            if c.gen != gen {
-                return Ok(0);
-            }
-            let mut n = 0;
-            for (k, v) in missing.into_iter().zip(got) {
-                if let Some(v) = v {
-                    c.insert(k.to_vec(), Arc::new(v));
-                    n += 1;
+            let kept = c.gen == gen;
+            if kept {
+                for (k, v) in sorted.iter().zip(&got) {
+                    if let Some(v) = v {
+                        c.insert(k.to_vec(), v.clone());
+                    }
                 }
             }
-            (n, c.retired.take())
+            (kept, c.retired.take())
         };
         drop(retired);
-        Ok(n)
+        Ok((got, kept))
     }
 
     /// The inode cache's size and counters.
@@ -628,18 +638,29 @@ impl MdtStore {
 #[cfg(test)]
 mod tests {
 
-    #[test]
-    fn warming_reads_only_what_is_not_cached_and_counts_nothing() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let engine = crate::rocks::RocksEngine::open(dir.path(), 8).expect("open");
+    /// The key of test inode `i`.
+    fn key(i: u8) -> Vec<u8> {
+        vec![0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, i]
+    }
+
+    /// A store on a real engine under `dir` holding inodes 1, 3 and 7 (record `[i; 4]`),
+    /// none of them cached, its counters at zero.
+    fn store_with_inodes_1_3_7(dir: &std::path::Path) -> Arc<MdtStore> {
+        let engine = crate::rocks::RocksEngine::open(dir, 8).expect("open");
         let store = MdtStore::open(Arc::new(engine)).expect("store");
-        let key = |i: u8| vec![0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, i];
         let mut batch = Batch::new();
         for i in [3u8, 1, 7] {
             batch.put(Cf::Inode, key(i), vec![i; 4]);
         }
         store.apply_untracked(&batch).expect("write");
         store.clear_inode_cache_stats();
+        store
+    }
+
+    #[test]
+    fn warming_reads_only_what_is_not_cached_and_counts_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store_with_inodes_1_3_7(dir.path());
         store.inodes(&[key(3)]).expect("inodes");
         store.clear_inode_cache_stats();
         assert_eq!(
@@ -662,15 +683,7 @@ mod tests {
     #[test]
     fn inodes_read_together_answer_as_one_by_one_and_are_cached() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let engine = crate::rocks::RocksEngine::open(dir.path(), 8).expect("open");
-        let store = MdtStore::open(Arc::new(engine)).expect("store");
-        let key = |i: u8| vec![0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, i];
-        let mut batch = Batch::new();
-        for i in [3u8, 1, 7] {
-            batch.put(Cf::Inode, key(i), vec![i; 4]);
-        }
-        store.apply_untracked(&batch).expect("write");
-        store.clear_inode_cache_stats();
+        let store = store_with_inodes_1_3_7(dir.path());
         // Unsorted, with a duplicate and a key that is not there.
         let keys = [key(7), key(2), key(1), key(7), key(3)];
         let got = store.inodes(&keys).expect("inodes");
