@@ -374,7 +374,8 @@ fn a_writer_during_a_migration_makes_it_fail_with_ebusy_and_nothing_is_lost() {
     std::fs::write(&f, &data).expect("write");
     let before = layout(&sess, "w");
 
-    // Opened for writing when the migration starts: refused at once.
+    // Opened for writing when the migration starts, and kept open: refused (once the
+    // wait for a writer's close on its way is over).
     {
         let _w = std::fs::OpenOptions::new()
             .append(true)
@@ -423,6 +424,31 @@ fn a_writer_during_a_migration_makes_it_fail_with_ebusy_and_nothing_is_lost() {
     // And with nobody writing, the same migration goes through.
     ok(&c, &["migrate", "-c", "2", &s(&f)]);
     assert_eq!(stripes(&layout(&sess, "w")), [2]);
+    assert!(std::fs::read(&f).expect("read") == data);
+
+    // A writer that closes just after the migration is asked for (as the CLOSE of a
+    // `cp` through a mount comes after cp's close() returned): it goes through.
+    let fh = sess
+        .run(w.open(&root(), wf, libc::O_WRONLY))
+        .expect("open for writing");
+    let starts = mdt_stat(&c, "mds_swap_layouts");
+    let child = c
+        .lode()
+        .args(["migrate", "-c", "1", &s(&f)])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lode migrate");
+    wait_for("the migration to be asked", Duration::from_secs(10), || {
+        mdt_stat(&c, "mds_swap_layouts") > starts
+    });
+    sess.run(w.close(&fh)).expect("close");
+    let out = child.wait_with_output().expect("lode migrate ends");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stripes(&layout(&sess, "w")), [1]);
     assert!(std::fs::read(&f).expect("read") == data);
 }
 

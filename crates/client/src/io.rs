@@ -21,6 +21,10 @@ const PIECE: usize = 1 << 20;
 /// Times a read is done again because the layout changed under it before giving up
 /// (EAGAIN): a file migrated again and again meanwhile.
 const LAYOUT_RETRIES: usize = 16;
+/// How long a migration's start is asked again while the file is open for writing
+/// (a writer's close may still be on its way), and the first pause between asks.
+const MIGRATE_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+const MIGRATE_BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// An open file.
 #[derive(Clone, Debug)]
@@ -924,13 +928,28 @@ impl Client {
             }
         };
         let old = fh.layout().ok_or(Errno::EINVAL)?;
-        // The size the pending layout is instantiated for.
-        let (size, _, _) = self.glimpse_now(fh.fid, Some(&old)).await?;
-        let rep = step(MigrateStep::Start {
-            layout: template,
-            size,
-        })
-        .await?;
+        // A writer's last close() returns before its mount sends the CLOSE (FUSE
+        // releases in the background), so `cp f; lode migrate f` can find the file
+        // still open for writing for a moment: the start is asked again for a while
+        // before the file is called busy.
+        let mut pause = MIGRATE_BUSY_PAUSE;
+        let waited_from = std::time::Instant::now();
+        let (size, rep) = loop {
+            // The size the pending layout is instantiated for.
+            let (size, _, _) = self.glimpse_now(fh.fid, Some(&old)).await?;
+            match step(MigrateStep::Start {
+                layout: template.clone(),
+                size,
+            })
+            .await
+            {
+                Err(Errno::EBUSY) if waited_from.elapsed() < MIGRATE_BUSY_WAIT => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MIGRATE_BUSY_WAIT / 8);
+                }
+                r => break (size, r?),
+            }
+        };
         let new = rep.layout.ok_or(Errno::EPROTO)?;
         let copy = async {
             // The pending layout durable before any object of it is written: whatever
