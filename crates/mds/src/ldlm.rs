@@ -18,7 +18,7 @@
 //!   called back (a blocking callback), and the operation is woken when their cancels
 //!   (or their holders' eviction, [`Ldlm::overdue`] after `ldlm_timeout`) free it.
 
-use foldhash::{HashMap, HashSet};
+use foldhash::HashMap;
 use lode_base::{Errno, Fid};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -113,7 +113,9 @@ impl ResId {
     }
 }
 
-/// A lock's handle (Lustre's cookie): unique for the life of the MDT process.
+/// A lock's handle (Lustre's cookie), never 0: its place in the lock table (low 32
+/// bits) and that place's generation (high 32 bits), so a handle whose lock is gone
+/// finds nothing even once the place holds another lock.
 pub type Handle = u64;
 
 /// A client lock in the way of an MDT operation: call its holder back.
@@ -172,13 +174,28 @@ struct Waiter {
     wake: Wake,
 }
 
+/// A place in the lock table: the lock there, if any, and the generation its handle
+/// carries.
+struct Place {
+    gen: u32,
+    lock: Option<(ResId, Owner)>,
+}
+
 #[derive(Default)]
 struct State {
     res: HashMap<ResId, Resource>,
-    /// Every lock: its resource.
-    locks: HashMap<Handle, ResId>,
-    /// Each client's locks.
-    clients: HashMap<u32, HashSet<Handle>>,
+    /// Every lock, by handle: its resource and owner. A table rather than a hash map,
+    /// because a tree walk grants and cancels two locks per entry, and the map's
+    /// inserts and removes (cache misses in a table of a million locks) were much of
+    /// the MDT's time.
+    table: Vec<Place>,
+    /// Free places of `table`.
+    free: Vec<u32>,
+    /// Locks in `table`.
+    live: usize,
+    /// How many locks each client holds (its locks are found by a scan of `table`,
+    /// which only an eviction needs).
+    clients: HashMap<u32, usize>,
     /// Waiting MDT operations, oldest first.
     waiters: BTreeMap<u64, Waiter>,
     /// Client locks whose holders were called back: holder and when. Kept apart so the
@@ -186,6 +203,7 @@ struct State {
     called: HashMap<Handle, (u32, Instant)>,
     /// Resources whose client locks were called back lately, and when.
     contended: HashMap<ResId, Instant>,
+    /// The last waiter id given.
     next: u64,
 }
 
@@ -215,24 +233,42 @@ impl State {
     }
 
     fn grant(&mut self, r: ResId, owner: Owner, mode: LockMode, bits: u8) -> Handle {
-        let handle = self.id();
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.table.push(Place { gen: 1, lock: None });
+                (self.table.len() - 1) as u32
+            }
+        };
+        let place = &mut self.table[i as usize];
+        place.lock = Some((r, owner));
+        let handle = (u64::from(place.gen) << 32) | u64::from(i);
+        self.live += 1;
         self.res.entry(r).or_default().granted.push(Lock {
             handle,
             owner,
             mode,
             bits,
         });
-        self.locks.insert(handle, r);
         if let Owner::Client(slot) = owner {
-            self.clients.entry(slot).or_default().insert(handle);
+            *self.clients.entry(slot).or_default() += 1;
         }
         handle
+    }
+
+    /// The resource and owner of the lock `handle`, if it is granted.
+    fn lookup(&self, handle: Handle) -> Option<(ResId, Owner)> {
+        let place = self.table.get(handle as u32 as usize)?;
+        if u64::from(place.gen) != handle >> 32 {
+            return None;
+        }
+        place.lock
     }
 
     /// A client lock if it can be granted now: `Ok(None)` if something conflicts,
     /// `ENOLCK` if the client holds `cap` locks already.
     fn grant_client(&mut self, slot: u32, cap: usize, w: Want) -> Result<Option<Handle>, Errno> {
-        if self.clients.get(&slot).map_or(0, HashSet::len) >= cap {
+        if self.clients.get(&slot).copied().unwrap_or(0) >= cap {
             return Err(Errno::ENOLCK);
         }
         if !self.grantable(&[w], u64::MAX) {
@@ -249,19 +285,31 @@ impl State {
     /// Removes a granted lock; keeps its resource even if now empty when `keep` (a
     /// lock about to be granted on it reuses it; [`State::prune`] drops it if not).
     fn remove_keeping(&mut self, handle: Handle, keep: bool) -> Option<Owner> {
-        let r = self.locks.remove(&handle)?;
-        self.called.remove(&handle);
-        let res = self.res.get_mut(&r)?;
-        let i = res.granted.iter().position(|l| l.handle == handle)?;
-        let owner = res.granted.swap_remove(i).owner;
-        if !keep && res.granted.is_empty() && res.waiting.is_empty() {
-            self.res.remove(&r);
+        let (r, owner) = self.lookup(handle)?;
+        let i = handle as u32;
+        let place = &mut self.table[i as usize];
+        place.lock = None;
+        // Never 0, which is no handle.
+        place.gen = place.gen.checked_add(1).unwrap_or(1);
+        self.free.push(i);
+        self.live -= 1;
+        if !self.called.is_empty() {
+            self.called.remove(&handle);
+        }
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.res.entry(r) {
+            let res = e.get_mut();
+            if let Some(i) = res.granted.iter().position(|l| l.handle == handle) {
+                res.granted.swap_remove(i);
+            }
+            if !keep && res.granted.is_empty() && res.waiting.is_empty() {
+                e.remove();
+            }
         }
         if let Owner::Client(slot) = owner {
-            if let Some(set) = self.clients.get_mut(&slot) {
-                set.remove(&handle);
-                if set.is_empty() {
-                    self.clients.remove(&slot);
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.clients.entry(slot) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
                 }
             }
         }
@@ -483,7 +531,7 @@ impl Ldlm {
             // The resources stay while the client's locks take the operation's place.
             let mut freed = Vec::with_capacity(locks.handles.len());
             for h in locks.handles.drain(..) {
-                if let Some(r) = st.locks.get(&h).copied() {
+                if let Some((r, _)) = st.lookup(h) {
                     freed.push(r);
                 }
                 st.remove_keeping(h, true);
@@ -511,7 +559,7 @@ impl Ldlm {
             let mut st = self.st.lock();
             let mut n = 0;
             for h in handles {
-                if st.clients.get(&slot).is_some_and(|s| s.contains(h)) {
+                if st.lookup(*h).is_some_and(|(_, o)| o == Owner::Client(slot)) {
                     st.remove(*h);
                     n += 1;
                 }
@@ -529,11 +577,15 @@ impl Ldlm {
     pub fn evict(self: &Arc<Self>, slot: u32) -> usize {
         let (n, woken) = {
             let mut st = self.st.lock();
-            let handles: Vec<Handle> = st
-                .clients
-                .get(&slot)
-                .map(|s| s.iter().copied().collect())
-                .unwrap_or_default();
+            let mut handles: Vec<Handle> = Vec::new();
+            if st.clients.contains_key(&slot) {
+                // A scan of every lock: evictions are rare, grants and cancels are not.
+                for (i, p) in st.table.iter().enumerate() {
+                    if matches!(p.lock, Some((_, Owner::Client(s))) if s == slot) {
+                        handles.push((u64::from(p.gen) << 32) | i as u64);
+                    }
+                }
+            }
             for h in &handles {
                 st.remove(*h);
             }
@@ -560,7 +612,7 @@ impl Ldlm {
 
     /// Locks granted now (clients' and the MDT's).
     pub fn lock_count(&self) -> usize {
-        self.st.lock().locks.len()
+        self.st.lock().live
     }
 
     /// Resources with a lock or a waiter.
@@ -570,7 +622,7 @@ impl Ldlm {
 
     /// Locks one client holds.
     pub fn client_locks(&self, slot: u32) -> usize {
-        self.st.lock().clients.get(&slot).map_or(0, HashSet::len)
+        self.st.lock().clients.get(&slot).copied().unwrap_or(0)
     }
 
     /// Runs the woken operations. An operation woken while this thread already runs
@@ -826,6 +878,31 @@ mod tests {
         assert_eq!(l.client_locks(7), 0);
         drop(rx.try_recv().expect("woken by the eviction"));
         assert_eq!(l.lock_count(), 0);
+    }
+
+    #[test]
+    fn a_cancelled_handle_finds_nothing_once_its_place_holds_another_lock() {
+        let l = Ldlm::new(100);
+        let (a, b) = (ResId::object(fid(1)), ResId::object(fid(2)));
+        let old = l.grant(1, a, Pr, bits::UPDATE).unwrap().unwrap();
+        assert_ne!(old, 0);
+        assert!(l.cancel(1, old));
+        // The same place, another generation.
+        let new = l.grant(1, b, Pr, bits::UPDATE).unwrap().unwrap();
+        assert_eq!(new as u32, old as u32);
+        assert_ne!(new, old);
+        assert!(!l.cancel(1, old), "a stale handle cancels nothing");
+        // Nor may another client cancel it.
+        assert!(!l.cancel(2, new));
+        l.grant(2, a, Pr, bits::UPDATE).unwrap().unwrap();
+        assert_eq!(
+            (l.lock_count(), l.client_locks(1), l.client_locks(2)),
+            (2, 1, 1)
+        );
+        // An eviction takes the client's locks, and only those.
+        assert_eq!(l.evict(1), 1);
+        assert_eq!((l.lock_count(), l.resource_count()), (1, 1));
+        assert!(!l.cancel(1, new) && l.client_locks(2) == 1);
     }
 
     #[test]
