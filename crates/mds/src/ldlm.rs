@@ -162,6 +162,29 @@ struct Resource {
     waiting: Vec<u64>,
 }
 
+impl Resource {
+    /// Whether a lock of `mode` on `bits` of this resource (`r`) can be granted now:
+    /// no granted lock conflicts, nor any waiter older than `before`.
+    fn grantable(
+        &self,
+        waiters: &BTreeMap<u64, Waiter>,
+        r: ResId,
+        mode: LockMode,
+        bits: u8,
+        before: u64,
+    ) -> bool {
+        !self.granted.iter().any(|l| l.conflicts(mode, bits))
+            && !self.waiting.iter().any(|id| {
+                *id < before
+                    && waiters.get(id).is_some_and(|w| {
+                        w.want
+                            .iter()
+                            .any(|(wr, wm, wb)| *wr == r && wb & bits != 0 && !wm.compatible(mode))
+                    })
+            })
+    }
+}
+
 type Wake = Box<dyn FnOnce(MdtLocks) + Send>;
 
 /// How long a resource counts as contended after a callback on it.
@@ -181,18 +204,72 @@ struct Place {
     lock: Option<(ResId, Owner)>,
 }
 
+/// Every lock, by handle: its resource and owner. A table rather than a hash map,
+/// because a tree walk grants and cancels two locks per entry, and a map's inserts and
+/// removes (cache misses in a map of a million locks) were much of the MDT's time.
+#[derive(Default)]
+struct Table {
+    places: Vec<Place>,
+    /// Free places.
+    free: Vec<u32>,
+    /// Locks held.
+    live: usize,
+}
+
+impl Table {
+    /// Puts a lock in a free place; returns its handle.
+    fn put(&mut self, r: ResId, owner: Owner) -> Handle {
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.places.push(Place { gen: 1, lock: None });
+                (self.places.len() - 1) as u32
+            }
+        };
+        let place = &mut self.places[i as usize];
+        place.lock = Some((r, owner));
+        self.live += 1;
+        (u64::from(place.gen) << 32) | u64::from(i)
+    }
+
+    /// The lock `handle` names, if it is held.
+    fn get(&self, handle: Handle) -> Option<(ResId, Owner)> {
+        let place = self.places.get(handle as u32 as usize)?;
+        if u64::from(place.gen) != handle >> 32 {
+            return None;
+        }
+        place.lock
+    }
+
+    /// Takes the lock `handle` names out; its place gets a new generation.
+    fn take(&mut self, handle: Handle) -> Option<(ResId, Owner)> {
+        let lock = self.get(handle)?;
+        let i = handle as u32;
+        let place = &mut self.places[i as usize];
+        place.lock = None;
+        // Never 0, which is no handle.
+        place.gen = place.gen.checked_add(1).unwrap_or(1);
+        self.free.push(i);
+        self.live -= 1;
+        Some(lock)
+    }
+
+    /// The handles of `slot`'s locks (a scan: only evictions need it).
+    fn of_client(&self, slot: u32) -> Vec<Handle> {
+        self.places
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| matches!(p.lock, Some((_, Owner::Client(s))) if s == slot))
+            .map(|(i, p)| (u64::from(p.gen) << 32) | i as u64)
+            .collect()
+    }
+}
+
 #[derive(Default)]
 struct State {
     res: HashMap<ResId, Resource>,
-    /// Every lock, by handle: its resource and owner. A table rather than a hash map,
-    /// because a tree walk grants and cancels two locks per entry, and the map's
-    /// inserts and removes (cache misses in a table of a million locks) were much of
-    /// the MDT's time.
-    table: Vec<Place>,
-    /// Free places of `table`.
-    free: Vec<u32>,
-    /// Locks in `table`.
-    live: usize,
+    /// Every lock, by handle.
+    table: Table,
     /// How many locks each client holds (its locks are found by a scan of `table`,
     /// which only an eviction needs).
     clients: HashMap<u32, usize>,
@@ -216,53 +293,25 @@ impl State {
     /// Whether `want` can be granted now: no granted lock conflicts, nor any waiter
     /// older than `before` on the same resources.
     fn grantable(&self, want: &[Want], before: u64) -> bool {
-        want.iter().all(|(r, mode, bits)| {
-            let Some(res) = self.res.get(r) else {
-                return true;
-            };
-            !res.granted.iter().any(|l| l.conflicts(*mode, *bits))
-                && !res.waiting.iter().any(|id| {
-                    *id < before
-                        && self.waiters.get(id).is_some_and(|w| {
-                            w.want.iter().any(|(wr, wm, wb)| {
-                                wr == r && wb & bits != 0 && !wm.compatible(*mode)
-                            })
-                        })
-                })
+        want.iter().all(|&(r, mode, bits)| {
+            self.res
+                .get(&r)
+                .is_none_or(|res| res.grantable(&self.waiters, r, mode, bits, before))
         })
     }
 
     fn grant(&mut self, r: ResId, owner: Owner, mode: LockMode, bits: u8) -> Handle {
-        let i = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.table.push(Place { gen: 1, lock: None });
-                (self.table.len() - 1) as u32
-            }
-        };
-        let place = &mut self.table[i as usize];
-        place.lock = Some((r, owner));
-        let handle = (u64::from(place.gen) << 32) | u64::from(i);
-        self.live += 1;
+        let handle = self.table.put(r, owner);
+        if let Owner::Client(slot) = owner {
+            *self.clients.entry(slot).or_default() += 1;
+        }
         self.res.entry(r).or_default().granted.push(Lock {
             handle,
             owner,
             mode,
             bits,
         });
-        if let Owner::Client(slot) = owner {
-            *self.clients.entry(slot).or_default() += 1;
-        }
         handle
-    }
-
-    /// The resource and owner of the lock `handle`, if it is granted.
-    fn lookup(&self, handle: Handle) -> Option<(ResId, Owner)> {
-        let place = self.table.get(handle as u32 as usize)?;
-        if u64::from(place.gen) != handle >> 32 {
-            return None;
-        }
-        place.lock
     }
 
     /// A client lock if it can be granted now: `Ok(None)` if something conflicts,
@@ -271,10 +320,29 @@ impl State {
         if self.clients.get(&slot).copied().unwrap_or(0) >= cap {
             return Err(Errno::ENOLCK);
         }
-        if !self.grantable(&[w], u64::MAX) {
-            return Ok(None);
-        }
-        Ok(Some(self.grant(w.0, Owner::Client(slot), w.1, w.2)))
+        let (r, mode, bits) = w;
+        // One lookup of the resource for both the check and the grant: a tree walk
+        // grants two locks per entry. A resource made here is granted on at once.
+        let res = match self.res.entry(r) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let res = e.into_mut();
+                if !res.grantable(&self.waiters, r, mode, bits, u64::MAX) {
+                    return Ok(None);
+                }
+                res
+            }
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(Resource::default()),
+        };
+        let owner = Owner::Client(slot);
+        let handle = self.table.put(r, owner);
+        res.granted.push(Lock {
+            handle,
+            owner,
+            mode,
+            bits,
+        });
+        *self.clients.entry(slot).or_default() += 1;
+        Ok(Some(handle))
     }
 
     /// Removes a granted lock; returns its owner.
@@ -285,14 +353,7 @@ impl State {
     /// Removes a granted lock; keeps its resource even if now empty when `keep` (a
     /// lock about to be granted on it reuses it; [`State::prune`] drops it if not).
     fn remove_keeping(&mut self, handle: Handle, keep: bool) -> Option<Owner> {
-        let (r, owner) = self.lookup(handle)?;
-        let i = handle as u32;
-        let place = &mut self.table[i as usize];
-        place.lock = None;
-        // Never 0, which is no handle.
-        place.gen = place.gen.checked_add(1).unwrap_or(1);
-        self.free.push(i);
-        self.live -= 1;
+        let (r, owner) = self.table.take(handle)?;
         if !self.called.is_empty() {
             self.called.remove(&handle);
         }
@@ -531,7 +592,7 @@ impl Ldlm {
             // The resources stay while the client's locks take the operation's place.
             let mut freed = Vec::with_capacity(locks.handles.len());
             for h in locks.handles.drain(..) {
-                if let Some((r, _)) = st.lookup(h) {
+                if let Some((r, _)) = st.table.get(h) {
                     freed.push(r);
                 }
                 st.remove_keeping(h, true);
@@ -559,7 +620,11 @@ impl Ldlm {
             let mut st = self.st.lock();
             let mut n = 0;
             for h in handles {
-                if st.lookup(*h).is_some_and(|(_, o)| o == Owner::Client(slot)) {
+                if st
+                    .table
+                    .get(*h)
+                    .is_some_and(|(_, o)| o == Owner::Client(slot))
+                {
                     st.remove(*h);
                     n += 1;
                 }
@@ -577,15 +642,11 @@ impl Ldlm {
     pub fn evict(self: &Arc<Self>, slot: u32) -> usize {
         let (n, woken) = {
             let mut st = self.st.lock();
-            let mut handles: Vec<Handle> = Vec::new();
-            if st.clients.contains_key(&slot) {
-                // A scan of every lock: evictions are rare, grants and cancels are not.
-                for (i, p) in st.table.iter().enumerate() {
-                    if matches!(p.lock, Some((_, Owner::Client(s))) if s == slot) {
-                        handles.push((u64::from(p.gen) << 32) | i as u64);
-                    }
-                }
-            }
+            let handles = if st.clients.contains_key(&slot) {
+                st.table.of_client(slot)
+            } else {
+                Vec::new()
+            };
             for h in &handles {
                 st.remove(*h);
             }
@@ -612,7 +673,7 @@ impl Ldlm {
 
     /// Locks granted now (clients' and the MDT's).
     pub fn lock_count(&self) -> usize {
-        self.st.lock().live
+        self.st.lock().table.live
     }
 
     /// Resources with a lock or a waiter.
