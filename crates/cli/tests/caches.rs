@@ -93,6 +93,20 @@ fn a_directory_read_from_its_start_is_warmed_and_its_walk_hits_the_inode_cache()
     );
     // The store's block cache reports too (index and filter blocks pinned in it).
     assert!(cache_stat(&c, "block_cache_usage_bytes") > 0);
+
+    // The cache's bound is the admin's: lowered below what it holds, it empties, and
+    // a walk of more names than it holds keeps it within the bound.
+    assert!(cache_stat(&c, "inode_cache_entries") >= N);
+    c.set_param("mdt.*.inode_cache_max=1024");
+    assert_eq!(c.get_param("mdt.*.inode_cache_max"), "1024");
+    assert_eq!(cache_stat(&c, "inode_cache_max"), 1024);
+    assert_eq!(cache_stat(&c, "inode_cache_entries"), 0);
+    assert_eq!(walk(&c, dir) as u64, N);
+    let held = cache_stat(&c, "inode_cache_entries");
+    assert!(held > 0 && held <= 1024, "{held} records held");
+    let o = lode_run(&c, &["set-param", "mdt.*.inode_cache_max=10"]);
+    assert!(!o.status.success(), "below the smallest bound: refused");
+    assert_eq!(c.get_param("mdt.*.inode_cache_max"), "1024");
 }
 
 /// Object files under an OST's directory, with their sizes.

@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 28] = {
+static MDT: [Param<Mdt>; 29] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -225,6 +225,20 @@ static MDT: [Param<Mdt>; 28] = {
             help: "inode cache size, hits and misses, what warming read, and the store's block cache",
             get: |m| m.cache_stats(),
             set: Set::Clear(|m| m.clear_cache_stats()),
+        },
+        Param {
+            name: "inode_cache_max",
+            help: "inode records the MDS keeps in memory at most (about 150 bytes each); lowering it below what is cached empties the cache",
+            get: |m| m.store().inode_cache_max().to_string(),
+            set: Set::Num {
+                min: lode_store::mdt::INODE_CACHE_MIN as u64,
+                max: 1 << 30,
+                f: |m, v| {
+                    m.store()
+                        .set_inode_cache_max(usize::try_from(v).unwrap_or(usize::MAX));
+                    Ok(())
+                },
+            },
         },
         Param {
             name: "cache_warm",

@@ -1935,7 +1935,7 @@ impl Mdt {
         let mut out = format!(
             "inode_cache_entries: {}\ninode_cache_max: {}\ninode_cache_hits: {}\ninode_cache_misses: {}\nwarm_dirs: {}\nwarm_inodes: {}\nwarm_dropped: {}\n",
             i.entries,
-            lode_store::mdt::INODE_CACHE_MAX,
+            self.store().inode_cache_max(),
             i.hits,
             i.misses,
             w.dirs.load(Ordering::Relaxed),

@@ -21,8 +21,6 @@ const QUEUE_MAX: usize = 8;
 /// Inodes read from the store together (one MultiGet; the cache's lock is taken
 /// twice per batch, so a batch is short).
 const WARM_BATCH: usize = 256;
-/// Entries of one directory warmed at most (a quarter of the inode cache).
-const ENTRIES_MAX: usize = lode_store::mdt::INODE_CACHE_MAX / 4;
 
 /// The warming thread's queue and counters.
 pub(crate) struct Warmer {
@@ -91,6 +89,7 @@ impl Warmer {
 fn warm_dir(ns: &Namespace, dir: Fid) -> u64 {
     let prefix = dir.to_bytes();
     let mut fids = Vec::new();
+    let entries_max = ns.store.inode_cache_max() / 4;
     let scanned = ns
         .store
         .engine()
@@ -98,7 +97,8 @@ fn warm_dir(ns: &Namespace, dir: Fid) -> u64 {
             if let Ok(d) = crate::inode::decode_dirent(v) {
                 fids.push(d.fid);
             }
-            fids.len() < ENTRIES_MAX
+            // A quarter of the inode cache at most for one directory.
+            fids.len() < entries_max
         });
     if let Err(e) = scanned {
         debug!(%dir, "cache warming: {e}");
