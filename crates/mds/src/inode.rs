@@ -40,13 +40,7 @@ impl Namespace {
     /// The inode record of `fid`, or ENOENT. A change under way notes what it found
     /// (see [`vbr`]).
     pub(crate) fn inode(&self, fid: Fid) -> OpResult<InodeRec> {
-        Self::found(
-            fid,
-            self.store
-                .inode(&fid.to_bytes())?
-                .as_deref()
-                .map(Vec::as_slice),
-        )
+        Self::found(fid, self.store.inode(&fid.to_bytes())?.as_deref())
     }
 
     /// [`Namespace::inode`] of many FIDs, read from the store together.
@@ -56,7 +50,7 @@ impl Namespace {
         Ok(fids
             .iter()
             .zip(got)
-            .map(|(f, b)| Self::found(*f, b.as_deref().map(Vec::as_slice)))
+            .map(|(f, b)| Self::found(*f, b.as_deref()))
             .collect())
     }
 

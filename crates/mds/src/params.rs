@@ -228,7 +228,7 @@ static MDT: [Param<Mdt>; 29] = {
         },
         Param {
             name: "inode_cache_max",
-            help: "inode records the MDS keeps in memory at most (about 150 bytes each); lowering it below what is cached empties the cache",
+            help: "inode records the MDS keeps in memory at most (about 180 bytes each); lowering it below what is cached empties the cache",
             get: |m| m.store().inode_cache_max().to_string(),
             set: Set::Num {
                 min: lode_store::mdt::INODE_CACHE_MIN as u64,

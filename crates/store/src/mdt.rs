@@ -97,16 +97,29 @@ impl Default for InodeCache {
 }
 
 impl InodeCache {
-    fn get(&mut self, key: &[u8]) -> Option<Arc<Vec<u8>>> {
-        if let Some(v) = self.map.get(key) {
+    fn get(&mut self, key: &[u8]) -> Option<InodeBytes> {
+        let key = InodeKey::try_from(key).ok()?;
+        if let Some(v) = self.map.get(&key) {
             return Some(v.clone());
         }
-        let v = self.old.remove(key)?;
-        self.insert(key.to_vec(), v.clone());
+        let v = self.old.remove(&key)?;
+        self.map_insert(key, v.clone());
         Some(v)
     }
 
-    fn insert(&mut self, key: Vec<u8>, v: Arc<Vec<u8>>) {
+    fn contains(&self, key: &[u8]) -> bool {
+        InodeKey::try_from(key)
+            .is_ok_and(|k| self.map.contains_key(&k) || self.old.contains_key(&k))
+    }
+
+    /// Keeps `v` under `key` (an inode key is a FID's 16 bytes; any other is not kept).
+    fn insert(&mut self, key: &[u8], v: InodeBytes) {
+        if let Ok(key) = InodeKey::try_from(key) {
+            self.map_insert(key, v);
+        }
+    }
+
+    fn map_insert(&mut self, key: InodeKey, v: InodeBytes) {
         if self.map.len() >= self.max / 2 {
             let full = std::mem::take(&mut self.map);
             self.retired = Some(std::mem::replace(&mut self.old, full));
@@ -116,12 +129,18 @@ impl InodeCache {
 }
 
 /// An inode record as stored, shared between the cache and its readers.
-type InodeBytes = Arc<Vec<u8>>;
+/// One allocation per record, and the key inline in the map's slot: a lookup in a
+/// cache of millions reads no key or vector header elsewhere in memory.
+pub type InodeBytes = Arc<[u8]>;
 
-type InodeMap = foldhash::HashMap<Vec<u8>, InodeBytes>;
+/// An inode record's key: its FID's bytes.
+type InodeKey = [u8; 16];
 
-/// Records kept at most unless set otherwise (`mdt.*.inode_cache_max`): about 150
-/// bytes each with the key and the tables' overhead, so about 300 MB when full. A
+type InodeMap = foldhash::HashMap<InodeKey, InodeBytes>;
+
+/// Records kept at most unless set otherwise (`mdt.*.inode_cache_max`): about 180
+/// bytes each with the key and the map's slot (1 M records of empty files took 178 MB
+/// of the MDS's memory), so about 360 MB when full. A
 /// tree walk reads each inode two or three times (du, then a stat walk), and a cache
 /// that holds a million files' inodes answers the later reads without RocksDB: with
 /// a quarter of that, the MDT spent 1.5× the CPU on a walk of 1 M files.
@@ -375,7 +394,7 @@ impl MdtStore {
     }
 
     /// The inode record under `key` (in `Cf::Inode`), from the cache when it is there.
-    pub fn inode(&self, key: &[u8]) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
+    pub fn inode(&self, key: &[u8]) -> Result<Option<InodeBytes>, StoreError> {
         let (found, gen, retired) = {
             let mut c = self.inodes.lock();
             let found = c.get(key);
@@ -395,15 +414,15 @@ impl MdtStore {
 
     /// Reads `key` from the engine and keeps it in the cache if no inode was written
     /// since generation `gen` (the reader's look at the cache).
-    fn load_inode(&self, key: &[u8], gen: u64) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
+    fn load_inode(&self, key: &[u8], gen: u64) -> Result<Option<InodeBytes>, StoreError> {
         let Some(v) = self.engine.get(Cf::Inode, key)? else {
             return Ok(None);
         };
-        let v = Arc::new(v);
+        let v = InodeBytes::from(v);
         let retired = {
             let mut c = self.inodes.lock();
             if c.gen == gen {
-                c.insert(key.to_vec(), v.clone());
+                c.insert(key, v.clone());
             }
             c.retired.take()
         };
@@ -416,10 +435,10 @@ impl MdtStore {
     /// finds each block once for all its keys) and cached unless an inode was written
     /// meanwhile (as `load_inode`: then none of them is). Each key counts a hit or a
     /// miss.
-    pub fn inodes(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Arc<Vec<u8>>>>, StoreError> {
+    pub fn inodes(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<InodeBytes>>, StoreError> {
         let (mut out, gen, retired) = {
             let mut c = self.inodes.lock();
-            let out: Vec<Option<Arc<Vec<u8>>>> = keys.iter().map(|k| c.get(k)).collect();
+            let out: Vec<Option<InodeBytes>> = keys.iter().map(|k| c.get(k)).collect();
             let hits = out.iter().filter(|v| v.is_some()).count() as u64;
             c.hits += hits;
             c.misses += keys.len() as u64 - hits;
@@ -448,7 +467,7 @@ impl MdtStore {
             let m = keys
                 .iter()
                 .map(Vec::as_slice)
-                .filter(|k| !c.map.contains_key(*k) && !c.old.contains_key(*k))
+                .filter(|k| !c.contains(k))
                 .collect();
             (m, c.gen)
         };
@@ -476,7 +495,7 @@ impl MdtStore {
             .engine
             .get_many(Cf::Inode, sorted)?
             .into_iter()
-            .map(|v| v.map(Arc::new))
+            .map(|v| v.map(InodeBytes::from))
             .collect();
         let (kept, retired) = {
             let mut c = self.inodes.lock();
@@ -484,7 +503,7 @@ impl MdtStore {
             if kept {
                 for (k, v) in sorted.iter().zip(&got) {
                     if let Some(v) = v {
-                        c.insert(k.to_vec(), v.clone());
+                        c.insert(k, v.clone());
                     }
                 }
             }
@@ -545,17 +564,21 @@ impl MdtStore {
                 g.gen += 1;
                 g
             });
+            let Ok(k) = InodeKey::try_from(k.as_slice()) else {
+                // Never cached.
+                continue;
+            };
             // A record in the old generation is dropped rather than updated: it was
             // going to age out anyway.
-            c.old.remove(k);
+            c.old.remove(&k);
             match v {
                 Some(v) => {
-                    if let Some(slot) = c.map.get_mut(k) {
-                        *slot = Arc::new(v.clone());
+                    if let Some(slot) = c.map.get_mut(&k) {
+                        *slot = InodeBytes::from(v.as_slice());
                     }
                 }
                 None => {
-                    c.map.remove(k);
+                    c.map.remove(&k);
                 }
             }
         }
@@ -682,8 +705,11 @@ mod tests {
 
     /// The key of test inode `i`.
     fn key(i: u8) -> Vec<u8> {
-        vec![0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, i]
+        vec![0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, i, 0, 0, 0, 0]
     }
+
+    /// A FID's bytes, as inode keys are.
+    const I: &[u8] = &[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9, 0, 0, 0, 0];
 
     /// A store on a real engine under `dir` holding inodes 1, 3 and 7 (record `[i; 4]`),
     /// none of them cached, its counters at zero.
@@ -745,7 +771,7 @@ mod tests {
         assert_eq!(store.inode_cache_stats().hits, 2);
         assert_eq!(
             store.inode(&key(7)).expect("inode").as_deref(),
-            Some(&vec![7; 4])
+            Some(&[7u8; 4][..])
         );
         assert_eq!(store.inode_cache_stats().hits, 3, "a hit");
     }
@@ -757,12 +783,16 @@ mod tests {
             ..InodeCache::default()
         };
         let max = c.max;
-        let key = |i: usize| i.to_be_bytes().to_vec();
+        let key = |i: usize| {
+            let mut k = [0u8; 16];
+            k[8..].copy_from_slice(&i.to_be_bytes());
+            k
+        };
         for i in 0..max / 2 {
-            c.insert(key(i), Arc::new(vec![1]));
+            c.insert(&key(i), InodeBytes::from(vec![1]));
         }
         // Full: the next record starts a new generation; the old one is still read.
-        c.insert(key(usize::MAX), Arc::new(vec![2]));
+        c.insert(&key(usize::MAX), InodeBytes::from(vec![2]));
         assert_eq!(c.map.len(), 1);
         assert!(c.get(&key(0)).is_some(), "found in the old generation");
         assert!(
@@ -771,7 +801,7 @@ mod tests {
         );
         // Another full generation drops what was not read meanwhile.
         for i in max..max + max / 2 {
-            c.insert(key(i), Arc::new(vec![3]));
+            c.insert(&key(i), InodeBytes::from(vec![3]));
         }
         assert!(c.get(&key(0)).is_some(), "read recently: kept");
         assert!(
@@ -794,22 +824,23 @@ mod tests {
         let s = MdtStore::open(eng.clone()).unwrap();
         let put = |v: &[u8]| {
             let mut b = Batch::new();
-            b.put(Cf::Inode, b"i".to_vec(), v.to_vec());
+            b.put(Cf::Inode, I.to_vec(), v.to_vec());
             b
         };
-        assert_eq!(s.inode(b"i").unwrap(), None);
+        assert_eq!(s.inode(I).unwrap(), None);
         s.apply(put(b"one"), None).unwrap();
-        assert_eq!(s.inode(b"i").unwrap().as_deref(), Some(&b"one".to_vec()));
+        assert_eq!(s.inode(I).unwrap().as_deref(), Some(&b"one"[..]));
+        assert_eq!(s.inode_cache_stats().entries, 1, "cached");
         // Now cached: a transactional write and an untracked one both show.
         s.apply(put(b"two"), None).unwrap();
-        assert_eq!(s.inode(b"i").unwrap().as_deref(), Some(&b"two".to_vec()));
+        assert_eq!(s.inode(I).unwrap().as_deref(), Some(&b"two"[..]));
         s.apply_untracked(&put(b"three")).unwrap();
-        assert_eq!(s.inode(b"i").unwrap().as_deref(), Some(&b"three".to_vec()));
+        assert_eq!(s.inode(I).unwrap().as_deref(), Some(&b"three"[..]));
         let mut del = Batch::new();
-        del.delete(Cf::Inode, b"i".to_vec());
+        del.delete(Cf::Inode, I.to_vec());
         s.apply(del, None).unwrap();
-        assert_eq!(s.inode(b"i").unwrap(), None);
-        assert_eq!(eng.get(Cf::Inode, b"i").unwrap(), None);
+        assert_eq!(s.inode(I).unwrap(), None);
+        assert_eq!(eng.get(Cf::Inode, I).unwrap(), None);
     }
 
     #[test]
@@ -818,16 +849,16 @@ mod tests {
         let eng = Arc::new(RocksEngine::open(dir.path(), 8).unwrap());
         let s = MdtStore::open(eng.clone()).unwrap();
         let mut b = Batch::new();
-        b.put(Cf::Inode, b"i".to_vec(), b"old".to_vec());
+        b.put(Cf::Inode, I.to_vec(), b"old".to_vec());
         s.apply(b, None).unwrap();
         // A reader that looked at the cache before a write lands...
         let gen = s.inodes.lock().gen;
         let mut b = Batch::new();
-        b.put(Cf::Inode, b"i".to_vec(), b"new".to_vec());
+        b.put(Cf::Inode, I.to_vec(), b"new".to_vec());
         s.apply(b, None).unwrap();
         // ...and would now insert what it read: the generation moved, so it may not.
         assert_ne!(s.inodes.lock().gen, gen);
-        assert_eq!(s.inode(b"i").unwrap().as_deref(), Some(&b"new".to_vec()));
+        assert_eq!(s.inode(I).unwrap().as_deref(), Some(&b"new"[..]));
     }
 
     #[test]
