@@ -347,10 +347,11 @@ fn slow_ost_writes(c: &Cluster, ms: u32) {
 }
 
 /// Starts `lode migrate -c 2 F` with slow OST writes (its copy takes a while), and
-/// returns once its migration has started on the MDT.
+/// returns once its migration has started on the MDT: the SYNC that follows a start
+/// the MDT granted (a refused start, asked again, counts as a swap too).
 fn start_slow_migration(c: &Cluster, f: &Path, stderr: std::process::Stdio) -> std::process::Child {
     slow_ost_writes(c, 1500);
-    let swaps = mdt_stat(c, "mds_swap_layouts");
+    let (swaps, syncs) = (mdt_stat(c, "mds_swap_layouts"), mdt_stat(c, "mds_sync"));
     let child = c
         .lode()
         .args(["migrate", "-c", "2", &s(f)])
@@ -358,7 +359,7 @@ fn start_slow_migration(c: &Cluster, f: &Path, stderr: std::process::Stdio) -> s
         .spawn()
         .expect("lode migrate");
     wait_for("the migration to start", Duration::from_secs(10), || {
-        mdt_stat(c, "mds_swap_layouts") > swaps
+        mdt_stat(c, "mds_swap_layouts") > swaps && mdt_stat(c, "mds_sync") > syncs
     });
     child
 }

@@ -202,6 +202,8 @@ struct Waiter {
 struct Place {
     gen: u32,
     lock: Option<(ResId, Owner)>,
+    /// For a client's lock, where it is in the client's list.
+    pos: u32,
 }
 
 /// Every lock, by handle: its resource and owner. A table rather than a hash map,
@@ -214,6 +216,8 @@ struct Table {
     free: Vec<u32>,
     /// Locks held.
     live: usize,
+    /// Each client's locks (their places), so an eviction finds them without a scan.
+    clients: HashMap<u32, Vec<u32>>,
 }
 
 impl Table {
@@ -222,14 +226,28 @@ impl Table {
         let i = match self.free.pop() {
             Some(i) => i,
             None => {
-                self.places.push(Place { gen: 1, lock: None });
+                self.places.push(Place {
+                    gen: 1,
+                    lock: None,
+                    pos: 0,
+                });
                 (self.places.len() - 1) as u32
             }
         };
         let place = &mut self.places[i as usize];
         place.lock = Some((r, owner));
+        if let Owner::Client(slot) = owner {
+            let list = self.clients.entry(slot).or_default();
+            place.pos = list.len() as u32;
+            list.push(i);
+        }
         self.live += 1;
         (u64::from(place.gen) << 32) | u64::from(i)
+    }
+
+    /// Locks `slot` holds.
+    fn held(&self, slot: u32) -> usize {
+        self.clients.get(&slot).map_or(0, Vec::len)
     }
 
     /// The lock `handle` names, if it is held.
@@ -247,21 +265,36 @@ impl Table {
         let i = handle as u32;
         let place = &mut self.places[i as usize];
         place.lock = None;
-        // Never 0, which is no handle.
-        place.gen = place.gen.checked_add(1).unwrap_or(1);
-        self.free.push(i);
+        let pos = place.pos as usize;
+        // A place whose generation would wrap is never used again, so no handle is
+        // ever given twice.
+        if let Some(gen) = place.gen.checked_add(1) {
+            place.gen = gen;
+            self.free.push(i);
+        }
         self.live -= 1;
+        if let (_, Owner::Client(slot)) = lock {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.clients.entry(slot) {
+                let list = e.get_mut();
+                list.swap_remove(pos);
+                if let Some(&moved) = list.get(pos) {
+                    self.places[moved as usize].pos = pos as u32;
+                }
+                if list.is_empty() {
+                    e.remove();
+                }
+            }
+        }
         Some(lock)
     }
 
-    /// The handles of `slot`'s locks (a scan: only evictions need it).
+    /// The handles of `slot`'s locks.
     fn of_client(&self, slot: u32) -> Vec<Handle> {
-        self.places
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| matches!(p.lock, Some((_, Owner::Client(s))) if s == slot))
-            .map(|(i, p)| (u64::from(p.gen) << 32) | i as u64)
-            .collect()
+        self.clients.get(&slot).map_or_else(Vec::new, |list| {
+            list.iter()
+                .map(|&i| (u64::from(self.places[i as usize].gen) << 32) | u64::from(i))
+                .collect()
+        })
     }
 }
 
@@ -270,9 +303,6 @@ struct State {
     res: HashMap<ResId, Resource>,
     /// Every lock, by handle.
     table: Table,
-    /// How many locks each client holds (its locks are found by a scan of `table`,
-    /// which only an eviction needs).
-    clients: HashMap<u32, usize>,
     /// Waiting MDT operations, oldest first.
     waiters: BTreeMap<u64, Waiter>,
     /// Client locks whose holders were called back: holder and when. Kept apart so the
@@ -302,9 +332,6 @@ impl State {
 
     fn grant(&mut self, r: ResId, owner: Owner, mode: LockMode, bits: u8) -> Handle {
         let handle = self.table.put(r, owner);
-        if let Owner::Client(slot) = owner {
-            *self.clients.entry(slot).or_default() += 1;
-        }
         self.res.entry(r).or_default().granted.push(Lock {
             handle,
             owner,
@@ -317,7 +344,7 @@ impl State {
     /// A client lock if it can be granted now: `Ok(None)` if something conflicts,
     /// `ENOLCK` if the client holds `cap` locks already.
     fn grant_client(&mut self, slot: u32, cap: usize, w: Want) -> Result<Option<Handle>, Errno> {
-        if self.clients.get(&slot).copied().unwrap_or(0) >= cap {
+        if self.table.held(slot) >= cap {
             return Err(Errno::ENOLCK);
         }
         let (r, mode, bits) = w;
@@ -341,7 +368,6 @@ impl State {
             mode,
             bits,
         });
-        *self.clients.entry(slot).or_default() += 1;
         Ok(Some(handle))
     }
 
@@ -364,14 +390,6 @@ impl State {
             }
             if !keep && res.granted.is_empty() && res.waiting.is_empty() {
                 e.remove();
-            }
-        }
-        if let Owner::Client(slot) = owner {
-            if let std::collections::hash_map::Entry::Occupied(mut e) = self.clients.entry(slot) {
-                *e.get_mut() -= 1;
-                if *e.get() == 0 {
-                    e.remove();
-                }
             }
         }
         Some(owner)
@@ -642,11 +660,7 @@ impl Ldlm {
     pub fn evict(self: &Arc<Self>, slot: u32) -> usize {
         let (n, woken) = {
             let mut st = self.st.lock();
-            let handles = if st.clients.contains_key(&slot) {
-                st.table.of_client(slot)
-            } else {
-                Vec::new()
-            };
+            let handles = st.table.of_client(slot);
             for h in &handles {
                 st.remove(*h);
             }
@@ -683,7 +697,7 @@ impl Ldlm {
 
     /// Locks one client holds.
     pub fn client_locks(&self, slot: u32) -> usize {
-        self.st.lock().clients.get(&slot).copied().unwrap_or(0)
+        self.st.lock().table.held(slot)
     }
 
     /// Runs the woken operations. An operation woken while this thread already runs
@@ -953,6 +967,9 @@ mod tests {
         assert_eq!(new as u32, old as u32);
         assert_ne!(new, old);
         assert!(!l.cancel(1, old), "a stale handle cancels nothing");
+        for forged in [0, u64::MAX, 1 << 32 | 999, new + (1 << 32)] {
+            assert!(!l.cancel(1, forged), "{forged:#x} names no lock");
+        }
         // Nor may another client cancel it.
         assert!(!l.cancel(2, new));
         l.grant(2, a, Pr, bits::UPDATE).unwrap().unwrap();
@@ -964,6 +981,29 @@ mod tests {
         assert_eq!(l.evict(1), 1);
         assert_eq!((l.lock_count(), l.resource_count()), (1, 1));
         assert!(!l.cancel(1, new) && l.client_locks(2) == 1);
+    }
+
+    #[test]
+    fn a_clients_list_of_locks_follows_cancels_in_any_order() {
+        let l = Ldlm::new(100);
+        let r = |i| ResId::object(fid(i));
+        let h: Vec<Handle> = (1..=5)
+            .map(|i| l.grant(1, r(i), Pr, bits::UPDATE).unwrap().unwrap())
+            .collect();
+        l.grant(2, r(9), Pr, bits::UPDATE).unwrap().unwrap();
+        // From the middle, the front and the back: each moves another in the list.
+        for i in [1, 0, 4] {
+            assert!(l.cancel(1, h[i]));
+        }
+        assert_eq!(l.client_locks(1), 2);
+        // Those left are still the client's to cancel, and an eviction finds them.
+        assert!(l.cancel(1, h[3]));
+        assert_eq!(l.evict(1), 1);
+        assert!(!l.cancel(1, h[2]), "evicted");
+        assert_eq!(
+            (l.client_locks(1), l.client_locks(2), l.lock_count()),
+            (0, 1, 1)
+        );
     }
 
     #[test]

@@ -519,12 +519,13 @@ impl MdtStore {
     }
 
     /// Sets how many records the inode cache keeps at most (at least
-    /// [`INODE_CACHE_MIN`]); a cache holding more is emptied.
+    /// [`INODE_CACHE_MIN`]); a cache with a generation over half of it is emptied.
     pub fn set_inode_cache_max(&self, max: usize) {
         let dropped = {
             let mut c = self.inodes.lock();
             c.max = max.max(INODE_CACHE_MIN);
-            if c.map.len() + c.old.len() > c.max {
+            // Each generation holds half at most.
+            if c.map.len() > c.max / 2 || c.old.len() > c.max / 2 {
                 Some((std::mem::take(&mut c.map), std::mem::take(&mut c.old)))
             } else {
                 None
