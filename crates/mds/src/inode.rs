@@ -45,7 +45,7 @@ impl Namespace {
 
     /// [`Namespace::inode`] of many FIDs, read from the store together.
     pub(crate) fn inodes(&self, fids: &[Fid]) -> OpResult<Vec<OpResult<InodeRec>>> {
-        let keys: Vec<Vec<u8>> = fids.iter().map(|f| f.to_bytes().to_vec()).collect();
+        let keys: Vec<_> = fids.iter().map(Fid::to_bytes).collect();
         let got = self.store.inodes(&keys)?;
         Ok(fids
             .iter()

@@ -107,7 +107,7 @@ fn warm_dir(ns: &Namespace, dir: Fid) -> u64 {
     fids.sort_unstable();
     let mut n = 0;
     for chunk in fids.chunks(WARM_BATCH) {
-        let keys: Vec<Vec<u8>> = chunk.iter().map(|f| f.to_bytes().to_vec()).collect();
+        let keys: Vec<_> = chunk.iter().map(Fid::to_bytes).collect();
         match ns.store.warm_inodes(&keys) {
             Ok(k) => n += k as u64,
             Err(e) => {

@@ -97,29 +97,20 @@ impl Default for InodeCache {
 }
 
 impl InodeCache {
-    fn get(&mut self, key: &[u8]) -> Option<InodeBytes> {
-        let key = InodeKey::try_from(key).ok()?;
-        if let Some(v) = self.map.get(&key) {
+    fn get(&mut self, key: &InodeKey) -> Option<InodeBytes> {
+        if let Some(v) = self.map.get(key) {
             return Some(v.clone());
         }
-        let v = self.old.remove(&key)?;
-        self.map_insert(key, v.clone());
+        let v = self.old.remove(key)?;
+        self.insert(*key, v.clone());
         Some(v)
     }
 
-    fn contains(&self, key: &[u8]) -> bool {
-        InodeKey::try_from(key)
-            .is_ok_and(|k| self.map.contains_key(&k) || self.old.contains_key(&k))
+    fn contains(&self, key: &InodeKey) -> bool {
+        self.map.contains_key(key) || self.old.contains_key(key)
     }
 
-    /// Keeps `v` under `key` (an inode key is a FID's 16 bytes; any other is not kept).
-    fn insert(&mut self, key: &[u8], v: InodeBytes) {
-        if let Ok(key) = InodeKey::try_from(key) {
-            self.map_insert(key, v);
-        }
-    }
-
-    fn map_insert(&mut self, key: InodeKey, v: InodeBytes) {
+    fn insert(&mut self, key: InodeKey, v: InodeBytes) {
         if self.map.len() >= self.max / 2 {
             let full = std::mem::take(&mut self.map);
             self.retired = Some(std::mem::replace(&mut self.old, full));
@@ -128,13 +119,14 @@ impl InodeCache {
     }
 }
 
-/// An inode record as stored, shared between the cache and its readers.
-/// One allocation per record, and the key inline in the map's slot: a lookup in a
-/// cache of millions reads no key or vector header elsewhere in memory.
+/// An inode record as stored, shared between the cache and its readers: one
+/// allocation per record, so a lookup in a cache of millions (its key inline in the
+/// map's slot) reads no key or vector header elsewhere in memory.
 pub type InodeBytes = Arc<[u8]>;
 
-/// An inode record's key: its FID's bytes.
-type InodeKey = [u8; 16];
+/// An inode record's key: its FID's bytes (`Fid::to_bytes`). Keys of any other length
+/// are read from the engine but never cached.
+pub type InodeKey = [u8; 16];
 
 type InodeMap = foldhash::HashMap<InodeKey, InodeBytes>;
 
@@ -397,7 +389,7 @@ impl MdtStore {
     pub fn inode(&self, key: &[u8]) -> Result<Option<InodeBytes>, StoreError> {
         let (found, gen, retired) = {
             let mut c = self.inodes.lock();
-            let found = c.get(key);
+            let found = InodeKey::try_from(key).ok().and_then(|k| c.get(&k));
             if found.is_some() {
                 c.hits += 1;
             } else {
@@ -421,8 +413,8 @@ impl MdtStore {
         let v = InodeBytes::from(v);
         let retired = {
             let mut c = self.inodes.lock();
-            if c.gen == gen {
-                c.insert(key, v.clone());
+            if let (true, Ok(k)) = (c.gen == gen, InodeKey::try_from(key)) {
+                c.insert(k, v.clone());
             }
             c.retired.take()
         };
@@ -435,7 +427,7 @@ impl MdtStore {
     /// finds each block once for all its keys) and cached unless an inode was written
     /// meanwhile (as `load_inode`: then none of them is). Each key counts a hit or a
     /// miss.
-    pub fn inodes(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<InodeBytes>>, StoreError> {
+    pub fn inodes(&self, keys: &[InodeKey]) -> Result<Vec<Option<InodeBytes>>, StoreError> {
         let (mut out, gen, retired) = {
             let mut c = self.inodes.lock();
             let out: Vec<Option<InodeBytes>> = keys.iter().map(|k| c.get(k)).collect();
@@ -449,9 +441,9 @@ impl MdtStore {
         if missing.is_empty() {
             return Ok(out);
         }
-        missing.sort_unstable_by(|&a, &b| keys[a].cmp(&keys[b]));
-        let refs: Vec<&[u8]> = missing.iter().map(|&i| keys[i].as_slice()).collect();
-        let (got, _) = self.read_in(&refs, gen)?;
+        missing.sort_unstable_by_key(|&i| keys[i]);
+        let sorted: Vec<InodeKey> = missing.iter().map(|&i| keys[i]).collect();
+        let (got, _) = self.read_in(&sorted, gen)?;
         for (i, v) in missing.into_iter().zip(got) {
             out[i] = v;
         }
@@ -461,14 +453,10 @@ impl MdtStore {
     /// Reads the inode records under `keys` that the cache lacks into it, together
     /// (as [`MdtStore::inodes`] does), without counting hits or misses (cache
     /// warming). Returns how many it read.
-    pub fn warm_inodes(&self, keys: &[Vec<u8>]) -> Result<usize, StoreError> {
-        let (mut missing, gen): (Vec<&[u8]>, u64) = {
+    pub fn warm_inodes(&self, keys: &[InodeKey]) -> Result<usize, StoreError> {
+        let (mut missing, gen): (Vec<InodeKey>, u64) = {
             let c = self.inodes.lock();
-            let m = keys
-                .iter()
-                .map(Vec::as_slice)
-                .filter(|k| !c.contains(k))
-                .collect();
+            let m = keys.iter().filter(|k| !c.contains(k)).copied().collect();
             (m, c.gen)
         };
         if missing.is_empty() {
@@ -488,12 +476,13 @@ impl MdtStore {
     /// look at the cache); returns them, and whether they were kept.
     fn read_in(
         &self,
-        sorted: &[&[u8]],
+        sorted: &[InodeKey],
         gen: u64,
     ) -> Result<(Vec<Option<InodeBytes>>, bool), StoreError> {
+        let refs: Vec<&[u8]> = sorted.iter().map(|k| k.as_slice()).collect();
         let got: Vec<Option<InodeBytes>> = self
             .engine
-            .get_many(Cf::Inode, sorted)?
+            .get_many(Cf::Inode, &refs)?
             .into_iter()
             .map(|v| v.map(InodeBytes::from))
             .collect();
@@ -503,7 +492,7 @@ impl MdtStore {
             if kept {
                 for (k, v) in sorted.iter().zip(&got) {
                     if let Some(v) = v {
-                        c.insert(k, v.clone());
+                        c.insert(*k, v.clone());
                     }
                 }
             }
@@ -705,8 +694,8 @@ impl MdtStore {
 mod tests {
 
     /// The key of test inode `i`.
-    fn key(i: u8) -> Vec<u8> {
-        vec![0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, i, 0, 0, 0, 0]
+    fn key(i: u8) -> InodeKey {
+        [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, i, 0, 0, 0, 0]
     }
 
     /// A FID's bytes, as inode keys are.
@@ -719,7 +708,7 @@ mod tests {
         let store = MdtStore::open(Arc::new(engine)).expect("store");
         let mut batch = Batch::new();
         for i in [3u8, 1, 7] {
-            batch.put(Cf::Inode, key(i), vec![i; 4]);
+            batch.put(Cf::Inode, key(i).to_vec(), vec![i; 4]);
         }
         store.apply_untracked(&batch).expect("write");
         store.clear_inode_cache_stats();
@@ -790,10 +779,10 @@ mod tests {
             k
         };
         for i in 0..max / 2 {
-            c.insert(&key(i), InodeBytes::from(vec![1]));
+            c.insert(key(i), InodeBytes::from(vec![1]));
         }
         // Full: the next record starts a new generation; the old one is still read.
-        c.insert(&key(usize::MAX), InodeBytes::from(vec![2]));
+        c.insert(key(usize::MAX), InodeBytes::from(vec![2]));
         assert_eq!(c.map.len(), 1);
         assert!(c.get(&key(0)).is_some(), "found in the old generation");
         assert!(
@@ -802,7 +791,7 @@ mod tests {
         );
         // Another full generation drops what was not read meanwhile.
         for i in max..max + max / 2 {
-            c.insert(&key(i), InodeBytes::from(vec![3]));
+            c.insert(key(i), InodeBytes::from(vec![3]));
         }
         assert!(c.get(&key(0)).is_some(), "read recently: kept");
         assert!(
