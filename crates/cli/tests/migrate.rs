@@ -346,18 +346,27 @@ fn slow_ost_writes(c: &Cluster, ms: u32) {
     ));
 }
 
+/// Starts `lode migrate -c STRIPES F` in the background.
+fn spawn_migrate(
+    c: &Cluster,
+    stripes: &str,
+    f: &Path,
+    stderr: std::process::Stdio,
+) -> std::process::Child {
+    c.lode()
+        .args(["migrate", "-c", stripes, &s(f)])
+        .stderr(stderr)
+        .spawn()
+        .expect("lode migrate")
+}
+
 /// Starts `lode migrate -c 2 F` with slow OST writes (its copy takes a while), and
 /// returns once its migration has started on the MDT: the SYNC that follows a start
 /// the MDT granted (a refused start, asked again, counts as a swap too).
 fn start_slow_migration(c: &Cluster, f: &Path, stderr: std::process::Stdio) -> std::process::Child {
     slow_ost_writes(c, 1500);
     let (swaps, syncs) = (mdt_stat(c, "mds_swap_layouts"), mdt_stat(c, "mds_sync"));
-    let child = c
-        .lode()
-        .args(["migrate", "-c", "2", &s(f)])
-        .stderr(stderr)
-        .spawn()
-        .expect("lode migrate");
+    let child = spawn_migrate(c, "2", f, stderr);
     wait_for("the migration to start", Duration::from_secs(10), || {
         mdt_stat(c, "mds_swap_layouts") > swaps && mdt_stat(c, "mds_sync") > syncs
     });
@@ -433,12 +442,7 @@ fn a_writer_during_a_migration_makes_it_fail_with_ebusy_and_nothing_is_lost() {
         .run(w.open(&root(), wf, libc::O_WRONLY))
         .expect("open for writing");
     let starts = mdt_stat(&c, "mds_swap_layouts");
-    let child = c
-        .lode()
-        .args(["migrate", "-c", "1", &s(&f)])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("lode migrate");
+    let child = spawn_migrate(&c, "1", &f, std::process::Stdio::piped());
     wait_for("the migration to be asked", Duration::from_secs(10), || {
         mdt_stat(&c, "mds_swap_layouts") > starts
     });
@@ -496,12 +500,7 @@ fn an_mds_killed_midway_leaves_one_layout_whole_and_no_objects_of_the_other() {
         c.set_param(&format!("mdt.*.fail_opc={}", Opcode::Migrate as u16));
         c.set_param(&format!("mdt.*.fail_val={skip}"));
         c.set_param("mdt.*.fail_loc=0x20000105");
-        let child = c
-            .lode()
-            .args(["migrate", "-c", "2", &s(&f)])
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("lode migrate");
+        let child = spawn_migrate(&c, "2", &f, std::process::Stdio::piped());
         wait_for(
             "the MDS to die at its fault point",
             Duration::from_secs(30),

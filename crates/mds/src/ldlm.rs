@@ -220,6 +220,11 @@ struct Table {
     clients: HashMap<u32, Vec<u32>>,
 }
 
+/// The handle of the lock in place `i` at generation `gen`.
+fn handle(gen: u32, i: u32) -> Handle {
+    (u64::from(gen) << 32) | u64::from(i)
+}
+
 impl Table {
     /// Puts a lock in a free place; returns its handle.
     fn put(&mut self, r: ResId, owner: Owner) -> Handle {
@@ -242,7 +247,7 @@ impl Table {
             list.push(i);
         }
         self.live += 1;
-        (u64::from(place.gen) << 32) | u64::from(i)
+        handle(place.gen, i)
     }
 
     /// Locks `slot` holds.
@@ -292,7 +297,7 @@ impl Table {
     fn of_client(&self, slot: u32) -> Vec<Handle> {
         self.clients.get(&slot).map_or_else(Vec::new, |list| {
             list.iter()
-                .map(|&i| (u64::from(self.places[i as usize].gen) << 32) | u64::from(i))
+                .map(|&i| handle(self.places[i as usize].gen, i))
                 .collect()
         })
     }
