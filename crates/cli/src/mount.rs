@@ -3,6 +3,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use lode_client::{Client, ClientConfig};
+use lode_fuse::kernel::MountOption;
 use std::io::{BufRead, Write as _};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -22,7 +23,9 @@ pub struct MountArgs {
     /// locks hold across the cluster) or localflock (they hold on this machine only),
     /// readdirplus=auto|always (attributes with a directory's first page only, the
     /// default, or with every page), seclabel (store SELinux labels even where this
-    /// machine does not run SELinux; see [`lode_fuse::MountOptions::seclabel`]).
+    /// machine does not run SELinux; see [`lode_fuse::MountOptions::seclabel`]),
+    /// io_uring (the default: the kernel hands requests over io_uring, with one queue
+    /// per CPU, where it can; see [`URING_PARAM`]) or noio_uring (over `/dev/fuse`).
     #[arg(short = 'o')]
     pub options: Option<String>,
     /// Stay in the foreground instead of daemonizing once mounted.
@@ -51,8 +54,11 @@ struct Opts {
     readdirplus_always: bool,
     /// `security.selinux` stored although SELinux is off here (`seclabel`).
     seclabel: bool,
+    /// Requests over io_uring where the kernel can (`io_uring`, the default), or over
+    /// `/dev/fuse` only (`noio_uring`).
+    io_uring: bool,
     /// mount(8)'s generic options given (suid, nodev, noexec, ro, ...), for the kernel.
-    kernel: Vec<fuser::MountOption>,
+    kernel: Vec<MountOption>,
 }
 
 fn secs(v: &str, what: &str) -> Result<Duration> {
@@ -78,6 +84,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         cluster_locks: true,
         readdirplus_always: false,
         seclabel: std::path::Path::new(lode_fuse::SELINUX_FS).exists(),
+        io_uring: true,
         kernel: Vec::new(),
     };
     for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {
@@ -91,6 +98,8 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
             "flock" => o.cluster_locks = true,
             "localflock" => o.cluster_locks = false,
             "seclabel" => o.seclabel = true,
+            "io_uring" => o.io_uring = true,
+            "noio_uring" => o.io_uring = false,
             "readdirplus" => {
                 o.readdirplus_always = match v {
                     "always" => true,
@@ -111,14 +120,14 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
                     .map_err(|e| anyhow!("mount: {e}"))?
             }
             // As mount(8) says; unless given, a FUSE mount is nosuid and nodev.
-            "suid" => o.kernel.push(fuser::MountOption::Suid),
-            "nosuid" => o.kernel.retain(|m| *m != fuser::MountOption::Suid),
-            "dev" => o.kernel.push(fuser::MountOption::Dev),
-            "nodev" => o.kernel.retain(|m| *m != fuser::MountOption::Dev),
-            "noexec" => o.kernel.push(fuser::MountOption::NoExec),
-            "exec" => o.kernel.retain(|m| *m != fuser::MountOption::NoExec),
-            "ro" => o.kernel.push(fuser::MountOption::RO),
-            "noatime" => o.kernel.push(fuser::MountOption::NoAtime),
+            "suid" => o.kernel.push(MountOption::Suid),
+            "nosuid" => o.kernel.retain(|m| *m != MountOption::Suid),
+            "dev" => o.kernel.push(MountOption::Dev),
+            "nodev" => o.kernel.retain(|m| *m != MountOption::Dev),
+            "noexec" => o.kernel.push(MountOption::NoExec),
+            "exec" => o.kernel.retain(|m| *m != MountOption::NoExec),
+            "ro" => o.kernel.push(MountOption::RO),
+            "noatime" => o.kernel.push(MountOption::NoAtime),
             "rw" | "defaults" | "relatime" => {}
             _ => bail!("mount: unknown option {opt:?}"),
         }
@@ -207,25 +216,31 @@ pub fn run(a: MountArgs) -> Result<()> {
         },
         rt.handle().clone(),
     );
-    let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        fuser::MountOption::FSName(format!("{mgs}:/{fsname}")),
-        fuser::MountOption::Subtype("lode".into()),
-        fuser::MountOption::CUSTOM("max_read=1048576".into()),
+    let mut options = vec![
+        MountOption::FSName(format!("{mgs}:/{fsname}")),
+        MountOption::Subtype("lode".into()),
+        MountOption::Custom("max_read=1048576".into()),
         // The kernel checks mode bits itself, from attributes kept coherent by locks
         // (the MDT still decides on its side): without it, a path the kernel has
         // cached would be walked without search permission, and a FIFO opened
         // without asking anyone.
-        fuser::MountOption::DefaultPermissions,
+        MountOption::DefaultPermissions,
     ];
-    config.mount_options.extend(opts.kernel.iter().cloned());
+    options.extend(opts.kernel.iter().cloned());
     if opts.allow_other {
-        config.acl = fuser::SessionACL::All;
+        options.push(MountOption::AllowOther);
     }
-    config.n_threads = Some(opts.threads);
-    config.clone_fd = true;
+    if opts.io_uring {
+        enable_uring();
+    }
+    let config = lode_fuse::kernel::Config {
+        flags: fs.init_flags(),
+        threads: opts.threads,
+        io_uring: opts.io_uring,
+        max_readahead: 1 << 20,
+    };
     let invalidation = fs.invalidation();
-    let session = fuser::Session::new(fs, &mnt, &config)
+    let session = lode_fuse::kernel::Session::new(fs, &mnt, &options, config)
         .map_err(|e| anyhow!("mount: {}: {e}", mnt.display()))?;
     invalidation
         .start(session.notifier())
@@ -241,7 +256,11 @@ pub fn run(a: MountArgs) -> Result<()> {
         }
         let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&unmounter).status();
     });
-    tracing::info!(mountpoint = %mnt.display(), "mounted {mgs}:/{fsname}");
+    tracing::info!(
+        mountpoint = %mnt.display(),
+        transport = if session.io_uring() { "io_uring" } else { "/dev/fuse" },
+        "mounted {mgs}:/{fsname}"
+    );
     if notify {
         println!("READY");
         let _ = std::io::stdout().flush();
@@ -254,6 +273,23 @@ pub fn run(a: MountArgs) -> Result<()> {
     ran?;
     drop(rt);
     Ok(())
+}
+
+/// The kernel's switch for FUSE over io_uring (off by default).
+pub const URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Turns the kernel's FUSE-over-io_uring switch on, where it exists and this process
+/// may: it only lets the kernel offer the transport at INIT, which FUSE daemons that
+/// do not ask for it ignore. Where it cannot, requests go over `/dev/fuse`.
+fn enable_uring() {
+    match std::fs::read_to_string(URING_PARAM) {
+        Ok(v) if v.trim() == "Y" || v.trim() == "1" => {}
+        Ok(_) => match std::fs::write(URING_PARAM, "Y") {
+            Ok(()) => tracing::info!("turned FUSE over io_uring on ({URING_PARAM})"),
+            Err(e) => tracing::info!("FUSE over io_uring stays off: {URING_PARAM}: {e}"),
+        },
+        Err(_) => {}
+    }
 }
 
 /// Once the mount is live its starter stops reading our stdout, and our stderr if

@@ -1,12 +1,14 @@
 //! FUSE threads run their requests to completion, but never all of them: a stalled
 //! server cannot take every thread, and one thread alone runs everything on the runtime.
+//! With FUSE over io_uring this holds per queue (each CPU's requests go to its own
+//! queue), and a request never waits behind work its thread does after answering.
 
 mod common;
 
 use common::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[test]
 fn a_stalled_ost_does_not_stop_the_mount_answering_the_mdt() {
@@ -72,6 +74,89 @@ fn one_fuse_thread_serves_everything_through_the_runtime() {
     std::fs::remove_file(d.join("g1")).unwrap();
     assert!(std::fs::metadata(d.join("f1")).is_err());
     assert_eq!(std::fs::read_dir(&d).unwrap().count(), 49);
+}
+
+/// A request that needs no server (the FLUSH an `exec` sends as it closes a descriptor
+/// of a file on the mount that it inherited) is answered while calls wait on a slow
+/// MDT: closes (whose RELEASE waits for the MDT's close) and lookups, more of them than
+/// the mount has threads. Before each queue kept a thread free and RELEASE answered
+/// only once done, such a FLUSH waited for the MDT: for as long as a restarted MDS's
+/// own `exec` took, in a crash test (the test process held files on the mount open).
+fn requests_needing_no_server_are_not_held_by_calls_waiting_on_it(transport: &str) {
+    let c = cluster(1);
+    // Two threads: over io_uring one per CPU queue to start with.
+    let m = c.mount_with(&["threads=2", transport]);
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    let opened: Vec<std::fs::File> = (0..4)
+        .map(|i| {
+            let p = d.join(format!("o{i}"));
+            std::fs::write(&p, b"x").unwrap();
+            std::fs::File::open(&p).unwrap()
+        })
+        .collect();
+    // Names this mount has not seen (another client makes them): looked up on the MDT.
+    let other = c.client();
+    let dir = fid(&other, "/d").expect("d");
+    for i in 0..3 {
+        other
+            .run(
+                other
+                    .client
+                    .create(&root(), dir, format!("x{i}").as_bytes(), 0o644, None),
+            )
+            .expect("create");
+    }
+    // Inherited by the child below (close-on-exec): its exec sends a FLUSH.
+    let held = std::fs::File::open(d.join("o0")).unwrap();
+    let (closes, lookups) = (mdt_stat(&c, "mds_close"), mdt_stat(&c, "mds_getattr_name"));
+    // Every MDT reply now leaves 10 s late.
+    c.set_param("mdt.*.fail_val=10000");
+    c.set_param("mdt.*.fail_loc=0x103");
+    drop(opened);
+    // Seven calls in all: the client's RPCs in flight stay under max_rpcs_in_flight.
+    let waiting: Vec<_> = (0..3)
+        .map(|i| {
+            let p = d.join(format!("x{i}"));
+            std::thread::spawn(move || std::fs::metadata(p).map(|m| m.len()))
+        })
+        .collect();
+    lode_testkit::wait_for(
+        "the closes and lookups to reach the MDT",
+        Duration::from_secs(10),
+        || {
+            mdt_stat(&c, "mds_close") >= closes + 4
+                && mdt_stat(&c, "mds_getattr_name") >= lookups + 3
+        },
+    );
+    let t = Instant::now();
+    let st = std::process::Command::new("/bin/true")
+        .status()
+        .expect("run /bin/true");
+    let took = t.elapsed();
+    c.set_param("mdt.*.fail_loc=0");
+    assert!(st.success());
+    assert!(
+        took < Duration::from_secs(5),
+        "an exec closing a file on the mount waited {took:?} behind calls to a slow MDT"
+    );
+    for w in waiting {
+        assert_eq!(
+            w.join().unwrap().expect("a lookup that waited on the MDT"),
+            0
+        );
+    }
+    drop(held);
+}
+
+#[test]
+fn a_flush_passes_calls_waiting_on_a_slow_mdt_over_io_uring() {
+    requests_needing_no_server_are_not_held_by_calls_waiting_on_it("io_uring");
+}
+
+#[test]
+fn a_flush_passes_calls_waiting_on_a_slow_mdt_over_dev_fuse() {
+    requests_needing_no_server_are_not_held_by_calls_waiting_on_it("noio_uring");
 }
 
 /// OST glimpses (`ost_getattr`) counted so far.

@@ -4,6 +4,10 @@
 /// Every file under the root's DoM default layout.
 const DOM_DEFAULT: bool = true;
 
+/// The mount's options beyond the test kit's (requests over io_uring where the kernel
+/// offers it, the default).
+const MOUNT_OPTIONS: &[&str] = &[];
+
 mod common;
 
 include!("posix/checks.rs");

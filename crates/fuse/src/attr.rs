@@ -1,6 +1,6 @@
 //! Conversions between lode attributes and FUSE's.
 
-use fuser::{FileAttr, FileType, INodeNo};
+use crate::kernel::{FileAttr, FileType};
 use lode_base::Attr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -37,13 +37,12 @@ pub(crate) fn kind(t: lode_base::FileType) -> FileType {
 /// FUSE attributes of a lode inode.
 pub(crate) fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
-        ino: INodeNo(a.fid.ino()),
+        ino: a.fid.ino(),
         size: a.size,
         blocks: a.blocks,
         atime: time(a.atime),
         mtime: time(a.mtime),
         ctime: time(a.ctime),
-        crtime: time(a.ctime),
         kind: kind(a.ftype()),
         perm: (a.mode & 0o7777) as u16,
         nlink: a.nlink,
@@ -51,20 +50,18 @@ pub(crate) fn file_attr(a: &Attr) -> FileAttr {
         gid: a.gid,
         rdev: a.rdev as u32,
         blksize: 4096,
-        flags: 0,
     }
 }
 
 /// The attributes of a negative entry (inode number 0).
 pub(crate) fn negative() -> FileAttr {
     FileAttr {
-        ino: INodeNo(0),
+        ino: 0,
         size: 0,
         blocks: 0,
         atime: time(0),
         mtime: time(0),
         ctime: time(0),
-        crtime: time(0),
         kind: FileType::RegularFile,
         perm: 0,
         nlink: 0,
@@ -72,7 +69,6 @@ pub(crate) fn negative() -> FileAttr {
         gid: 0,
         rdev: 0,
         blksize: 4096,
-        flags: 0,
     }
 }
 

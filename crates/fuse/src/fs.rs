@@ -1,26 +1,24 @@
-//! The `fuser::Filesystem` implementation.
+//! The file system the kernel sees: [`kernel::Filesystem`](crate::kernel::Filesystem)
+//! over the lode client.
 
 use crate::attr::{file_attr, kind, ns};
 use crate::caller::{caller, Caller};
 use crate::cred::Groups;
-use foldhash::{HashMap, HashMapExt};
-use fuser::{
-    AccessFlags, Errno as FErrno, FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow,
+use crate::kernel::abi::init;
+use crate::kernel::{
+    FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo, LkIn, Notifier, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SetattrIn, TimeOrNow,
 };
+use foldhash::{HashMap, HashMapExt};
 use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
 use lode_client::{Client, DirEntry, FileHandle, FlockArgs, Inval, MdtBody};
 use parking_lot::{Mutex, RwLock};
-use std::ffi::OsStr;
 use std::future::Future;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 /// Open flags of regular files. FLUSH stays on (`FOPEN_NOFLUSH` would skip it): with
@@ -121,13 +119,11 @@ struct Inner {
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
     next_fh: AtomicU64,
     groups: Groups,
-    /// FUSE threads running a request inline now.
-    inline: AtomicUsize,
     /// Where the kernel is told what to forget, once the session is up.
     invals: Mutex<Option<std::sync::mpsc::Sender<InvalJob>>>,
     /// The session's notifier, for filling the page cache at open (see
     /// [`Inner::fill_pages`]); set with `invals`.
-    pages: Mutex<Option<fuser::Notifier>>,
+    pages: Mutex<Option<Notifier>>,
     /// Open files holding flock locks; see [`Inner::after_closes`].
     flock_files: FlockFiles,
 }
@@ -234,7 +230,7 @@ pub struct Invalidation(Arc<Inner>);
 impl Invalidation {
     /// Runs the thread that passes the client's invalidations to the kernel through
     /// `notifier` (the session's). Until then, the kernel is given no long timeouts.
-    pub fn start(self, notifier: fuser::Notifier) -> std::io::Result<()> {
+    pub fn start(self, notifier: Notifier) -> std::io::Result<()> {
         let (tx, rx) = std::sync::mpsc::channel::<InvalJob>();
         *self.0.pages.lock() = Some(notifier.clone());
         let inner = self.0.clone();
@@ -262,12 +258,8 @@ pub struct LodeFs {
     rt: Handle,
 }
 
-fn ferr(e: Errno) -> FErrno {
-    FErrno::from_i32(e.raw())
-}
-
-fn name_bytes(n: &OsStr) -> Vec<u8> {
-    n.as_bytes().to_vec()
+fn ferr(e: Errno) -> i32 {
+    e.raw()
 }
 
 impl LodeFs {
@@ -284,7 +276,6 @@ impl LodeFs {
                 dirs: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 groups: Groups::default(),
-                inline: AtomicUsize::new(0),
                 invals: Mutex::new(None),
                 pages: Mutex::new(None),
                 flock_files: FlockFiles::default(),
@@ -318,23 +309,24 @@ impl LodeFs {
 
     /// Runs `f` to completion on this FUSE thread: it sends its requests itself and is
     /// woken once, by its reply, with no hand-off to another thread; the kernel gets
-    /// its answer from the thread that read the request. While all FUSE threads but one
-    /// are busy that way (a slow or dead server), further requests go to the client
-    /// runtime instead, so one thread always keeps reading the kernel's requests.
+    /// its answer from the thread that read the request. While all the threads that
+    /// take this thread's requests but this one are busy (a slow or dead server), it
+    /// goes to the client runtime instead, so one thread always keeps taking the
+    /// kernel's requests: with io_uring that is per queue (per CPU), since a request
+    /// waits for a thread of its own CPU's queue. A request the servers need not
+    /// answer (a FLUSH) must never wait behind calls to a server that is down: the
+    /// server's own restart may be what sends it (an `exec` closing an inherited
+    /// descriptor of a file on the mount).
     fn spawn<F>(&self, f: impl FnOnce(Arc<Inner>) -> F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
         let fut = f(self.inner.clone());
-        // With one FUSE thread nothing runs inline: it must always be free to read.
-        let max_inline = self.inner.opts.threads.saturating_sub(1);
-        if self.inner.inline.fetch_add(1, Ordering::AcqRel) < max_inline {
+        if crate::kernel::peer_free() {
             let was = INLINE.replace(true);
             lode_client::blocking_caller(|| self.rt.block_on(fut));
             INLINE.set(was);
-            self.inner.inline.fetch_sub(1, Ordering::AcqRel);
         } else {
-            self.inner.inline.fetch_sub(1, Ordering::AcqRel);
             self.rt.spawn(fut);
         }
     }
@@ -461,12 +453,17 @@ impl Inner {
     /// after the store (a local write racing it leaves the open to drop the pages, as
     /// any open does).
     ///
-    /// Only on a FUSE thread running the OPEN inline: the store waits for any locked
-    /// page of the file, which a READ in flight holds until it is answered, so the
-    /// thread that waits must leave another FUSE thread, and the runtime, free to
+    /// Only on a FUSE thread running the OPEN inline, with another thread of its kind
+    /// (its ring queue's, or a `/dev/fuse` reader) free: the store waits for any
+    /// locked page of the file, which a READ in flight holds until it is answered, so
+    /// the thread that waits must leave another FUSE thread, and the runtime, free to
     /// answer it.
     fn fill_pages(&self, ino: INodeNo, h: &FileHandle) -> bool {
-        if self.opts.writeback || h.flags & libc::O_APPEND != 0 || !INLINE.get() {
+        if self.opts.writeback
+            || h.flags & libc::O_APPEND != 0
+            || !INLINE.get()
+            || !crate::kernel::peer_free()
+        {
             return false;
         }
         let Some(p) = self.client.opened_contents(h) else {
@@ -568,7 +565,7 @@ impl Inner {
     }
 
     /// Tells the kernel to forget one thing, if it knows it.
-    fn notify(&self, n: &fuser::Notifier, w: &Inval) {
+    fn notify(&self, n: &Notifier, w: &Inval) {
         let known = |f: &Fid| self.inodes.read().contains_key(&f.ino());
         let r = match w {
             // A directory's listing goes with its attributes; a file's pages are not
@@ -576,9 +573,7 @@ impl Inner {
             Inval::Attr { fid, dir } if known(fid) => {
                 n.inval_inode(INodeNo(fid.ino()), if *dir { 0 } else { -1 }, 0)
             }
-            Inval::Name(d, name) if known(d) => {
-                n.inval_entry(INodeNo(d.ino()), OsStr::from_bytes(name))
-            }
+            Inval::Name(d, name) if known(d) => n.inval_entry(INodeNo(d.ino()), name),
             _ => return,
         };
         if let Err(e) = r {
@@ -609,37 +604,30 @@ const GLIMPSE_BATCH: usize = 32;
 /// listed, attributes included, in one RPC.
 const FIRST_PLUS_ENTRIES: u32 = 128;
 
-impl Filesystem for LodeFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let mut want = InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_ASYNC_READ
-            | InitFlags::FUSE_BIG_WRITES
-            | InitFlags::FUSE_MAX_PAGES
-            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+impl LodeFs {
+    /// The `FUSE_INIT` flags this file system asks the kernel for.
+    pub fn init_flags(&self) -> u64 {
+        let mut want = init::PARALLEL_DIROPS | init::DO_READDIRPLUS | init::ATOMIC_O_TRUNC;
         if !self.inner.opts.readdirplus_always {
-            want |= InitFlags::FUSE_READDIRPLUS_AUTO;
+            want |= init::READDIRPLUS_AUTO;
         }
         if self.inner.opts.cluster_locks {
             // fcntl and flock(2) locks go to the MDT, so they hold across clients.
             // The kernel sends a flock as a whole-file lock owned by the open file
-            // description (fuser does not pass on FUSE_LK_FLOCK), so the two kinds
-            // share one lock space, as on Lustre and NFS: a flock and an fcntl lock
-            // on the same file conflict, where a local file system keeps them apart.
-            want |= InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
+            // description; the two kinds share one lock space, as on Lustre and NFS:
+            // a flock and an fcntl lock on the same file conflict, where a local file
+            // system keeps them apart.
+            want |= init::POSIX_LOCKS | init::FLOCK_LOCKS;
         }
         if self.inner.opts.writeback {
-            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+            want |= init::WRITEBACK_CACHE;
         }
-        if let Err(unsupported) = config.add_capabilities(want) {
-            let _ = config.add_capabilities(want - unsupported);
-        }
-        let _ = config.set_max_write(1 << 20);
-        let _ = config.set_max_readahead(1 << 20);
-        Ok(())
+        want
     }
+}
 
-    fn destroy(&mut self) {
+impl Filesystem for LodeFs {
+    fn destroy(&self) {
         let client = self.inner.client.clone();
         let files: Vec<Arc<FileHandle>> = self.inner.files.lock().drain();
         let _ = self.rt.block_on(async move {
@@ -651,9 +639,9 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &[u8], reply: ReplyEntry) {
         let cred = self.cred(req);
-        let name = name_bytes(name);
+        let name = name.to_vec();
         self.spawn(|i| async move {
             let seq = i.client.inval_seq();
             let r = async {
@@ -681,7 +669,7 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+    fn forget(&self, ino: INodeNo, nlookup: u64) {
         self.inner.forget(ino.0, nlookup);
     }
 
@@ -693,25 +681,18 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        fh: Option<Fh>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
+    fn setattr(&self, req: &Request, ino: INodeNo, set: SetattrIn, reply: ReplyAttr) {
         let cred = self.cred(req);
+        let SetattrIn {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            fh,
+        } = set;
+        let fh = fh.map(Fh);
         self.reply_attr(reply, move |i| async move {
             let f = i.fid(ino)?;
             if let Some(size) = size {
@@ -756,14 +737,14 @@ impl Filesystem for LodeFs {
         &self,
         req: &Request,
         parent: INodeNo,
-        name: &OsStr,
+        name: &[u8],
         mode: u32,
         umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
         let cred = self.cred(req);
-        let name = name_bytes(name);
+        let name = name.to_vec();
         let n = name.clone();
         self.reply_entry(reply, parent, n, move |i| async move {
             let p = i.fid(parent)?;
@@ -780,13 +761,13 @@ impl Filesystem for LodeFs {
         &self,
         req: &Request,
         parent: INodeNo,
-        name: &OsStr,
+        name: &[u8],
         mode: u32,
         umask: u32,
         reply: ReplyEntry,
     ) {
         let cred = self.cred(req);
-        let name = name_bytes(name);
+        let name = name.to_vec();
         let n = name.clone();
         self.reply_entry(reply, parent, n, move |i| async move {
             let p = i.fid(parent)?;
@@ -796,17 +777,17 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &[u8], reply: ReplyEmpty) {
         let cred = self.cred(req);
-        let name = name_bytes(name);
+        let name = name.to_vec();
         self.reply_empty(reply, move |i| async move {
             i.client.unlink(&cred, i.fid(parent)?, &name).await
         });
     }
 
-    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &[u8], reply: ReplyEmpty) {
         let cred = self.cred(req);
-        let name = name_bytes(name);
+        let name = name.to_vec();
         self.reply_empty(reply, move |i| async move {
             i.client.rmdir(&cred, i.fid(parent)?, &name).await
         });
@@ -816,13 +797,13 @@ impl Filesystem for LodeFs {
         &self,
         req: &Request,
         parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
+        link_name: &[u8],
+        target: &[u8],
         reply: ReplyEntry,
     ) {
         let cred = self.cred(req);
-        let name = name_bytes(link_name);
-        let target = target.as_os_str().as_bytes().to_vec();
+        let name = link_name.to_vec();
+        let target = target.to_vec();
         let n = name.clone();
         self.reply_entry(reply, parent, n, move |i| async move {
             i.client
@@ -835,22 +816,20 @@ impl Filesystem for LodeFs {
         &self,
         req: &Request,
         parent: INodeNo,
-        name: &OsStr,
+        name: &[u8],
         newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
+        newname: &[u8],
+        flags: u32,
         reply: ReplyEmpty,
     ) {
         let cred = self.cred(req);
-        let (name, newname) = (name_bytes(name), name_bytes(newname));
+        let (name, newname) = (name.to_vec(), newname.to_vec());
         self.reply_empty(reply, move |i| async move {
-            if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            if flags & libc::RENAME_WHITEOUT != 0 {
                 return Err(Errno::EINVAL);
             }
             let (sp, dp) = (i.fid(parent)?, i.fid(newparent)?);
-            i.client
-                .rename(&cred, sp, &name, dp, &newname, flags.bits())
-                .await
+            i.client.rename(&cred, sp, &name, dp, &newname, flags).await
         });
     }
 
@@ -859,11 +838,11 @@ impl Filesystem for LodeFs {
         req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
-        newname: &OsStr,
+        newname: &[u8],
         reply: ReplyEntry,
     ) {
         let cred = self.cred(req);
-        let name = name_bytes(newname);
+        let name = newname.to_vec();
         let n = name.clone();
         self.reply_entry(reply, newparent, n, move |i| async move {
             let b = i
@@ -874,7 +853,7 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: i32, reply: ReplyOpen) {
         let cred = self.cred(req);
         self.spawn(|i| async move {
             let r = async {
@@ -883,7 +862,7 @@ impl Filesystem for LodeFs {
                     .open(
                         &cred,
                         f,
-                        i.append_flags(flags.0) & !(libc::O_CREAT | libc::O_EXCL),
+                        i.append_flags(flags) & !(libc::O_CREAT | libc::O_EXCL),
                     )
                     .await
             };
@@ -907,14 +886,14 @@ impl Filesystem for LodeFs {
         &self,
         req: &Request,
         parent: INodeNo,
-        name: &OsStr,
+        name: &[u8],
         mode: u32,
         umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let cred = self.cred(req);
-        let name = name_bytes(name);
+        let name = name.to_vec();
         self.spawn(|i| async move {
             let seq = i.client.inval_seq();
             let r = async {
@@ -956,8 +935,6 @@ impl Filesystem for LodeFs {
         fh: Fh,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
         self.spawn(|i| async move {
@@ -979,9 +956,6 @@ impl Filesystem for LodeFs {
         fh: Fh,
         offset: u64,
         data: &[u8],
-        _write_flags: fuser::WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
         let data = data.to_vec();
@@ -1004,20 +978,13 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: Fh,
-        lock_owner: fuser::LockOwner,
-        reply: ReplyEmpty,
-    ) {
+    fn flush(&self, _req: &Request, ino: INodeNo, fh: Fh, lock_owner: u64, reply: ReplyEmpty) {
         // Writes are sent to the OSTs as they come; nothing is buffered here. What a
         // close ends is the closing process's record locks on the file, if it has any.
         if let Some(f) = self.inner.flock_files.by_fh.lock().get_mut(&fh.0) {
             // The close of a descriptor by a process that does not own all of the
             // file's locks: a flock's open file may be going (its RELEASE follows).
-            if f.owners.len() >= FLOCK_OWNERS_MAX || f.owners.iter().any(|&o| o != lock_owner.0) {
+            if f.owners.len() >= FLOCK_OWNERS_MAX || f.owners.iter().any(|&o| o != lock_owner) {
                 f.closed = Some(Instant::now());
             }
         }
@@ -1025,7 +992,7 @@ impl Filesystem for LodeFs {
             reply.ok();
             return;
         };
-        if !self.inner.client.flock_may_hold(fid, lock_owner.0) {
+        if !self.inner.client.flock_may_hold(fid, lock_owner) {
             reply.ok();
             return;
         }
@@ -1040,22 +1007,23 @@ impl Filesystem for LodeFs {
         _req: &Request,
         _ino: INodeNo,
         fh: Fh,
-        _flags: OpenFlags,
-        lock_owner: Option<fuser::LockOwner>,
+        _flags: i32,
+        lock_owner: Option<u64>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         let Some(h) = self.inner.files.lock().remove(&fh.0) else {
-            reply.error(FErrno::EBADF);
+            reply.error(libc::EBADF);
             return;
         };
         // The last close of an open file description ends its flock locks.
         let flock_owner = lock_owner
             .and_then(|o| flock_args(h.fid, o, (0, u64::MAX), libc::F_UNLCK, 0, false).ok());
-        // close(2) does not wait for RELEASE: answer now, then close on the MDT from
-        // this thread (like any call, on the runtime when the threads are busy); its
-        // errors could not reach the application anyway.
-        reply.ok();
+        // close(2) does not wait for RELEASE (the kernel sends it in the background):
+        // the answer comes once the MDT closed the file, from this thread (like any
+        // call, on the runtime when the threads are busy). Its errors could not reach
+        // the application anyway. Answering first would leave a ring entry, to which
+        // the kernel sends its next request, behind this thread's call to the MDT.
         self.spawn(|i| async move {
             if let Some(a) = flock_owner {
                 if let Err(e) = i.client.flock(&a).await {
@@ -1066,6 +1034,7 @@ impl Filesystem for LodeFs {
             if let Err(e) = i.client.close(&h).await {
                 tracing::warn!(fid = %h.fid, "close on the MDT failed: {e}");
             }
+            reply.ok();
         });
     }
 
@@ -1076,7 +1045,7 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, flags: i32, reply: ReplyOpen) {
         let cred = self.cred(req);
         self.spawn(|i| async move {
             let seq = i.client.inval_seq();
@@ -1086,7 +1055,7 @@ impl Filesystem for LodeFs {
                 if !b.attr.is_dir() {
                     return Err(Errno::ENOTDIR);
                 }
-                let acc = flags.0 & libc::O_ACCMODE;
+                let acc = flags & libc::O_ACCMODE;
                 if acc != libc::O_RDONLY {
                     return Err(Errno::EISDIR);
                 }
@@ -1127,24 +1096,14 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: Fh,
-        _flags: fuser::IoctlFlags,
-        cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: fuser::ReplyIoctl,
-    ) {
+    fn ioctl(&self, _req: &Request, _ino: INodeNo, cmd: u32, reply: ReplyEmpty) {
         // Programs probe files with ioctls (Python asks TCGETS of every file it
         // opens): "not a terminal / no such control" is the right answer, and one log
         // line per command number is enough.
         if self.inner.client.note_unsupported_ioctl(cmd) {
             tracing::info!(cmd = format_args!("{cmd:#010x}"), "ioctl not supported (ENOTTY); counted in llite.*.unsupported_ioctls, not logged again");
         }
-        reply.error(FErrno::ENOTTY);
+        reply.error(libc::ENOTTY);
     }
 
     fn readdir(
@@ -1164,8 +1123,8 @@ impl Filesystem for LodeFs {
                         // Plain readdir entries are not lookups: nothing to remember.
                         let ino = e.fid.ino();
                         let k = lode_base::FileType::from_mode(dtype_mode(e.dtype))
-                            .map_or(fuser::FileType::RegularFile, kind);
-                        if reply.add(INodeNo(ino), e.cookie + 1, k, OsStr::from_bytes(&e.name)) {
+                            .map_or(crate::kernel::FileType::RegularFile, kind);
+                        if reply.add(INodeNo(ino), e.cookie + 1, k, &e.name) {
                             break;
                         }
                     }
@@ -1211,7 +1170,7 @@ impl Filesystem for LodeFs {
                                 i.remember(e.fid).0
                             };
                             let mut attr = file_attr(&body.attr);
-                            attr.ino = INodeNo(ino);
+                            attr.ino = ino;
                             let ttl = if dots {
                                 Duration::ZERO
                             } else {
@@ -1225,7 +1184,7 @@ impl Filesystem for LodeFs {
                             if reply.add(
                                 INodeNo(ino),
                                 e.cookie + 1,
-                                OsStr::from_bytes(&e.name),
+                                &e.name,
                                 &ttl,
                                 &attr,
                                 Generation(0),
@@ -1244,14 +1203,7 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: Fh,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: Fh, reply: ReplyEmpty) {
         self.inner.dirs.lock().remove(&fh.0);
         reply.ok();
     }
@@ -1280,16 +1232,15 @@ impl Filesystem for LodeFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        name: &OsStr,
+        name: &[u8],
         value: &[u8],
         flags: i32,
-        _position: u32,
         reply: ReplyEmpty,
     ) {
         let cred = self.cred(req);
-        let (name, value) = (name_bytes(name), value.to_vec());
+        let (name, value) = (name.to_vec(), value.to_vec());
         if self.label_refused(&name) {
-            reply.error(FErrno::EOPNOTSUPP);
+            reply.error(libc::EOPNOTSUPP);
             return;
         }
         if name == MIGRATE_XATTR {
@@ -1309,11 +1260,11 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &[u8], size: u32, reply: ReplyXattr) {
         let cred = self.cred(req);
-        let name = name_bytes(name);
+        let name = name.to_vec();
         if self.label_refused(&name) {
-            reply.error(FErrno::EOPNOTSUPP);
+            reply.error(libc::EOPNOTSUPP);
             return;
         }
         if name == FID_XATTR {
@@ -1324,7 +1275,7 @@ impl Filesystem for LodeFs {
                     if size == 0 {
                         reply.size(v.len() as u32);
                     } else if (size as usize) < v.len() {
-                        reply.error(FErrno::ERANGE);
+                        reply.error(libc::ERANGE);
                     } else {
                         reply.data(&v);
                     }
@@ -1357,7 +1308,7 @@ impl Filesystem for LodeFs {
                 .await;
                 match v {
                     Ok(v) if size == 0 => reply.size(v.len() as u32),
-                    Ok(v) if (size as usize) < v.len() => reply.error(FErrno::ERANGE),
+                    Ok(v) if (size as usize) < v.len() => reply.error(libc::ERANGE),
                     Ok(v) => reply.data(&v),
                     Err(e) => reply.error(ferr(e)),
                 }
@@ -1389,18 +1340,18 @@ impl Filesystem for LodeFs {
             };
             match r.await {
                 Ok(v) if size == 0 => reply.size(v.len() as u32),
-                Ok(v) if v.len() > size as usize => reply.error(FErrno::ERANGE),
+                Ok(v) if v.len() > size as usize => reply.error(libc::ERANGE),
                 Ok(v) => reply.data(&v),
                 Err(e) => reply.error(ferr(e)),
             }
         });
     }
 
-    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &[u8], reply: ReplyEmpty) {
         let cred = self.cred(req);
-        let name = name_bytes(name);
+        let name = name.to_vec();
         if self.label_refused(&name) {
-            reply.error(FErrno::EOPNOTSUPP);
+            reply.error(libc::EOPNOTSUPP);
             return;
         }
         self.reply_empty(reply, move |i| async move {
@@ -1408,18 +1359,18 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, req: &Request, ino: INodeNo, mask: u32, reply: ReplyEmpty) {
         let cred = self.cred(req);
         self.reply_empty(reply, move |i| async move {
             let b = i.client.getattr_md(&cred, i.fid(ino)?).await?;
             let mut want = 0;
-            if mask.contains(AccessFlags::R_OK) {
+            if mask & libc::R_OK as u32 != 0 {
                 want |= MAY_READ;
             }
-            if mask.contains(AccessFlags::W_OK) {
+            if mask & libc::W_OK as u32 != 0 {
                 want |= MAY_WRITE;
             }
-            if mask.contains(AccessFlags::X_OK) {
+            if mask & libc::X_OK as u32 != 0 {
                 want |= MAY_EXEC;
             }
             if want == 0 || may_access(&b.attr, &cred, want) {
@@ -1430,48 +1381,36 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn getlk(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: Fh,
-        lock_owner: fuser::LockOwner,
-        start: u64,
-        end: u64,
-        typ: i32,
-        pid: u32,
-        reply: fuser::ReplyLock,
-    ) {
+    fn getlk(&self, _req: &Request, ino: INodeNo, lk: LkIn, reply: ReplyLock) {
         self.spawn(move |i| async move {
             let r = async {
-                let a = flock_args(i.fid(ino)?, lock_owner, (start, end), typ, pid, false)?;
+                let (range, fid) = ((lk.start, lk.end), i.fid(ino)?);
+                let a = flock_args(fid, lk.owner, range, lk.typ, lk.pid, false)?;
                 let refused = |r: &Result<Option<_>, _>| matches!(r, Ok(Some(_)));
-                i.after_closes(a.fid, fh.0, || i.client.flock_test(&a), refused)
+                i.after_closes(a.fid, lk.fh, || i.client.flock_test(&a), refused)
                     .await
             };
             match r.await {
                 Ok(Some(c)) => reply.locked(c.start, c.end, c.typ as i32, c.pid),
-                Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+                Ok(None) => reply.locked(lk.start, lk.end, libc::F_UNLCK, 0),
                 Err(e) => reply.error(ferr(e)),
             }
         });
     }
 
-    fn setlk(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: Fh,
-        lock_owner: fuser::LockOwner,
-        start: u64,
-        end: u64,
-        typ: i32,
-        pid: u32,
-        sleep: bool,
-        reply: ReplyEmpty,
-    ) {
-        // The thread that asked: a signal it takes ends its wait, as the kernel's
-        // FUSE_INTERRUPT would if fuser passed it on.
+    fn setlk(&self, req: &Request, ino: INodeNo, lk: LkIn, sleep: bool, reply: ReplyEmpty) {
+        let LkIn {
+            fh,
+            owner: lock_owner,
+            start,
+            end,
+            typ,
+            pid,
+            ..
+        } = lk;
+        let fh = Fh(fh);
+        // The thread that asked: a signal it takes ends its wait (the kernel's
+        // FUSE_INTERRUPT says the same, later).
         let tid = req.pid();
         let f = move |i: Arc<Inner>| async move {
             let r = async {
@@ -1488,8 +1427,8 @@ impl Filesystem for LodeFs {
                         owners: Vec::new(),
                         closed: None,
                     });
-                    if !f.owners.contains(&lock_owner.0) && f.owners.len() < FLOCK_OWNERS_MAX {
-                        f.owners.push(lock_owner.0);
+                    if !f.owners.contains(&lock_owner) && f.owners.len() < FLOCK_OWNERS_MAX {
+                        f.owners.push(lock_owner);
                     }
                 }
                 if r.is_ok() && a.wait && caller(tid) == Caller::Gone {
@@ -1526,14 +1465,14 @@ impl Filesystem for LodeFs {
         reply: ReplyEmpty,
     ) {
         // Objects are sparse files created on first write; preallocation is not offered.
-        reply.error(FErrno::EOPNOTSUPP);
+        reply.error(libc::EOPNOTSUPP);
     }
 }
 
 /// A kernel lock request (bytes `start..=end`) as the client's.
 fn flock_args(
     fid: Fid,
-    owner: fuser::LockOwner,
+    owner: u64,
     (start, end): (u64, u64),
     typ: i32,
     pid: u32,
@@ -1544,7 +1483,7 @@ fn flock_args(
     }
     Ok(FlockArgs {
         fid,
-        owner: owner.0,
+        owner,
         pid,
         typ: typ as u32,
         start,

@@ -1,14 +1,16 @@
-//! The FUSE adapter over the lode client library (`fuser` 0.18).
+//! The FUSE adapter over the lode client library, on lode's own kernel interface
+//! (`kernel`: `/dev/fuse` and FUSE over io_uring).
 //!
-//! A FUSE thread never waits on the network: every request that needs a server is
-//! handed, with its reply object, to the client's runtime, and the thread goes back to
-//! reading `/dev/fuse`. The servers check permissions (`default_permissions` is off):
-//! each request carries the caller's uid, gid and supplementary groups.
+//! A request runs on the thread that took it from the kernel (a `/dev/fuse` reader or a
+//! ring thread), which sends its own RPCs and reads its own replies. The kernel checks
+//! mode bits (`default_permissions`) from attributes kept coherent by locks; the
+//! servers check again, with the caller's uid, gid and supplementary groups.
 
 mod attr;
 mod caller;
 mod cred;
 mod fs;
+pub mod kernel;
 
 pub use fs::{
     LodeFs, MountOptions, FID2PATH_XATTR, FID_XATTR, MIGRATE_XATTR, SELINUX_FS, STATFS_XATTR,

@@ -24,7 +24,7 @@ impl Fx {
 fn fx() -> Fx {
     unsafe { libc::umask(0o022) };
     let c = cluster(2);
-    let m = c.mount();
+    let m = c.mount_with(MOUNT_OPTIONS);
     if DOM_DEFAULT {
         // Small files wholly on the MDT, larger ones across the DoM end onto OSTs.
         let o = c
