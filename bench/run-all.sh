@@ -21,6 +21,8 @@ cleanup() {
 trap cleanup EXIT
 
 "$L" up --dir "$W/lode" --port-base 19880 >/dev/null
+# `lode up` makes a keyed file system: native clients need its key.
+export LODE_KEY_FILE="$W/lode/key"
 mountpoint -q "$W/tmpfs" || mount -t tmpfs -o size=6g lode-bench-tmpfs "$W/tmpfs"
 bench/peers/bindfs.sh up "$W/bindsrc" "$W/bindfs" >/dev/null
 bench/peers/moosefs.sh up "$W/mfs" "$W/mfsmnt" >/dev/null

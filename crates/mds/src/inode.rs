@@ -81,7 +81,7 @@ impl Namespace {
     /// The entry `name` of `parent`, if present.
     pub(crate) fn dirent(&self, parent: Fid, name: &[u8]) -> OpResult<Option<DirentRec>> {
         let k = dirent_key(parent, name_hash(name), name);
-        match self.store.engine().get(Cf::Dirent, &k)? {
+        match self.store.dirent(&k)? {
             Some(b) => Ok(Some(decode_dirent(&b)?)),
             None => Ok(None),
         }

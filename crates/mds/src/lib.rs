@@ -610,6 +610,70 @@ mod tests {
     }
 
     #[test]
+    fn an_unlinked_inodes_xattrs_go_with_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ns = namespace(dir.path());
+        let xattrs = |f: Fid| {
+            let mut n = 0;
+            ns.store
+                .engine()
+                .scan(Cf::Xattr, &f.to_bytes(), b"", &mut |_, _| {
+                    n += 1;
+                    true
+                })
+                .expect("scan");
+            n
+        };
+        for (i, stored) in [(1u32, 0), (2, 2), (3, 1)] {
+            let name = format!("d{i}");
+            let f = ns
+                .create(&Ctx::default(), 0, create_req(name.as_bytes(), i))
+                .expect("mkdir")
+                .0
+                .body
+                .attr
+                .fid;
+            for x in 0..stored {
+                let x = format!("user.x{x}");
+                ns.setxattr(
+                    &Ctx::default(),
+                    &Cred::root(),
+                    f,
+                    x.as_bytes(),
+                    Some(vec![1]),
+                    0,
+                )
+                .expect("setxattr");
+            }
+            if i == 3 {
+                // Removed again: the inode has no xattr left, and is not known to
+                // have never had one.
+                ns.setxattr(&Ctx::default(), &Cred::root(), f, b"user.x0", None, 0)
+                    .expect("removexattr");
+                ns.setxattr(
+                    &Ctx::default(),
+                    &Cred::root(),
+                    f,
+                    b"user.y",
+                    Some(vec![1]),
+                    0,
+                )
+                .expect("setxattr");
+            }
+            assert_eq!(xattrs(f), stored, "{name}");
+            ns.unlink(
+                &Ctx::default(),
+                &Cred::root(),
+                Fid::ROOT,
+                name.as_bytes(),
+                true,
+            )
+            .expect("rmdir");
+            assert_eq!(xattrs(f), 0, "{name}: its xattrs went with it");
+        }
+    }
+
+    #[test]
     fn an_inodes_xattrs_are_bounded_so_they_can_always_be_listed() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (ns, d) = with_dir(dir.path());

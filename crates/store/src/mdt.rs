@@ -151,6 +151,48 @@ pub struct InodeCacheStats {
     pub misses: u64,
 }
 
+/// Directory entries read or written recently, kept equal to the engine as the inode
+/// cache is (`gen`, updated by every batch that writes an entry), absent names
+/// included: a modification looks its name up two or three times (to choose its locks,
+/// to check them once held, then to run), and a create looks up a name that does not
+/// exist yet, a search of the memtable and of every file's filter.
+#[derive(Default)]
+struct DirentCache {
+    map: DirentMap,
+    old: DirentMap,
+    /// The generation `insert` pushed out, dropped after the lock is released.
+    retired: Option<DirentMap>,
+    /// Bumped by every batch that writes an entry.
+    gen: u64,
+}
+
+/// A dirent key (`Cf::Dirent`) and its value, `None` for no entry.
+type DirentMap = foldhash::HashMap<Box<[u8]>, Option<Box<[u8]>>>;
+
+/// Entries the dirent cache keeps at most: half in each generation, about 100 bytes
+/// each with a short name (26 MB when full). Lookups by name are the changes' own
+/// (a walk reads pages, not names), so a few hundred thousand recent names serve them.
+pub const DIRENT_CACHE_MAX: usize = 1 << 18;
+
+impl DirentCache {
+    fn get(&mut self, key: &[u8]) -> Option<Option<Box<[u8]>>> {
+        if let Some(v) = self.map.get(key) {
+            return Some(v.clone());
+        }
+        let (k, v) = self.old.remove_entry(key)?;
+        self.insert(k, v.clone());
+        Some(v)
+    }
+
+    fn insert(&mut self, key: Box<[u8]>, v: Option<Box<[u8]>>) {
+        if self.map.len() >= DIRENT_CACHE_MAX / 2 {
+            let full = std::mem::take(&mut self.map);
+            self.retired = Some(std::mem::replace(&mut self.old, full));
+        }
+        self.map.insert(key, v);
+    }
+}
+
 struct CommitState {
     requested: bool,
     /// Parked waiters: (transno wanted, callback), answered by the commit thread.
@@ -176,6 +218,7 @@ pub struct MdtStore {
     committed_cv: Condvar,
     on_stop: Mutex<Option<StopHook>>,
     inodes: Mutex<InodeCache>,
+    dirents: Mutex<DirentCache>,
 }
 
 impl MdtStore {
@@ -205,6 +248,7 @@ impl MdtStore {
             committed_cv: Condvar::new(),
             on_stop: Mutex::new(None),
             inodes: Mutex::new(InodeCache::default()),
+            dirents: Mutex::new(DirentCache::default()),
         }))
     }
 
@@ -385,6 +429,32 @@ impl MdtStore {
         Ok(())
     }
 
+    /// The value of dirent `key` (in `Cf::Dirent`), from the cache when it is there; a
+    /// value read from the engine is kept only if no entry was written meanwhile, so a
+    /// read racing a write never leaves the old value behind.
+    pub fn dirent(&self, key: &[u8]) -> Result<Option<Box<[u8]>>, StoreError> {
+        let gen = {
+            let mut c = self.dirents.lock();
+            if let Some(v) = c.get(key) {
+                let retired = c.retired.take();
+                drop(c);
+                drop(retired);
+                return Ok(v);
+            }
+            c.gen
+        };
+        let v = self.engine.get(Cf::Dirent, key)?.map(Vec::into_boxed_slice);
+        let retired = {
+            let mut c = self.dirents.lock();
+            if c.gen == gen {
+                c.insert(key.into(), v.clone());
+            }
+            c.retired.take()
+        };
+        drop(retired);
+        Ok(v)
+    }
+
     /// The inode record under `key` (in `Cf::Inode`), from the cache when it is there.
     pub fn inode(&self, key: &[u8]) -> Result<Option<InodeBytes>, StoreError> {
         let (found, gen, retired) = {
@@ -540,8 +610,9 @@ impl MdtStore {
         (c.hits, c.misses) = (0, 0);
     }
 
-    /// Brings the cached inodes a written batch touched up to date.
+    /// Brings the cached inodes and entries a written batch touched up to date.
     fn written(&self, batch: &Batch) {
+        self.dirents_written(batch);
         let mut c = None;
         for op in &batch.ops {
             let (k, v) = match op {
@@ -572,6 +643,28 @@ impl MdtStore {
                 }
             }
         }
+    }
+
+    /// Brings the cached entries a written batch touched up to date: each holds the
+    /// value the batch left (the batch's last word on its key).
+    fn dirents_written(&self, batch: &Batch) {
+        let mut c = None;
+        for op in &batch.ops {
+            let (k, v) = match op {
+                Op::Put(Cf::Dirent, k, v) => (k, Some(v)),
+                Op::Delete(Cf::Dirent, k) => (k, None),
+                _ => continue,
+            };
+            let c = c.get_or_insert_with(|| {
+                let mut g = self.dirents.lock();
+                g.gen += 1;
+                g
+            });
+            c.old.remove(k.as_slice());
+            c.insert(k.as_slice().into(), v.map(|v| v.as_slice().into()));
+        }
+        let retired = c.and_then(|mut c| c.retired.take());
+        drop(retired);
     }
 
     /// Applies a batch that needs no transno (bookkeeping such as destroy records
@@ -713,6 +806,40 @@ mod tests {
         store.apply_untracked(&batch).expect("write");
         store.clear_inode_cache_stats();
         store
+    }
+
+    #[test]
+    fn cached_entries_follow_every_write_absent_names_included() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store_with_inodes_1_3_7(dir.path());
+        let (a, b) = (b"dir-a".as_slice(), b"dir-b".as_slice());
+        let engine = |k: &[u8]| store.engine.get(Cf::Dirent, k).expect("get");
+        // Read absent, then created, renamed over, removed: each read (the second
+        // from the cache) says what the engine says.
+        for step in 0..4 {
+            for k in [a, b] {
+                let want = engine(k).map(Vec::into_boxed_slice);
+                assert_eq!(store.dirent(k).expect("dirent"), want, "step {step}");
+                assert_eq!(store.dirent(k).expect("dirent"), want, "step {step}, again");
+            }
+            let mut batch = Batch::new();
+            match step {
+                0 => batch.put(Cf::Dirent, a.to_vec(), vec![1; 17]),
+                1 => {
+                    batch.delete(Cf::Dirent, a.to_vec());
+                    batch.put(Cf::Dirent, b.to_vec(), vec![1; 17]);
+                }
+                2 => {
+                    // The batch's last word on a key counts.
+                    batch.put(Cf::Dirent, b.to_vec(), vec![2; 17]);
+                    batch.delete(Cf::Dirent, b.to_vec());
+                }
+                _ => break,
+            }
+            store.apply_untracked(&batch).expect("write");
+        }
+        assert_eq!(store.dirent(a).expect("dirent"), None);
+        assert_eq!(store.dirent(b).expect("dirent"), None);
     }
 
     #[test]
