@@ -22,7 +22,7 @@ use foldhash::HashMap;
 use lode_base::{Errno, Fid};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -187,8 +187,12 @@ impl Resource {
 
 type Wake = Box<dyn FnOnce(MdtLocks) + Send>;
 
-/// How long a resource counts as contended after a callback on it.
-pub const CONTENTION_WINDOW: Duration = Duration::from_secs(2);
+/// How long a resource counts as contended after a callback on it, or after the last
+/// change to it since (each change while it is contended starts the window again): a
+/// stream of changes by several clients keeps it contended, and reads that follow
+/// the stream get locks again soon after it ends (a stat phase after a create phase).
+/// A wrong guess costs one callback per window, or a window of reads not cached.
+pub const CONTENTION_WINDOW: Duration = Duration::from_millis(20);
 /// Contended resources remembered before old ones are dropped.
 const CONTENDED_MAX: usize = 4096;
 
@@ -456,6 +460,8 @@ pub struct Ldlm {
     st: Mutex<State>,
     /// Most locks one client may hold (`ldlm.namespaces.*.max_locks_per_client`).
     max_per_client: AtomicUsize,
+    /// [`CONTENTION_WINDOW`] in µs, unless a test sets another.
+    window_us: AtomicU64,
 }
 
 /// Locks an MDT operation holds; released when dropped (waking whoever waited).
@@ -492,7 +498,19 @@ impl Ldlm {
         Arc::new(Ldlm {
             st: Mutex::new(State::default()),
             max_per_client: AtomicUsize::new(max_per_client),
+            window_us: AtomicU64::new(CONTENTION_WINDOW.as_micros() as u64),
         })
+    }
+
+    /// Sets how long a resource stays contended (tests use a long one).
+    #[cfg(test)]
+    fn set_contention_window(&self, d: Duration) {
+        self.window_us
+            .store(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_micros(self.window_us.load(Ordering::Relaxed))
     }
 
     /// The per-client cap.
@@ -514,8 +532,42 @@ impl Ldlm {
         mode: LockMode,
         bits: u8,
     ) -> Result<Option<Handle>, Errno> {
+        self.grant_unless(slot, (r, mode, bits), false)
+    }
+
+    /// [`Ldlm::grant`], unless `r` is contended (see [`Ldlm::contended`]): then nothing
+    /// (`Ok(None)`), as for a conflict. For what a client would cache as a side effect
+    /// of reading it (a getattr's or lookup's attributes): two clients busy in one
+    /// directory otherwise take turns calling each other back, one callback per change.
+    pub fn grant_uncontended(
+        &self,
+        slot: u32,
+        r: ResId,
+        mode: LockMode,
+        bits: u8,
+    ) -> Result<Option<Handle>, Errno> {
+        self.grant_unless(slot, (r, mode, bits), true)
+    }
+
+    fn grant_unless(
+        &self,
+        slot: u32,
+        want: Want,
+        contended: bool,
+    ) -> Result<Option<Handle>, Errno> {
         let cap = self.max_per_client.load(Ordering::Relaxed);
-        self.st.lock().grant_client(slot, cap, (r, mode, bits))
+        let window = self.window();
+        let mut st = self.st.lock();
+        if contended
+            && !st.contended.is_empty()
+            && st
+                .contended
+                .get(&want.0)
+                .is_some_and(|t| t.elapsed() < window)
+        {
+            return Ok(None);
+        }
+        st.grant_client(slot, cap, want)
     }
 
     /// Takes every lock an MDT operation wants if it can at once (nothing queued).
@@ -527,6 +579,20 @@ impl Ldlm {
     fn grant_all(self: &Arc<Self>, st: &mut State, want: &[Want]) -> Option<MdtLocks> {
         if !st.grantable(want, u64::MAX) {
             return None;
+        }
+        if !st.contended.is_empty() {
+            let window = self.window();
+            let now = Instant::now();
+            for (r, mode, _) in want {
+                if *mode == LockMode::Pr {
+                    continue;
+                }
+                if let Some(t) = st.contended.get_mut(r) {
+                    if now.duration_since(*t) < window {
+                        *t = now;
+                    }
+                }
+            }
         }
         let handles = want
             .iter()
@@ -571,9 +637,9 @@ impl Ldlm {
             }
         }
         if !callbacks.is_empty() {
+            let window = self.window();
             if st.contended.len() >= CONTENDED_MAX {
-                st.contended
-                    .retain(|_, t| now.duration_since(*t) < CONTENTION_WINDOW);
+                st.contended.retain(|_, t| now.duration_since(*t) < window);
             }
             for c in &callbacks {
                 st.contended.insert(c.res, now);
@@ -589,15 +655,16 @@ impl Ldlm {
         Acquired::Waiting(callbacks)
     }
 
-    /// Whether client locks on `r` were called back within the last
-    /// [`CONTENTION_WINDOW`]: then several clients are busy on it, and handing out
+    /// Whether client locks on `r` were called back, and changes to it followed each
+    /// other since, each within [`CONTENTION_WINDOW`] of the last: then several clients are busy on it, and handing out
     /// locks another client's next change must call back only costs callbacks.
     pub fn contended(&self, r: ResId) -> bool {
+        let window = self.window();
         self.st
             .lock()
             .contended
             .get(&r)
-            .is_some_and(|t| t.elapsed() < CONTENTION_WINDOW)
+            .is_some_and(|t| t.elapsed() < window)
     }
 
     /// Hands an MDT operation's locks over to its client: in one step, so nothing can
@@ -836,6 +903,48 @@ mod tests {
         assert_eq!(l.lock_count(), 1);
         drop(locks);
         assert_eq!((l.lock_count(), l.resource_count()), (0, 0));
+    }
+
+    #[test]
+    fn a_resource_called_back_lately_is_not_granted_for_caching() {
+        let l = Ldlm::new(100);
+        // Long enough that a busy machine's sleeps do not outlast it.
+        let window = Duration::from_millis(800);
+        l.set_contention_window(window);
+        let (d, e) = (ResId::object(fid(1)), ResId::object(fid(2)));
+        let h = l
+            .grant_uncontended(1, d, Pr, bits::UPDATE)
+            .unwrap()
+            .unwrap();
+        let Acquired::Waiting(cbs) = l.acquire(&[(d, Cw, bits::UPDATE)], |_| {}) else {
+            panic!("a reader is in the way");
+        };
+        assert_eq!(cbs.len(), 1);
+        assert!(l.cancel(1, h));
+        assert!(l.contended(d));
+        // Another client's read of it gets no lock for the window; other resources do,
+        // and a plain grant still does.
+        assert_eq!(l.grant_uncontended(2, d, Pr, bits::UPDATE).unwrap(), None);
+        assert!(l
+            .grant_uncontended(2, e, Pr, bits::UPDATE)
+            .unwrap()
+            .is_some());
+        assert!(!l.contended(e));
+        // Changes keep it contended past the window; once they stop, it ends.
+        for _ in 0..3 {
+            std::thread::sleep(window / 4);
+            let Acquired::Granted(locks) = l.acquire(&[(d, Cw, bits::UPDATE)], |_| {}) else {
+                panic!("nothing in the way");
+            };
+            drop(locks);
+            assert!(l.contended(d));
+        }
+        std::thread::sleep(window + window / 4);
+        assert!(!l.contended(d));
+        assert!(l
+            .grant_uncontended(2, d, Pr, bits::UPDATE)
+            .unwrap()
+            .is_some());
     }
 
     #[test]

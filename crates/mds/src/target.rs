@@ -383,13 +383,21 @@ impl Mdt {
             .unwrap_or(0)
     }
 
-    /// A PR UPDATE|PERM lock on an object's attributes for a client (see `grant_pr`).
+    /// A PR UPDATE|PERM lock on an object's attributes for a client (see `grant_pr`),
+    /// unless the object is contended ([`ldlm::Ldlm::grant_uncontended`]): then the
+    /// client reads its attributes again next time rather than being called back at
+    /// the next change by another client.
     fn grant_attrs(&self, exp: &Export, fid: lode_base::Fid) -> u64 {
-        self.grant_pr(
-            exp,
-            ResId::object(fid),
-            ldlm::bits::UPDATE | ldlm::bits::PERM,
-        )
+        self.ldlm
+            .grant_uncontended(
+                exp.slot,
+                ResId::object(fid),
+                LockMode::Pr,
+                ldlm::bits::UPDATE | ldlm::bits::PERM,
+            )
+            .ok()
+            .flatten()
+            .unwrap_or(0)
     }
 
     /// The PR LAYOUT lock an open holds for its handle's life (see
