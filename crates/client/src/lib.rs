@@ -99,6 +99,9 @@ pub struct Client {
     /// Moves on every write or truncate through this client: bytes a read-only handle
     /// was sent with its open (read-on-open) are used only while it has not moved.
     data_epoch: std::sync::atomic::AtomicU64,
+    /// Objects a change of this client's is on its way to the MDT for, and how many
+    /// such changes: a getattr of one asks for no lock (see [`Client::md`]).
+    changing: Mutex<HashMap<Fid, u32>>,
     rt: Handle,
 }
 
@@ -169,6 +172,7 @@ impl Client {
             statahead: statahead::Statahead::default(),
             unsupported_ioctls: Default::default(),
             data_epoch: Default::default(),
+            changing: Mutex::new(HashMap::new()),
             cfg,
             uuid,
             mdc,
@@ -279,6 +283,9 @@ impl Client {
 
     /// Sends one request to the MDT.
     pub(crate) async fn md(&self, req: Request) -> Result<Reply, Errno> {
+        // Marked before its early cancels are chosen, so a getattr that starts after
+        // this point cannot be granted a lock the change would have to call back.
+        let _changing = Changing::new(self, &req);
         let (cancels, forgot) = self.release_for_change(&req);
         let flags = if matches!(
             req,
@@ -289,6 +296,7 @@ impl Client {
                 | Request::Setattr(_)
                 | Request::Readdir(lode_proto::ReaddirReq { plus: true, .. })
         ) && self.callback_channel_up()
+            && !self.being_changed(&req)
         {
             lode_proto::frame::FLAG_INTENT
         } else {
@@ -300,6 +308,20 @@ impl Client {
         let r = self.mdc.call_with(req.clone(), flags, &cancels).await;
         self.after_change(&req, r.is_ok(), forgot);
         Ok(r?.reply)
+    }
+
+    /// Whether `req` is a getattr of an object a change of this client's is on its
+    /// way to the MDT for. Its lock would be granted to this client after the change's
+    /// early cancels were chosen, and the change would then wait for this client to be
+    /// called back: two processes working in one directory (the kernel's permission
+    /// check after each change asks for the directory's attributes) would take turns
+    /// doing so. The change's reply brings the attributes back with a lock instead.
+    fn being_changed(&self, req: &Request) -> bool {
+        let Request::Getattr(r) = req else {
+            return false;
+        };
+        let c = self.changing.lock();
+        !c.is_empty() && c.contains_key(&r.fid)
     }
 
     /// statfs of the file system: space summed over OSTs, inodes from the MDT.
@@ -559,6 +581,51 @@ impl Client {
             .iter()
             .map(|(c, n)| format!("{c:#010x} {n}\n"))
             .collect()
+    }
+}
+
+/// The objects a change is on its way to the MDT for (see [`Client::being_changed`]),
+/// marked for as long as this lives.
+struct Changing<'a> {
+    client: &'a Client,
+    fids: Vec<Fid>,
+}
+
+impl<'a> Changing<'a> {
+    fn new(client: &'a Client, req: &Request) -> Changing<'a> {
+        let fids = match req {
+            Request::Create(r) => vec![r.parent],
+            Request::Unlink(r) => vec![r.parent],
+            Request::Link(r) => vec![r.parent, r.fid],
+            Request::Rename(r) => vec![r.src_parent, r.dst_parent],
+            Request::Setattr(r) => vec![r.fid],
+            Request::Setxattr(r) => vec![r.fid],
+            _ => Vec::new(),
+        };
+        if !fids.is_empty() {
+            let mut c = client.changing.lock();
+            for f in &fids {
+                *c.entry(*f).or_default() += 1;
+            }
+        }
+        Changing { client, fids }
+    }
+}
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        if self.fids.is_empty() {
+            return;
+        }
+        let mut c = self.client.changing.lock();
+        for f in &self.fids {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = c.entry(*f) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
     }
 }
 

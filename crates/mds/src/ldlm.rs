@@ -611,6 +611,18 @@ impl Ldlm {
         want: &[Want],
         wake: impl FnOnce(MdtLocks) + Send + 'static,
     ) -> Acquired {
+        self.acquire_for(None, want, wake)
+    }
+
+    /// [`Ldlm::acquire`] for a change by the client in `slot`: a callback of that
+    /// client's own lock (granted to it after the change's early cancels were chosen)
+    /// does not make the resource contended, since no other client is busy on it.
+    pub fn acquire_for(
+        self: &Arc<Self>,
+        slot: Option<u32>,
+        want: &[Want],
+        wake: impl FnOnce(MdtLocks) + Send + 'static,
+    ) -> Acquired {
         let mut guard = self.st.lock();
         if let Some(locks) = self.grant_all(&mut guard, want) {
             return Acquired::Granted(locks);
@@ -636,12 +648,12 @@ impl Ldlm {
                 }
             }
         }
-        if !callbacks.is_empty() {
+        if callbacks.iter().any(|c| Some(c.slot) != slot) {
             let window = self.window();
             if st.contended.len() >= CONTENDED_MAX {
                 st.contended.retain(|_, t| now.duration_since(*t) < window);
             }
-            for c in &callbacks {
+            for c in callbacks.iter().filter(|c| Some(c.slot) != slot) {
                 st.contended.insert(c.res, now);
             }
         }
@@ -922,6 +934,16 @@ mod tests {
         assert_eq!(cbs.len(), 1);
         assert!(l.cancel(1, h));
         assert!(l.contended(d));
+        // A change's callback of its own client's lock is no contention.
+        let own = ResId::object(fid(3));
+        let h = l.grant(5, own, Pr, bits::UPDATE).unwrap().unwrap();
+        let Acquired::Waiting(cbs) = l.acquire_for(Some(5), &[(own, Cw, bits::UPDATE)], |_| {})
+        else {
+            panic!("its own reader is in the way");
+        };
+        assert_eq!(cbs.len(), 1);
+        assert!(l.cancel(5, h));
+        assert!(!l.contended(own));
         // Another client's read of it gets no lock for the window; other resources do,
         // and a plain grant still does.
         assert_eq!(l.grant_uncontended(2, d, Pr, bits::UPDATE).unwrap(), None);
