@@ -61,23 +61,11 @@ pub type CommitWaiter = Box<dyn FnOnce(Result<u64, StoreError>) + Send>;
 /// write can never leave an old record behind. The hot ones (directories being filled
 /// or emptied, a directory being walked and warmed) are then read without a search of
 /// the memtable or the block cache.
-///
-/// Two generations approximate LRU at the cost of a hash lookup: records go into
-/// `map`; when it is full, it becomes `old` (and the previous `old` goes), and a
-/// record found in `old` moves back into `map`.
 struct InodeCache {
-    /// Records kept at most (`mdt.*.inode_cache_max`): half in each generation.
-    max: usize,
+    /// At most `mdt.*.inode_cache_max` records.
     // foldhash (seeded per process), not SipHash: FIDs come from sequences the MDT
     // grants, and SipHash was the largest cost of cache warming.
-    map: InodeMap,
-    old: InodeMap,
-    /// The generation `insert` pushed out, for whoever holds the lock to drop after
-    /// releasing it: freeing ~131k records takes milliseconds, and the warming thread
-    /// (idle-class, preempted at once) must not hold the lock meanwhile.
-    retired: Option<InodeMap>,
-    /// Bumped by every batch that writes an inode.
-    gen: u64,
+    gens: Generations<InodeKey, InodeBytes>,
     hits: u64,
     misses: u64,
 }
@@ -85,32 +73,60 @@ struct InodeCache {
 impl Default for InodeCache {
     fn default() -> InodeCache {
         InodeCache {
-            max: INODE_CACHE_MAX,
-            map: InodeMap::default(),
-            old: InodeMap::default(),
-            retired: None,
-            gen: 0,
+            gens: Generations::new(INODE_CACHE_MAX),
             hits: 0,
             misses: 0,
         }
     }
 }
 
-impl InodeCache {
-    fn get(&mut self, key: &InodeKey) -> Option<InodeBytes> {
+/// A cache of two generations, kept equal to the engine by its owner (`gen`): entries
+/// go into `map`; when it is full, it becomes `old` (and the previous `old` goes), and
+/// an entry found in `old` moves back into `map`. Two generations approximate LRU at
+/// the cost of a hash lookup.
+struct Generations<K, V> {
+    /// Entries kept at most: half in each generation.
+    max: usize,
+    map: foldhash::HashMap<K, V>,
+    old: foldhash::HashMap<K, V>,
+    /// The generation `insert` pushed out, for whoever holds the lock to drop after
+    /// releasing it: freeing ~131k records takes milliseconds, and the warming thread
+    /// (idle-class, preempted at once) must not hold the lock meanwhile.
+    retired: Option<foldhash::HashMap<K, V>>,
+    /// Bumped by every batch that writes to the cached keyspace: a reader keeps what
+    /// it read from the engine only if this has not moved since it looked.
+    gen: u64,
+}
+
+impl<K: std::hash::Hash + Eq, V: Clone> Generations<K, V> {
+    fn new(max: usize) -> Generations<K, V> {
+        Generations {
+            max,
+            map: Default::default(),
+            old: Default::default(),
+            retired: None,
+            gen: 0,
+        }
+    }
+
+    fn get<Q>(&mut self, key: &Q) -> Option<V>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
         if let Some(v) = self.map.get(key) {
             return Some(v.clone());
         }
-        let v = self.old.remove(key)?;
-        self.insert(*key, v.clone());
+        let (k, v) = self.old.remove_entry(key)?;
+        self.insert(k, v.clone());
         Some(v)
     }
 
-    fn contains(&self, key: &InodeKey) -> bool {
+    fn contains(&self, key: &K) -> bool {
         self.map.contains_key(key) || self.old.contains_key(key)
     }
 
-    fn insert(&mut self, key: InodeKey, v: InodeBytes) {
+    fn insert(&mut self, key: K, v: V) {
         if self.map.len() >= self.max / 2 {
             let full = std::mem::take(&mut self.map);
             self.retired = Some(std::mem::replace(&mut self.old, full));
@@ -127,8 +143,6 @@ pub type InodeBytes = Arc<[u8]>;
 /// An inode record's key: its FID's bytes (`Fid::to_bytes`). Keys of any other length
 /// are read from the engine but never cached.
 pub type InodeKey = [u8; 16];
-
-type InodeMap = foldhash::HashMap<InodeKey, InodeBytes>;
 
 /// Records kept at most unless set otherwise (`mdt.*.inode_cache_max`): about 180
 /// bytes each with the key and the map's slot (1 M records of empty files took 178 MB
@@ -156,42 +170,12 @@ pub struct InodeCacheStats {
 /// included: a modification looks its name up two or three times (to choose its locks,
 /// to check them once held, then to run), and a create looks up a name that does not
 /// exist yet, a search of the memtable and of every file's filter.
-#[derive(Default)]
-struct DirentCache {
-    map: DirentMap,
-    old: DirentMap,
-    /// The generation `insert` pushed out, dropped after the lock is released.
-    retired: Option<DirentMap>,
-    /// Bumped by every batch that writes an entry.
-    gen: u64,
-}
-
-/// A dirent key (`Cf::Dirent`) and its value, `None` for no entry.
-type DirentMap = foldhash::HashMap<Box<[u8]>, Option<Box<[u8]>>>;
+type DirentCache = Generations<Box<[u8]>, Option<Box<[u8]>>>;
 
 /// Entries the dirent cache keeps at most: half in each generation, about 100 bytes
 /// each with a short name (26 MB when full). Lookups by name are the changes' own
 /// (a walk reads pages, not names), so a few hundred thousand recent names serve them.
 pub const DIRENT_CACHE_MAX: usize = 1 << 18;
-
-impl DirentCache {
-    fn get(&mut self, key: &[u8]) -> Option<Option<Box<[u8]>>> {
-        if let Some(v) = self.map.get(key) {
-            return Some(v.clone());
-        }
-        let (k, v) = self.old.remove_entry(key)?;
-        self.insert(k, v.clone());
-        Some(v)
-    }
-
-    fn insert(&mut self, key: Box<[u8]>, v: Option<Box<[u8]>>) {
-        if self.map.len() >= DIRENT_CACHE_MAX / 2 {
-            let full = std::mem::take(&mut self.map);
-            self.retired = Some(std::mem::replace(&mut self.old, full));
-        }
-        self.map.insert(key, v);
-    }
-}
 
 struct CommitState {
     requested: bool,
@@ -248,7 +232,7 @@ impl MdtStore {
             committed_cv: Condvar::new(),
             on_stop: Mutex::new(None),
             inodes: Mutex::new(InodeCache::default()),
-            dirents: Mutex::new(DirentCache::default()),
+            dirents: Mutex::new(DirentCache::new(DIRENT_CACHE_MAX)),
         }))
     }
 
@@ -459,13 +443,13 @@ impl MdtStore {
     pub fn inode(&self, key: &[u8]) -> Result<Option<InodeBytes>, StoreError> {
         let (found, gen, retired) = {
             let mut c = self.inodes.lock();
-            let found = InodeKey::try_from(key).ok().and_then(|k| c.get(&k));
+            let found = InodeKey::try_from(key).ok().and_then(|k| c.gens.get(&k));
             if found.is_some() {
                 c.hits += 1;
             } else {
                 c.misses += 1;
             }
-            (found, c.gen, c.retired.take())
+            (found, c.gens.gen, c.gens.retired.take())
         };
         drop(retired);
         match found {
@@ -483,10 +467,10 @@ impl MdtStore {
         let v = InodeBytes::from(v);
         let retired = {
             let mut c = self.inodes.lock();
-            if let (true, Ok(k)) = (c.gen == gen, InodeKey::try_from(key)) {
-                c.insert(k, v.clone());
+            if let (true, Ok(k)) = (c.gens.gen == gen, InodeKey::try_from(key)) {
+                c.gens.insert(k, v.clone());
             }
-            c.retired.take()
+            c.gens.retired.take()
         };
         drop(retired);
         Ok(Some(v))
@@ -500,11 +484,11 @@ impl MdtStore {
     pub fn inodes(&self, keys: &[InodeKey]) -> Result<Vec<Option<InodeBytes>>, StoreError> {
         let (mut out, gen, retired) = {
             let mut c = self.inodes.lock();
-            let out: Vec<Option<InodeBytes>> = keys.iter().map(|k| c.get(k)).collect();
+            let out: Vec<Option<InodeBytes>> = keys.iter().map(|k| c.gens.get(k)).collect();
             let hits = out.iter().filter(|v| v.is_some()).count() as u64;
             c.hits += hits;
             c.misses += keys.len() as u64 - hits;
-            (out, c.gen, c.retired.take())
+            (out, c.gens.gen, c.gens.retired.take())
         };
         drop(retired);
         let mut missing: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
@@ -526,8 +510,12 @@ impl MdtStore {
     pub fn warm_inodes(&self, keys: &[InodeKey]) -> Result<usize, StoreError> {
         let (mut missing, gen): (Vec<InodeKey>, u64) = {
             let c = self.inodes.lock();
-            let m = keys.iter().filter(|k| !c.contains(k)).copied().collect();
-            (m, c.gen)
+            let m = keys
+                .iter()
+                .filter(|k| !c.gens.contains(k))
+                .copied()
+                .collect();
+            (m, c.gens.gen)
         };
         if missing.is_empty() {
             return Ok(0);
@@ -558,15 +546,15 @@ impl MdtStore {
             .collect();
         let (kept, retired) = {
             let mut c = self.inodes.lock();
-            let kept = c.gen == gen;
+            let kept = c.gens.gen == gen;
             if kept {
                 for (k, v) in sorted.iter().zip(&got) {
                     if let Some(v) = v {
-                        c.insert(*k, v.clone());
+                        c.gens.insert(*k, v.clone());
                     }
                 }
             }
-            (kept, c.retired.take())
+            (kept, c.gens.retired.take())
         };
         drop(retired);
         Ok((got, kept))
@@ -574,7 +562,7 @@ impl MdtStore {
 
     /// Records the inode cache keeps at most.
     pub fn inode_cache_max(&self) -> usize {
-        self.inodes.lock().max
+        self.inodes.lock().gens.max
     }
 
     /// Sets how many records the inode cache keeps at most (at least
@@ -582,10 +570,13 @@ impl MdtStore {
     pub fn set_inode_cache_max(&self, max: usize) {
         let dropped = {
             let mut c = self.inodes.lock();
-            c.max = max.max(INODE_CACHE_MIN);
+            c.gens.max = max.max(INODE_CACHE_MIN);
             // Each generation holds half at most.
-            if c.map.len() > c.max / 2 || c.old.len() > c.max / 2 {
-                Some((std::mem::take(&mut c.map), std::mem::take(&mut c.old)))
+            if c.gens.map.len() > c.gens.max / 2 || c.gens.old.len() > c.gens.max / 2 {
+                Some((
+                    std::mem::take(&mut c.gens.map),
+                    std::mem::take(&mut c.gens.old),
+                ))
             } else {
                 None
             }
@@ -598,7 +589,7 @@ impl MdtStore {
     pub fn inode_cache_stats(&self) -> InodeCacheStats {
         let c = self.inodes.lock();
         InodeCacheStats {
-            entries: c.map.len() + c.old.len(),
+            entries: c.gens.map.len() + c.gens.old.len(),
             hits: c.hits,
             misses: c.misses,
         }
@@ -622,7 +613,7 @@ impl MdtStore {
             };
             let c = c.get_or_insert_with(|| {
                 let mut g = self.inodes.lock();
-                g.gen += 1;
+                g.gens.gen += 1;
                 g
             });
             let Ok(k) = InodeKey::try_from(k.as_slice()) else {
@@ -631,15 +622,15 @@ impl MdtStore {
             };
             // A record in the old generation is dropped rather than updated: it was
             // going to age out anyway.
-            c.old.remove(&k);
+            c.gens.old.remove(&k);
             match v {
                 Some(v) => {
-                    if let Some(slot) = c.map.get_mut(&k) {
+                    if let Some(slot) = c.gens.map.get_mut(&k) {
                         *slot = InodeBytes::from(v.as_slice());
                     }
                 }
                 None => {
-                    c.map.remove(&k);
+                    c.gens.map.remove(&k);
                 }
             }
         }
@@ -895,10 +886,7 @@ mod tests {
 
     #[test]
     fn the_inode_cache_keeps_what_was_read_recently_and_stays_bounded() {
-        let mut c = InodeCache {
-            max: INODE_CACHE_MIN,
-            ..InodeCache::default()
-        };
+        let mut c = Generations::new(INODE_CACHE_MIN);
         let max = c.max;
         let key = |i: usize| {
             let mut k = [0u8; 16];
@@ -969,12 +957,12 @@ mod tests {
         b.put(Cf::Inode, I.to_vec(), b"old".to_vec());
         s.apply(b, None).unwrap();
         // A reader that looked at the cache before a write lands...
-        let gen = s.inodes.lock().gen;
+        let gen = s.inodes.lock().gens.gen;
         let mut b = Batch::new();
         b.put(Cf::Inode, I.to_vec(), b"new".to_vec());
         s.apply(b, None).unwrap();
         // ...and would now insert what it read: the generation moved, so it may not.
-        assert_ne!(s.inodes.lock().gen, gen);
+        assert_ne!(s.inodes.lock().gens.gen, gen);
         assert_eq!(s.inode(I).unwrap().as_deref(), Some(&b"new"[..]));
     }
 
