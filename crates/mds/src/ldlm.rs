@@ -559,7 +559,6 @@ impl Ldlm {
         let window = self.window();
         let mut st = self.st.lock();
         if contended
-            && !st.contended.is_empty()
             && st
                 .contended
                 .get(&want.0)
@@ -606,18 +605,10 @@ impl Ldlm {
 
     /// Takes every lock an MDT operation wants, at once, or queues the operation (see
     /// [`Acquired`]). `wake` runs on the thread whose cancel or release frees it.
+    /// `slot`: the client whose change it is, if any; a callback of that client's own
+    /// lock (granted to it after the change's early cancels were chosen) does not make
+    /// the resource contended, since no other client is busy on it.
     pub fn acquire(
-        self: &Arc<Self>,
-        want: &[Want],
-        wake: impl FnOnce(MdtLocks) + Send + 'static,
-    ) -> Acquired {
-        self.acquire_for(None, want, wake)
-    }
-
-    /// [`Ldlm::acquire`] for a change by the client in `slot`: a callback of that
-    /// client's own lock (granted to it after the change's early cancels were chosen)
-    /// does not make the resource contended, since no other client is busy on it.
-    pub fn acquire_for(
         self: &Arc<Self>,
         slot: Option<u32>,
         want: &[Want],
@@ -896,7 +887,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let (tx, rx) = mpsc::channel();
-        let Acquired::Waiting(cbs) = l.acquire(&[(d, Cw, bits::UPDATE)], move |locks| {
+        let Acquired::Waiting(cbs) = l.acquire(None, &[(d, Cw, bits::UPDATE)], move |locks| {
             tx.send(locks).unwrap();
         }) else {
             panic!("two readers are in the way");
@@ -928,7 +919,7 @@ mod tests {
             .grant_uncontended(1, d, Pr, bits::UPDATE)
             .unwrap()
             .unwrap();
-        let Acquired::Waiting(cbs) = l.acquire(&[(d, Cw, bits::UPDATE)], |_| {}) else {
+        let Acquired::Waiting(cbs) = l.acquire(None, &[(d, Cw, bits::UPDATE)], |_| {}) else {
             panic!("a reader is in the way");
         };
         assert_eq!(cbs.len(), 1);
@@ -937,8 +928,7 @@ mod tests {
         // A change's callback of its own client's lock is no contention.
         let own = ResId::object(fid(3));
         let h = l.grant(5, own, Pr, bits::UPDATE).unwrap().unwrap();
-        let Acquired::Waiting(cbs) = l.acquire_for(Some(5), &[(own, Cw, bits::UPDATE)], |_| {})
-        else {
+        let Acquired::Waiting(cbs) = l.acquire(Some(5), &[(own, Cw, bits::UPDATE)], |_| {}) else {
             panic!("its own reader is in the way");
         };
         assert_eq!(cbs.len(), 1);
@@ -955,7 +945,7 @@ mod tests {
         // Changes keep it contended past the window; once they stop, it ends.
         for _ in 0..3 {
             std::thread::sleep(window / 4);
-            let Acquired::Granted(locks) = l.acquire(&[(d, Cw, bits::UPDATE)], |_| {}) else {
+            let Acquired::Granted(locks) = l.acquire(None, &[(d, Cw, bits::UPDATE)], |_| {}) else {
                 panic!("nothing in the way");
             };
             drop(locks);
@@ -973,25 +963,27 @@ mod tests {
     fn mdt_operations_take_all_their_locks_or_none_and_queue_in_order() {
         let l = Ldlm::new(100);
         let (a, b) = (ResId::object(fid(1)), ResId::object(fid(2)));
-        let Acquired::Granted(first) = l.acquire(&[(a, Ex, bits::UPDATE)], |_| {}) else {
+        let Acquired::Granted(first) = l.acquire(None, &[(a, Ex, bits::UPDATE)], |_| {}) else {
             panic!("free");
         };
         let (tx, rx) = mpsc::channel();
         let tx2 = tx.clone();
         // Wants a (held) and b (free): takes neither, so b stays free for others.
-        let Acquired::Waiting(cbs) =
-            l.acquire(&[(a, Ex, bits::UPDATE), (b, Ex, bits::UPDATE)], move |k| {
+        let Acquired::Waiting(cbs) = l.acquire(
+            None,
+            &[(a, Ex, bits::UPDATE), (b, Ex, bits::UPDATE)],
+            move |k| {
                 tx.send(("second", k)).unwrap();
-            })
-        else {
+            },
+        ) else {
             panic!("a is held");
         };
         assert!(cbs.is_empty(), "MDT locks are waited for, not called back");
-        let Acquired::Granted(on_b) = l.acquire(&[(b, Pr, bits::LOOKUP)], |_| {}) else {
+        let Acquired::Granted(on_b) = l.acquire(None, &[(b, Pr, bits::LOOKUP)], |_| {}) else {
             panic!("other bits of b are free");
         };
         // A later waiter on a queues behind the earlier one.
-        let Acquired::Waiting(_) = l.acquire(&[(a, Cw, bits::UPDATE)], move |k| {
+        let Acquired::Waiting(_) = l.acquire(None, &[(a, Cw, bits::UPDATE)], move |k| {
             tx2.send(("third", k)).unwrap();
         }) else {
             panic!("a is held");
@@ -1012,14 +1004,14 @@ mod tests {
         use std::sync::atomic::AtomicUsize;
         let l = Ldlm::new(100);
         let r = ResId::object(fid(1));
-        let Acquired::Granted(first) = l.acquire(&[(r, Ex, bits::UPDATE)], |_| {}) else {
+        let Acquired::Granted(first) = l.acquire(None, &[(r, Ex, bits::UPDATE)], |_| {}) else {
             panic!("free");
         };
         let active = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = mpsc::channel();
         for i in 0..1000 {
             let (active, tx) = (active.clone(), tx.clone());
-            let Acquired::Waiting(_) = l.acquire(&[(r, Ex, bits::UPDATE)], move |locks| {
+            let Acquired::Waiting(_) = l.acquire(None, &[(r, Ex, bits::UPDATE)], move |locks| {
                 assert_eq!(active.fetch_add(1, Ordering::SeqCst), 0, "nested wake");
                 // Releasing wakes the next, which must wait until this one returns.
                 drop(locks);
@@ -1044,6 +1036,7 @@ mod tests {
             ResId::object(fid(2)),
         );
         let Acquired::Granted(op) = l.acquire(
+            None,
             &[
                 (d, Cw, bits::UPDATE),
                 (n, Pw, bits::LOOKUP),
@@ -1062,7 +1055,7 @@ mod tests {
         assert_eq!(l.client_locks(1), 2);
         // A want in conflict with another client's lock is not granted (0).
         l.grant(9, o, Pw, bits::UPDATE).unwrap().unwrap();
-        let Acquired::Granted(op) = l.acquire(&[(d, Cw, bits::UPDATE)], |_| {}) else {
+        let Acquired::Granted(op) = l.acquire(None, &[(d, Cw, bits::UPDATE)], |_| {}) else {
             panic!("CW UPDATE does not meet the client's PR PERM");
         };
         assert_eq!(l.release_and_grant(op, 1, &[(o, Pr, bits::UPDATE)]), [0]);
@@ -1077,7 +1070,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let (tx, rx) = mpsc::channel();
-        let Acquired::Waiting(cbs) = l.acquire(&[(d, Pw, bits::UPDATE)], move |k| {
+        let Acquired::Waiting(cbs) = l.acquire(None, &[(d, Pw, bits::UPDATE)], move |k| {
             tx.send(k).unwrap();
         }) else {
             panic!("client 7 is in the way");

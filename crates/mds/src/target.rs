@@ -1575,7 +1575,7 @@ impl Mdt {
         let (me, exp2, parked2) = (self.me.clone(), exp.clone(), parked.clone());
         let (header, body, peer, conn_id) = (inc.header, inc.body.clone(), inc.peer, inc.conn_id);
         let want2 = want.clone();
-        let acquired = self.ldlm.acquire_for(Some(exp.slot), &want, move |locks| {
+        let acquired = self.ldlm.acquire(Some(exp.slot), &want, move |locks| {
             let Some(mdt) = me.upgrade() else { return };
             let Some((req, d)) = parked2.lock().take() else {
                 return;

@@ -218,9 +218,10 @@ impl Mdt {
             // Built in-process, with no connection to answer on later.
             return Wait::Cannot(run);
         }
+        let slot = run.exp.slot;
         let parked = Arc::new(Mutex::new(Some(run)));
         let (me, parked2, want2) = (self.me.clone(), parked.clone(), want.clone());
-        let acquired = self.ldlm.acquire(&want, move |locks| {
+        let acquired = self.ldlm.acquire(Some(slot), &want, move |locks| {
             let Some(mdt) = me.upgrade() else { return };
             let Some(run) = parked2.lock().take() else {
                 return;
