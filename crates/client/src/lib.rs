@@ -320,8 +320,7 @@ impl Client {
         let Request::Getattr(r) = req else {
             return false;
         };
-        let c = self.changing.lock();
-        !c.is_empty() && c.contains_key(&r.fid)
+        self.changing.lock().contains_key(&r.fid)
     }
 
     /// statfs of the file system: space summed over OSTs, inodes from the MDT.
