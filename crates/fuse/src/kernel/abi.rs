@@ -411,6 +411,17 @@ pub fn open_out(fh: u64, open_flags: u32) -> [u8; 16] {
     Put::<16>::new().u64(fh).u32(open_flags).u32(0).done()
 }
 
+/// `struct fuse_out_header` (16 bytes) of a message whose body is `body_len` bytes:
+/// a reply to request `unique` with `error` (0 or a negative errno), or a
+/// notification (`unique` 0, `error` the notification code).
+pub fn out_header(body_len: usize, error: i32, unique: u64) -> [u8; OUT_HEADER_LEN] {
+    Put::<16>::new()
+        .u32((OUT_HEADER_LEN + body_len) as u32)
+        .u32(error as u32)
+        .u64(unique)
+        .done()
+}
+
 /// `struct fuse_write_out` (8 bytes).
 pub fn write_out(size: u32) -> [u8; 8] {
     Put::<8>::new().u32(size).u32(0).done()

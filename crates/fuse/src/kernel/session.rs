@@ -2,7 +2,7 @@
 //! take the kernel's requests (over `/dev/fuse`, or over io_uring when the kernel
 //! offers it), and the notifications the file system sends the kernel.
 
-use super::abi::{self, init, op, Fields, IN_HEADER_LEN, OUT_HEADER_LEN};
+use super::abi::{self, init, op, Fields, IN_HEADER_LEN};
 use super::mount::{Mount, MountOption};
 use super::op::{parse, LkIn, Op, Request, SetattrIn};
 use super::reply::*;
@@ -584,17 +584,12 @@ struct DevSink(Arc<Dev>);
 
 impl Sink for DevSink {
     fn send(&self, unique: u64, error: i32, body: &[&[u8]]) {
-        let len = OUT_HEADER_LEN
-            + if error == 0 {
-                body.iter().map(|b| b.len()).sum()
-            } else {
-                0
-            };
-        let h = abi::Put::<16>::new()
-            .u32(len as u32)
-            .u32(error as u32)
-            .u64(unique)
-            .done();
+        let len = if error == 0 {
+            body.iter().map(|b| b.len()).sum()
+        } else {
+            0
+        };
+        let h = abi::out_header(len, error, unique);
         let mut parts = Vec::with_capacity(body.len() + 1);
         parts.push(&h[..]);
         if error == 0 {
@@ -616,12 +611,8 @@ pub struct Notifier(Arc<Dev>);
 
 impl Notifier {
     fn notify(&self, code: i32, parts: &[&[u8]]) -> io::Result<()> {
-        let len = OUT_HEADER_LEN + parts.iter().map(|p| p.len()).sum::<usize>();
-        let h = abi::Put::<16>::new()
-            .u32(len as u32)
-            .u32(code as u32)
-            .u64(0)
-            .done();
+        let len = parts.iter().map(|p| p.len()).sum();
+        let h = abi::out_header(len, code, 0);
         let mut all = vec![&h[..]];
         all.extend_from_slice(parts);
         self.0.write(&all)
@@ -787,13 +778,7 @@ fn handshake(dev: &Dev, config: &Config) -> io::Result<bool> {
         let b = &buf[..n];
         let req = Request::parse(b).ok_or_else(|| io::Error::other("short FUSE request"))?;
         let reply = |error: i32, body: &[u8]| {
-            let len = OUT_HEADER_LEN + body.len();
-            let h = abi::Put::<16>::new()
-                .u32(len as u32)
-                .u32(error as u32)
-                .u64(req.unique)
-                .done();
-            dev.write(&[&h, body])
+            dev.write(&[&abi::out_header(body.len(), error, req.unique), body])
         };
         if req.opcode != op::INIT {
             reply(-libc::EIO, &[])?;

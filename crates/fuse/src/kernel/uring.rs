@@ -201,12 +201,7 @@ impl Worker {
                 len = end;
             }
         }
-        let h = abi::Put::<16>::new()
-            .u32((abi::OUT_HEADER_LEN + len) as u32)
-            .u32(error as u32)
-            .u64(unique)
-            .done();
-        self.ent.header[..16].copy_from_slice(&h);
+        self.ent.header[..16].copy_from_slice(&abi::out_header(len, error, unique));
         self.ent.header[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
             .copy_from_slice(&(len as u32).to_le_bytes());
         let commit_id = u64::from_le_bytes(
