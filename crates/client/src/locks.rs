@@ -262,6 +262,60 @@ impl LayoutLocks {
     }
 }
 
+/// Most keys [`InvalLog`] keeps; an invalidation of more is logged as "everything".
+const INVAL_LOG_MAX: usize = 4096;
+/// The key that stands for everything.
+const INVAL_ALL: u64 = u64::MAX;
+
+/// The keys forgotten at each recent `inval_seq`, oldest first, hashed: a collision
+/// only makes an answer look stale, which costs a needless invalidation.
+#[derive(Default)]
+struct InvalLog {
+    entries: VecDeque<(u64, u64)>,
+    /// What was logged up to this seq has been dropped from the front: unknown.
+    dropped: u64,
+}
+
+impl InvalLog {
+    fn record(&mut self, seq: u64, what: &[Inval]) {
+        if what.is_empty() || what.len() > INVAL_LOG_MAX / 4 {
+            self.entries.push_back((seq, INVAL_ALL));
+        } else {
+            self.entries
+                .extend(what.iter().map(|w| (seq, inval_key(w))));
+        }
+        while self.entries.len() > INVAL_LOG_MAX {
+            if let Some((s, _)) = self.entries.pop_front() {
+                self.dropped = self.dropped.max(s);
+            }
+        }
+    }
+
+    /// Whether anything logged after `seq` was one of `keys` (or everything).
+    fn touched_since(&self, seq: u64, keys: &[u64]) -> bool {
+        if seq < self.dropped {
+            return true;
+        }
+        self.entries
+            .iter()
+            .rev()
+            .take_while(|(s, _)| *s > seq)
+            .any(|(_, k)| *k == INVAL_ALL || keys.contains(k))
+    }
+}
+
+/// The log's hash of what an invalidation forgets.
+fn inval_key(w: &Inval) -> u64 {
+    use std::hash::BuildHasher;
+    let h = foldhash::quality::FixedState::with_seed(0x10de);
+    let k = match w {
+        Inval::Attr { fid, .. } => h.hash_one((0u8, fid)),
+        Inval::Name(d, n) => h.hash_one((1u8, d, n)),
+    };
+    // INVAL_ALL is reserved.
+    k.min(INVAL_ALL - 1)
+}
+
 /// The locks of one client on its MDT.
 #[derive(Default)]
 pub(crate) struct Locks {
@@ -287,8 +341,11 @@ pub(crate) struct Locks {
     /// The layer above that caches what the locks cover, told what to forget.
     invalidator: Mutex<Option<Invalidator>>,
     /// Bumped whenever cached entries are forgotten for a reason other than this
-    /// client's own change (see [`Client::inval_seq`]).
+    /// client's own change (see [`Client::inval_seq`]); moved only under
+    /// `inval_log`, so a reader that sees it move finds what moved it in the log.
     inval_seq: AtomicU64,
+    /// What each recent move of `inval_seq` forgot (see [`Client::forgotten_since`]).
+    inval_log: Mutex<InvalLog>,
     /// Eviction notices received from the MDT.
     evictions: AtomicU64,
     /// File lock waits, by (file, owner): told when the MDT grants or ends them.
@@ -311,7 +368,11 @@ impl Locks {
     /// Tells the layer above what to forget (moving `inval_seq`); `done` runs once it
     /// has (at once if there is no such layer).
     fn invalidate(&self, what: Vec<Inval>, done: Option<Box<dyn FnOnce() + Send>>) {
-        self.inval_seq.fetch_add(1, Ordering::AcqRel);
+        {
+            let mut log = self.inval_log.lock();
+            let seq = self.inval_seq.fetch_add(1, Ordering::AcqRel) + 1;
+            log.record(seq, &what);
+        }
         let f = self.invalidator.lock().clone();
         match f {
             Some(f) if !what.is_empty() => f(what, done.unwrap_or_else(|| Box::new(|| {}))),
@@ -469,6 +530,22 @@ impl Client {
     /// out may already be stale and must be forgotten again.
     pub fn inval_seq(&self) -> u64 {
         self.locks.inval_seq.load(Ordering::Acquire)
+    }
+
+    /// Whether, since [`Client::inval_seq`] read `seq`, the layer above was told to
+    /// forget `fid`'s attributes or the name `at` (or everything): only then may an
+    /// answer about them made meanwhile be stale. Other objects' invalidations leave
+    /// it alone, so a busy client's answers are not all taken back.
+    pub fn forgotten_since(&self, seq: u64, at: Option<(Fid, &[u8])>, fid: Fid) -> bool {
+        if self.inval_seq() == seq {
+            return false;
+        }
+        let attr = inval_key(&Inval::Attr { fid, dir: false });
+        let keys = match at {
+            Some((d, n)) => vec![attr, inval_key(&Inval::Name(d, n.to_vec()))],
+            None => vec![attr],
+        };
+        self.locks.inval_log.lock().touched_since(seq, &keys)
     }
 
     /// Whether a name (`Some`) and an object's attributes are known under locks now:
@@ -1062,5 +1139,45 @@ async fn serve_channel(
             Ok(Request::FlockGranted(r)) => c.on_flock_granted(r),
             _ => return Err(format!("unexpected callback opcode {}", f.header.opcode)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fid(n: u64) -> Fid {
+        Fid::new(0x2_0000_0400, n as u32, 0)
+    }
+
+    fn attr(n: u64) -> Inval {
+        Inval::Attr {
+            fid: fid(n),
+            dir: false,
+        }
+    }
+
+    #[test]
+    fn the_log_answers_for_the_keys_forgotten_after_a_seq_only() {
+        let mut log = InvalLog::default();
+        log.record(1, &[attr(1)]);
+        log.record(2, &[attr(2), Inval::Name(fid(9), b"x".to_vec())]);
+        let k = |w: &Inval| inval_key(w);
+        assert!(log.touched_since(0, &[k(&attr(1))]));
+        assert!(!log.touched_since(1, &[k(&attr(1))]));
+        assert!(log.touched_since(1, &[k(&attr(2))]));
+        assert!(log.touched_since(1, &[k(&Inval::Name(fid(9), b"x".to_vec()))]));
+        assert!(!log.touched_since(1, &[k(&Inval::Name(fid(9), b"y".to_vec()))]));
+        assert!(!log.touched_since(2, &[k(&attr(2))]));
+        // Everything, then nothing known before what was dropped.
+        log.record(3, &[]);
+        assert!(log.touched_since(2, &[k(&attr(7))]));
+        for s in 4..(4 + INVAL_LOG_MAX as u64) {
+            log.record(s, &[attr(s)]);
+        }
+        // Seqs up to 3 fell off the front.
+        assert!(log.touched_since(2, &[k(&attr(1))]));
+        assert!(!log.touched_since(3, &[k(&attr(1))]));
+        assert!(log.touched_since(3, &[k(&attr(7))]));
     }
 }

@@ -537,10 +537,11 @@ impl Inner {
         )
     }
 
-    /// After an answer with a long timeout: if a lock went while it was being made, the
-    /// kernel may have just taken something stale, so it forgets it again.
+    /// After an answer with a long timeout: if what it gave was forgotten while it was
+    /// being made, the kernel may have just taken something stale, so it forgets it
+    /// again.
     fn recheck(&self, seq: u64, ttl: Duration, at: Option<(Fid, &[u8])>, fid: Fid, dir: bool) {
-        if ttl != LOCKED_TTL || self.client.inval_seq() == seq {
+        if ttl != LOCKED_TTL || !self.client.forgotten_since(seq, at, fid) {
             return;
         }
         let mut what = vec![Inval::Attr { fid, dir }];
