@@ -182,3 +182,63 @@ fn statfs_sums_the_osts() {
     assert!(st.files > 0 && st.ffree > 0);
     assert_eq!(s.run(s.client.statfs_targets()).len(), 3);
 }
+
+/// `ready`/`reused` of every OST's `object_pool`, summed.
+fn pool_field(c: &lode_testkit::Cluster, field: &str) -> u64 {
+    c.get_param("obdfilter.*.object_pool")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(&format!("{field}: ")))
+        .map(|v| v.parse::<u64>().expect("a number"))
+        .sum()
+}
+
+#[test]
+fn objects_made_from_destroyed_ones_hold_only_their_own_bytes_also_after_an_oss_kill() {
+    let mut c = cluster(1);
+    let m = c.mount();
+    let old = vec![0xa5u8; 200_000];
+    for i in 0..20 {
+        std::fs::write(m.path().join(format!("old{i}")), &old).unwrap();
+    }
+    for i in 0..20 {
+        std::fs::remove_file(m.path().join(format!("old{i}"))).unwrap();
+    }
+    // The MDT destroys the objects in the background; a commit then makes their
+    // files usable.
+    lode_testkit::wait_for(
+        "destroyed objects in the pool",
+        std::time::Duration::from_secs(30),
+        || pool_field(&c, "ready") >= 20,
+    );
+    // New files: a few bytes past a hole, so a former object's bytes would show.
+    let new = |i: usize| format!("new file {i}").into_bytes();
+    for i in 0..20 {
+        let f = std::fs::File::create(m.path().join(format!("new{i}"))).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &new(i), 4096).unwrap();
+    }
+    assert!(
+        pool_field(&c, "reused") >= 20,
+        "{}",
+        c.get_param("obdfilter.*.object_pool")
+    );
+    let check = || {
+        for i in 0..20 {
+            let got = std::fs::read(m.path().join(format!("new{i}"))).unwrap();
+            assert_eq!(got.len(), 4096 + new(i).len(), "new{i}");
+            assert!(
+                got[..4096].iter().all(|b| *b == 0),
+                "new{i}: old bytes in the hole"
+            );
+            assert_eq!(&got[4096..], &new(i)[..], "new{i}");
+        }
+    };
+    check();
+    // Synced, then the OSS killed: the pool starts empty, the objects stay as written.
+    let s = c.client();
+    s.run(s.client.sync()).expect("sync");
+    drop(s);
+    c.kill9("ost0");
+    c.start_target("ost0");
+    assert_eq!(pool_field(&c, "ready"), 0);
+    check();
+}

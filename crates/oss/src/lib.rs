@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tracing::{info, warn};
 
+mod pool;
 pub mod powercut;
 mod recovery;
 
@@ -108,6 +109,9 @@ pub struct Commit {
     synced: AtomicU64,
     /// The power-cut model, if on (see [`powercut`]).
     undo: Option<Arc<powercut::Undo>>,
+    /// Destroyed objects' files kept for new ones (see [`pool`]); none with the
+    /// power-cut model, which journals creates and removals, not renames.
+    pool: Option<pool::Pool>,
     /// Told of each commit: clients whose connection went leave the list recovery
     /// waits for once a commit covers their changes.
     clients: Arc<recovery::Clients>,
@@ -131,6 +135,7 @@ impl Commit {
         root: PathBuf,
         record: File,
         undo: Option<Arc<powercut::Undo>>,
+        pool: Option<pool::Pool>,
         clients: Arc<recovery::Clients>,
     ) -> std::io::Result<Arc<Commit>> {
         let mut b = [0u8; 8];
@@ -151,6 +156,7 @@ impl Commit {
             commits: AtomicU64::default(),
             synced: AtomicU64::default(),
             undo,
+            pool,
             clients,
         });
         let weak = Arc::downgrade(&c);
@@ -205,6 +211,22 @@ impl Commit {
                 d.last,
             )
         };
+        let pooled = self.pool.as_ref().map(|p| (p, p.to_sync()));
+        if let Some((pool, (files, pending, dir))) = pooled {
+            // New pool files become usable once empty durably; a taken one's name
+            // leaves the pool's directory durably.
+            let r = files
+                .iter()
+                .try_for_each(|f| File::open(f).and_then(|f| f.sync_all()))
+                .and_then(|()| match dir {
+                    true => File::open(pool.dir()).and_then(|d| d.sync_all()),
+                    false => Ok(()),
+                });
+            if let Err(e) = &r {
+                tracing::error!("OST commit: syncing the object pool failed: {e}");
+            }
+            pool.synced(pending, r.is_ok(), r.is_ok() && dir);
+        }
         if last <= self.last_committed() && objs.is_empty() {
             return Ok(last);
         }
@@ -272,6 +294,10 @@ impl Ost {
             );
         }
         let undo = powercut::Undo::from_env(&cfg.dir)?.map(Arc::new);
+        let pool = match undo {
+            None => Some(pool::Pool::open(&cfg.dir)?),
+            Some(_) => None,
+        };
         let (clients, expected) = recovery::Clients::load(&cfg.dir)?;
         let clients = Arc::new(clients);
         let record = OpenOptions::new()
@@ -280,7 +306,7 @@ impl Ost {
             .create(true)
             .truncate(false)
             .open(cfg.dir.join(LAST_COMMITTED_FILE))?;
-        let commit = Commit::start(objects.clone(), record, undo, clients.clone())?;
+        let commit = Commit::start(objects.clone(), record, undo, pool, clients.clone())?;
         let st = lode_rpc::recovery::RecState::new(
             expected,
             commit.last_committed(),
@@ -324,7 +350,7 @@ impl Ost {
     }
 
     fn open_obj(&self, o: &ObjId, create: bool) -> Result<Option<File>, Errno> {
-        open_object(&self.objects, o, create).map(|f| f.map(|(f, _)| f))
+        open_object(&self.objects, o, create, self.commit.pool.as_ref()).map(|f| f.map(|(f, _)| f))
     }
 
     fn read(&self, o: &ObjId, off: u64, len: u32) -> Result<Vec<u8>, Errno> {
@@ -431,9 +457,10 @@ impl Ost {
                 Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
                 Err(e) => Err(io_errno(&e)),
             };
-            match &self.commit.undo {
-                Some(u) => u.synced(&self.objects, &p, remove)?,
-                None => remove()?,
+            match (&self.commit.undo, &self.commit.pool) {
+                (Some(u), _) => u.synced(&self.objects, &p, remove)?,
+                (None, Some(pool)) => pool.destroy(&p)?,
+                (None, None) => remove()?,
             }
             transno = self.commit.wrote(*o, at);
         }
@@ -642,13 +669,15 @@ fn object_path_in(root: &std::path::Path, o: &ObjId) -> PathBuf {
 }
 
 /// Opens an object read-write (punch needs write access even when it only shrinks),
-/// creating it and its directories if `create`; says whether it was created. A new
-/// directory is synced into its parent at once (there are at most 256 per sequence),
-/// so a later fsync of an object needs to sync only the object and its own directory.
+/// creating it and its directories if `create` (from `pool`'s files if it has one);
+/// says whether it was created. A new directory is synced into its parent at once
+/// (there are at most 256 per sequence), so a later fsync of an object needs to sync
+/// only the object and its own directory.
 fn open_object(
     root: &std::path::Path,
     o: &ObjId,
     create: bool,
+    pool: Option<&pool::Pool>,
 ) -> Result<Option<(File, bool)>, Errno> {
     let p = object_path_in(root, o);
     let open = |create: bool| {
@@ -665,17 +694,35 @@ fn open_object(
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_errno(&e)),
     }
+    let make_dirs = || {
+        let bucket = p.parent().ok_or(Errno::EIO)?;
+        let seq = bucket.parent().ok_or(Errno::EIO)?;
+        let new_seq = !seq.exists();
+        std::fs::create_dir_all(bucket).map_err(|e| io_errno(&e))?;
+        sync_dir(seq)?;
+        if new_seq {
+            sync_dir(root)?;
+        }
+        Ok::<(), Errno>(())
+    };
+    if let Some(pool) = pool {
+        let taken = match pool.take(&p) {
+            Err(Errno::ENOENT) => {
+                make_dirs()?;
+                pool.take(&p)?
+            }
+            r => r?,
+        };
+        if taken {
+            return open(false)
+                .map(|f| Some((f, true)))
+                .map_err(|e| io_errno(&e));
+        }
+    }
     match open(true) {
         Ok(f) => Ok(Some((f, true))),
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            let bucket = p.parent().ok_or(Errno::EIO)?;
-            let seq = bucket.parent().ok_or(Errno::EIO)?;
-            let new_seq = !seq.exists();
-            std::fs::create_dir_all(bucket).map_err(|e| io_errno(&e))?;
-            sync_dir(seq)?;
-            if new_seq {
-                sync_dir(root)?;
-            }
+            make_dirs()?;
             open(true)
                 .map(|f| Some((f, true)))
                 .map_err(|e| io_errno(&e))
@@ -703,7 +750,7 @@ fn punch_object(
     if size > lode_base::limits::FILE_SIZE_MAX {
         return Err(Errno::EFBIG);
     }
-    let Some((f, created)) = open_object(root, o, size > 0)? else {
+    let Some((f, created)) = open_object(root, o, size > 0, None)? else {
         return Ok(());
     };
     let sync = || {
@@ -829,7 +876,7 @@ impl Service for Ost {
 pub struct OstParams(pub std::sync::Arc<Ost>);
 
 /// `obdfilter.FS-OSTxxxx.*`.
-static OBDFILTER: [lode_rpc::admin::Param<Ost>; 15] = {
+static OBDFILTER: [lode_rpc::admin::Param<Ost>; 16] = {
     use lode_rpc::admin::{Param, Set};
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Ost>();
     [
@@ -874,6 +921,17 @@ static OBDFILTER: [lode_rpc::admin::Param<Ost>; 15] = {
                     o.commit.synced.load(Ordering::Relaxed),
                     o.commit.last_committed()
                 )
+            },
+            set: Set::No,
+        },
+        Param {
+            name: "object_pool",
+            help: "destroyed objects' files kept empty for new objects (inode allocation is slow on ext4 after many deletions): ready, waiting for a commit, reused so far",
+            get: |o| {
+                o.commit
+                    .pool
+                    .as_ref()
+                    .map_or_else(|| "off (power-cut model)\n".to_string(), |p| p.render())
             },
             set: Set::No,
         },
