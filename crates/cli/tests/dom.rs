@@ -804,3 +804,57 @@ fn a_closed_files_size_is_kept_on_the_mdt_and_stat_needs_no_glimpse() {
         "and through the mount"
     );
 }
+
+#[test]
+fn the_close_of_the_handle_that_made_a_file_says_its_size_without_a_glimpse() {
+    let c = cluster(2);
+    let sess = c.client();
+    let cl = &sess.client;
+    let other = c.client();
+    let r = root();
+    // Over both OSTs, written out of order and past holes.
+    let fh = sess
+        .run(cl.create_open(
+            &r,
+            Fid::ROOT,
+            b"made",
+            0o644,
+            libc::O_RDWR,
+            Some(Layout::plain(2, 65536, -1)),
+        ))
+        .unwrap();
+    assert_eq!(sess.run(cl.write(&fh, 300_000, &[7u8; 5000])), Ok(5000));
+    assert_eq!(sess.run(cl.write(&fh, 0, &[1u8; 100])), Ok(100));
+    assert_eq!(sess.run(cl.write(&fh, 70_000, &[2u8; 10])), Ok(10));
+    let before = glimpses(&c);
+    sess.run(cl.close(&fh)).unwrap();
+    assert_eq!(glimpses(&c), before, "the close asked no OST");
+    let a = other.run(other.client.getattr(&r, fh.fid)).unwrap();
+    assert_eq!(a.size, 305_000);
+    assert_eq!(
+        glimpses(&c),
+        before,
+        "the MDT keeps the size: a stat asks no OST"
+    );
+    // Opened again, it is glimpsed at close (that handle did not make it), and the
+    // glimpse finds what the writes' answers said.
+    let fh2 = sess.run(cl.open(&r, fh.fid, libc::O_RDWR)).unwrap();
+    assert_eq!(sess.run(cl.write(&fh2, 0, &[1u8; 100])), Ok(100));
+    sess.run(cl.close(&fh2)).unwrap();
+    assert!(
+        glimpses(&c) > before,
+        "a handle that did not make the file glimpses"
+    );
+    let b = other.run(other.client.getattr(&r, fh.fid)).unwrap();
+    assert_eq!((b.size, b.blocks), (a.size, a.blocks));
+
+    // Truncated by the handle that made it: glimpsed at close, and right.
+    let t = sess
+        .run(cl.create_open(&r, Fid::ROOT, b"cut", 0o644, libc::O_RDWR, None))
+        .unwrap();
+    assert_eq!(sess.run(cl.write(&t, 0, &[3u8; 10_000])), Ok(10_000));
+    sess.run(cl.truncate_open(&r, &t, 10)).unwrap();
+    sess.run(cl.close(&t)).unwrap();
+    let a = other.run(other.client.getattr(&r, t.fid)).unwrap();
+    assert_eq!(a.size, 10);
+}

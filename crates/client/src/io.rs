@@ -8,10 +8,11 @@ use lode_base::layout::{file_size_from_object, object_size_for_file, Chunk};
 use lode_base::limits::FILE_SIZE_MAX;
 use lode_base::{Attr, Cred, Errno, Fid, Layout, Pattern, SetAttr};
 use lode_proto::{
-    CloseReq, DomPrefetch, DomReadReq, DomWriteReq, GetattrReq, LayoutIntentReq, MdtBody, ObjId,
-    ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply, Request, SetattrReq,
+    CloseReq, DomPrefetch, DomReadReq, DomWriteReq, GetattrReq, LayoutIntentReq, MdtBody, ObjAttr,
+    ObjId, ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply, Request, SetattrReq,
 };
 use parking_lot::RwLock;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tracing::debug;
@@ -97,6 +98,21 @@ fn objects(fid: Fid, layout: &Layout) -> Vec<(usize, u32, u32, ObjId)> {
         }
     }
     out
+}
+
+/// A file this client made, as its writes left its OST objects: for the close of the
+/// handle that made it, whose size, blocks and mtime are then known without a glimpse
+/// (Lustre's client sends them from what its locks cover). Only that handle's close
+/// uses it, and the MDT keeps what it says only if that handle was the file's only
+/// writer since its open (anyone else's writes, or a truncate, make it ignore it).
+pub(crate) struct Known {
+    /// The MDT's open handle that made the file.
+    handle: u64,
+    /// The layout generation then: another (a migration, a new component) ends it.
+    gen: u32,
+    /// Each object written, as the last answer said: sizes and blocks only grow
+    /// without a truncate (which ends this), so the largest seen is the latest.
+    objs: HashMap<ObjId, ObjAttr>,
 }
 
 fn raid0_geometry(layout: &Layout, ci: usize) -> Option<(u64, u64, u32, &[u32])> {
@@ -197,6 +213,21 @@ impl Client {
             layout_lock: Arc::new(AtomicU64::new(self.keep_layout_lock(rep.layout_lock))),
             own_lock: Arc::default(),
         };
+        match &rep.body.layout {
+            // Made here, with every byte on OST objects: this client sees every write
+            // its handles make (anyone else's makes the MDT ignore the close's size).
+            Some(l) if rep.body.attr.fid == fid && l.dom_end() == 0 && fh.writable() => {
+                self.known.lock().insert(
+                    fid,
+                    Known {
+                        handle: fh.handle,
+                        gen: l.gen,
+                        objs: HashMap::new(),
+                    },
+                );
+            }
+            _ => {}
+        }
         if rep.body.attr.fid != fid && flags & libc::O_TRUNC != 0 {
             // An existing file was opened: O_TRUNC applies to it.
             if let Err(e) = self.truncate_open(cred, &fh, 0).await {
@@ -225,12 +256,16 @@ impl Client {
 
     /// Closes an open file.
     pub async fn close(&self, fh: &FileHandle) -> Result<(), Errno> {
+        let known = self.known_at_close(fh);
         self.check_live(fh)?;
         let wrote = fh.wrote.load(Ordering::Acquire);
         // Data written to OST objects: the size as it is now goes with the close, for
         // the MDT to keep if this was the only writer (lazy size on MDT).
         let attrs = match fh.layout() {
-            Some(l) if wrote && l.has_objects() => self.size_for_close(fh.fid, &l).await,
+            Some(l) if wrote && l.has_objects() => match known {
+                Some(a) => Some(a),
+                None => self.size_for_close(fh.fid, &l).await,
+            },
             _ => None,
         };
         let cached = self.attr_lock(fh.fid);
@@ -267,6 +302,63 @@ impl Client {
             }
         }
         Ok(())
+    }
+
+    /// Size, blocks and mtime of a file its handle `fh` made, from what its writes'
+    /// answers said (see [`Known`]); `None` if this is not that handle or the layout
+    /// changed. Forgets the file either way at that handle's close.
+    fn known_at_close(&self, fh: &FileHandle) -> Option<lode_proto::CloseAttrs> {
+        let k = {
+            let mut known = self.known.lock();
+            match known.get(&fh.fid) {
+                Some(k) if k.handle == fh.handle => known.remove(&fh.fid)?,
+                _ => return None,
+            }
+        };
+        let layout = fh.layout()?;
+        if layout.gen != k.gen || layout.dom_end() != 0 {
+            return None;
+        }
+        let (mut size, mut blocks, mut mtime) = (0, 0, fh.attr.mtime);
+        for (ci, stripe, _, obj) in objects(fh.fid, &layout) {
+            let Some(a) = k.objs.get(&obj) else {
+                // Never written: made with the file, so nothing there.
+                continue;
+            };
+            let (start, ss, count, _) = raid0_geometry(&layout, ci)?;
+            size = size.max(lode_base::layout::file_size_from_object(
+                start, ss, count, stripe, a.size,
+            ));
+            blocks += a.blocks;
+            if a.size > 0 || a.blocks > 0 {
+                mtime = mtime.max(a.mtime);
+            }
+        }
+        Some(lode_proto::CloseAttrs {
+            size,
+            blocks,
+            mtime,
+        })
+    }
+
+    /// A write's answer for `obj` (`None`: it failed or said nothing): kept for the
+    /// close of the handle that made the file, or the file forgotten.
+    fn object_written(&self, obj: ObjId, attr: Option<ObjAttr>) {
+        let mut known = self.known.lock();
+        let Some(k) = known.get_mut(&obj.fid) else {
+            return;
+        };
+        match attr {
+            Some(a) => {
+                let e = k.objs.entry(obj).or_default();
+                e.size = e.size.max(a.size);
+                e.blocks = e.blocks.max(a.blocks);
+                e.mtime = e.mtime.max(a.mtime);
+            }
+            None => {
+                known.remove(&obj.fid);
+            }
+        }
     }
 
     /// Size, blocks and mtime of a file about to be closed by a writer, from a glimpse;
@@ -354,9 +446,17 @@ impl Client {
         data: Vec<u8>,
     ) -> Result<(), Errno> {
         let osc = self.osc(ost).await?;
-        osc.call(Request::OstWrite(OstWriteReq { obj, offset, data }))
-            .await
-            .map(|_| ())
+        let r = osc
+            .call(Request::OstWrite(OstWriteReq { obj, offset, data }))
+            .await;
+        match &r {
+            Ok(rep) => match &rep.reply {
+                Reply::OstWrite(w) => self.object_written(obj, w.attr.clone()),
+                _ => self.object_written(obj, None),
+            },
+            Err(_) => self.object_written(obj, None),
+        }
+        r.map(|_| ())
     }
 
     /// Asks the MDT to instantiate the components a write to `[start, end)` reaches;
@@ -808,6 +908,8 @@ impl Client {
         layout: Option<&Layout>,
         mtime: i64,
     ) -> Result<(), Errno> {
+        // The objects' times are no longer what their writes said.
+        self.known.lock().remove(&fid);
         let Some(layout) = layout else { return Ok(()) };
         self.on_objects(fid, layout, |objs| {
             Request::OstSetattr(lode_proto::OstSetattrReq { objs, mtime })
@@ -845,6 +947,8 @@ impl Client {
         layout: Option<&Layout>,
         size: u64,
     ) -> Result<(), Errno> {
+        // Objects shrink: the largest size a write saw is no longer theirs.
+        self.known.lock().remove(&fid);
         let Some(layout) = layout else { return Ok(()) };
         let mut futs = Vec::new();
         for (ci, stripe, ost, obj) in objects(fid, layout) {

@@ -102,6 +102,9 @@ pub struct Client {
     /// Objects a change of this client's is on its way to the MDT for, and how many
     /// such changes: a getattr of one asks for no lock (see [`Client::md`]).
     changing: Mutex<HashMap<Fid, u32>>,
+    /// Files this client made whose every OST write it saw answered (see
+    /// [`io::Known`]): their size at close needs no glimpse.
+    known: Mutex<HashMap<Fid, io::Known>>,
     rt: Handle,
 }
 
@@ -173,6 +176,7 @@ impl Client {
             unsupported_ioctls: Default::default(),
             data_epoch: Default::default(),
             changing: Mutex::new(HashMap::new()),
+            known: Mutex::new(HashMap::new()),
             cfg,
             uuid,
             mdc,

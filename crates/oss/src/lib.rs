@@ -5,8 +5,8 @@ use lode_base::limits::BULK_MAX;
 use lode_base::Errno;
 use lode_proto::frame::FLAG_REPLAY;
 use lode_proto::{
-    ConnectRep, DataRep, Empty, ObjAttr, ObjAttrsRep, ObjId, OstRequest, Reply, StatfsRep,
-    CONNECT_SUPPORTED,
+    ConnectRep, DataRep, Empty, ObjAttr, ObjAttrsRep, ObjId, OstRequest, OstWriteRep, Reply,
+    StatfsRep, CONNECT_SUPPORTED,
 };
 use lode_rpc::server::Offload;
 use lode_rpc::{Incoming, OpStats, Outgoing, Service};
@@ -382,8 +382,15 @@ impl Ost {
     }
 
     /// Writes `data` at `off` of an object, creating it; returns the change's transno
-    /// (`at` for a replay).
-    fn write(&self, o: &ObjId, off: u64, data: &[u8], at: Option<u64>) -> Result<u64, Errno> {
+    /// (`at` for a replay) and the object as the write left it, if its metadata could
+    /// be read.
+    fn write(
+        &self,
+        o: &ObjId,
+        off: u64,
+        data: &[u8],
+        at: Option<u64>,
+    ) -> Result<(u64, Option<ObjAttr>), Errno> {
         if data.len() > BULK_MAX {
             return Err(Errno::EINVAL);
         }
@@ -410,18 +417,15 @@ impl Ost {
             }
             return Err(errno);
         }
-        Ok(transno)
+        let attr = f.metadata().ok().map(|m| obj_attr(&m));
+        Ok((transno, attr))
     }
 
     fn getattr(&self, objs: &[ObjId]) -> Result<ObjAttrsRep, Errno> {
         let mut attrs = Vec::with_capacity(objs.len());
         for o in objs {
             attrs.push(match std::fs::metadata(self.object_path(o)) {
-                Ok(m) => ObjAttr {
-                    size: m.len(),
-                    blocks: m.blocks(),
-                    mtime: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-                },
+                Ok(m) => obj_attr(&m),
                 Err(e) if e.kind() == ErrorKind::NotFound => ObjAttr::default(),
                 Err(e) => return Err(io_errno(&e)),
             });
@@ -624,10 +628,12 @@ impl Ost {
                     }
                 })
             }
-            OstRequest::OstWrite(r) => self.changed(
-                self.write(&r.obj, r.offset, &r.data, None),
-                Reply::OstWrite(Empty {}),
-            ),
+            OstRequest::OstWrite(r) => match self.write(&r.obj, r.offset, &r.data, None) {
+                Ok((transno, attr)) => {
+                    self.changed(Ok(transno), Reply::OstWrite(OstWriteRep { attr }))
+                }
+                Err(e) => self.out(Err(e)),
+            },
             OstRequest::OstSetattr(r) => self.changed(
                 bounded(&r.objs).and_then(|objs| self.set_mtime(objs, r.mtime, None)),
                 Reply::OstSetattr(Empty {}),
@@ -654,6 +660,15 @@ impl Ost {
             ),
             OstRequest::Connect(_) => self.out(Err(Errno::EALREADY)),
         }
+    }
+}
+
+/// An object's size, blocks and mtime from its file's metadata.
+fn obj_attr(m: &std::fs::Metadata) -> ObjAttr {
+    ObjAttr {
+        size: m.len(),
+        blocks: m.blocks(),
+        mtime: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
     }
 }
 

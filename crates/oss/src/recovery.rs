@@ -184,7 +184,8 @@ fn reply_of(req: &OstRequest) -> Reply {
         OstRequest::Punch(_) => Reply::Punch(Empty {}),
         OstRequest::Destroy(_) => Reply::Destroy(Empty {}),
         OstRequest::OstSetattr(_) => Reply::OstSetattr(Empty {}),
-        _ => Reply::OstWrite(Empty {}),
+        // A replay's object may have changed since: nothing said of it.
+        _ => Reply::OstWrite(lode_proto::OstWriteRep { attr: None }),
     }
 }
 
@@ -273,7 +274,7 @@ impl Ost {
     fn replay(&self, req: &OstRequest, transno: u64) -> Result<u64, Errno> {
         let at = Some(transno);
         match req {
-            OstRequest::OstWrite(r) => self.write(&r.obj, r.offset, &r.data, at),
+            OstRequest::OstWrite(r) => self.write(&r.obj, r.offset, &r.data, at).map(|(t, _)| t),
             OstRequest::Punch(r) => {
                 crate::punch_object(&self.objects, &r.obj, r.size, self.commit.undo.as_deref())?;
                 Ok(self.commit.wrote(r.obj, at))

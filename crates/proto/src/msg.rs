@@ -715,6 +715,15 @@ pub struct OstWriteReq {
     pub data: Vec<u8>,
 }
 
+/// OST write's answer: the object as the write left it (`None` when the OST cannot
+/// say, as for a replay), so a client that made the file and wrote all of it knows
+/// its size at close without a glimpse.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OstWriteRep {
+    /// Size, blocks and mtime after the write.
+    pub attr: Option<ObjAttr>,
+}
+
 /// OST punch: set the object's size.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PunchReq {
@@ -990,7 +999,7 @@ messages! {
     /// Read from an OST object.
     OstRead = 40, Ost, false: OstReadReq => DataRep,
     /// Write to an OST object.
-    OstWrite = 41, Ost, false: OstWriteReq => Empty,
+    OstWrite = 41, Ost, false: OstWriteReq => OstWriteRep,
     /// Truncate an OST object.
     Punch = 42, Ost, false: PunchReq => Empty,
     /// Glimpse OST objects.
