@@ -688,3 +688,44 @@ fn a_replayed_create_keeps_the_osts_its_data_was_written_to() {
         s.run(cl.close(&fh)).expect("close");
     }
 }
+
+#[test]
+fn a_handle_open_across_an_mds_restart_keeps_no_size_at_close_that_misses_another_writer() {
+    let mut c = cluster(1);
+    let a = c.client();
+    let b = c.client();
+    let r = root();
+    // Made by a, which knows its own writes only.
+    let fh = a
+        .run(
+            a.client
+                .create_open(&r, Fid::ROOT, b"f", 0o644, libc::O_RDWR, None),
+        )
+        .expect("create_open");
+    assert_eq!(a.run(a.client.write(&fh, 0, b"aaaa")), Ok(4));
+    let fb = b
+        .run(b.client.open(&r, fh.fid, libc::O_RDWR))
+        .expect("open");
+    assert_eq!(b.run(b.client.write(&fb, 1 << 20, b"bbbb")), Ok(4));
+    assert_eq!(b.run(b.client.close(&fb)), Ok(()));
+    // Committed, so that recovery replays none of it: the restart forgets who wrote
+    // while a's handle was open, which it opens again as it was.
+    wait_for("the changes to commit", Duration::from_secs(30), || {
+        let (last, committed) = transnos(&c);
+        committed >= last
+    });
+    c.kill9("mdt0");
+    c.start_target("mdt0");
+    let glimpses = ost_stat(&c, &["ost_getattr"]);
+    assert_eq!(a.run(a.client.close(&fh)), Ok(()), "the same handle closes");
+    assert_eq!(
+        ost_stat(&c, &["ost_getattr"]),
+        glimpses,
+        "the close sends the size its writes said"
+    );
+    let other = c.client();
+    let at = other
+        .run(other.client.getattr(&r, fh.fid))
+        .expect("getattr");
+    assert_eq!(at.size, (1 << 20) + 4, "b's bytes count");
+}

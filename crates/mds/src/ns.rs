@@ -548,6 +548,11 @@ impl Namespace {
             DataMark::Reader
         };
         self.register_open(handle, fid, slot, mark);
+        // Who else wrote while it was open is gone with the restart: the size its
+        // client knows at close is not to be kept (lazy size on MDT).
+        if let Some(h) = self.opens.lock().handles.get_mut(&handle) {
+            h.alone = false;
+        }
         Ok(())
     }
 
