@@ -187,6 +187,23 @@ pub fn run(role: Role, a: ServerArgs) -> Result<()> {
                 key: cfg.key(),
             })?;
             spawn_register(&cfg, TargetKind::Ost, &listen, rt.handle());
+            let on_term = ost.clone();
+            rt.spawn(async move {
+                // A clean stop commits what is written and empties the object pool
+                // (leftovers found at start are set aside, never reused).
+                if let Ok(mut t) =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                {
+                    t.recv().await;
+                    let o = on_term.clone();
+                    match tokio::task::spawn_blocking(move || o.stop_cleanly()).await {
+                        Ok(Ok(())) => info!("stopped on SIGTERM after committing"),
+                        Ok(Err(e)) => error!("stopping on SIGTERM: {e}"),
+                        Err(e) => error!("stopping on SIGTERM: {e}"),
+                    }
+                    std::process::exit(0);
+                }
+            });
             (ost.clone(), Arc::new(lode_oss::OstParams(ost)))
         }
     };

@@ -96,6 +96,10 @@ struct Export {
 /// what is above it, and replay it if the OST restarts.
 pub struct Commit {
     dirty: Mutex<Dirty>,
+    /// Held by whoever has an object's file open (read, write, punch, setattr) and by
+    /// its destroy: a destroyed object's file goes to the pool and becomes another
+    /// object, so nothing may still be reading or writing it as the old one.
+    objs: pool::ObjLocks,
     /// Held through a commit: a sync that finds the list empty still waits for the
     /// commit that took it.
     running: Mutex<()>,
@@ -149,6 +153,7 @@ impl Commit {
                 objs: Default::default(),
                 last: committed,
             }),
+            objs: pool::ObjLocks::default(),
             running: Mutex::default(),
             committed: committed.into(),
             record,
@@ -217,7 +222,7 @@ impl Commit {
             // leaves the pool's directory durably.
             let r = files
                 .iter()
-                .try_for_each(|f| File::open(f).and_then(|f| f.sync_all()))
+                .try_for_each(|f| pool.sync_empty(f))
                 .and_then(|()| match dir {
                     true => File::open(pool.dir()).and_then(|d| d.sync_all()),
                     false => Ok(()),
@@ -343,6 +348,16 @@ impl Ost {
         Ok(ost)
     }
 
+    /// A clean stop: everything written is committed, and the object pool emptied (so
+    /// the next start has nothing to set aside).
+    pub fn stop_cleanly(&self) -> Result<(), Errno> {
+        self.commit.run(&self.objects)?;
+        if let Some(p) = &self.commit.pool {
+            p.drain().map_err(|e| io_errno(&e))?;
+        }
+        Ok(())
+    }
+
     /// The file of an object. Every part is a number, so no input can name a path
     /// outside the OST directory.
     pub fn object_path(&self, o: &ObjId) -> PathBuf {
@@ -357,6 +372,7 @@ impl Ost {
         if len as usize > BULK_MAX {
             return Err(Errno::EINVAL);
         }
+        let _obj = self.commit.objs.lock(o);
         let Some(f) = self.open_obj(o, false)? else {
             return Ok(Vec::new());
         };
@@ -406,6 +422,7 @@ impl Ost {
             }
             None => None,
         };
+        let _obj = self.commit.objs.lock(o);
         let f = self.open_obj(o, true)?.ok_or(Errno::EIO)?;
         let written = f.write_all_at(data, off);
         // Even after a failed write: part of it may be there, and a new object is.
@@ -442,6 +459,7 @@ impl Ost {
         };
         let mut transno = at.unwrap_or(0);
         for o in objs {
+            let _obj = self.commit.objs.lock(o);
             if let Some(f) = self.open_obj(o, false)? {
                 f.set_modified(t).map_err(|e| io_errno(&e))?;
                 transno = self.commit.wrote(*o, at);
@@ -461,6 +479,7 @@ impl Ost {
                 Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
                 Err(e) => Err(io_errno(&e)),
             };
+            let _obj = self.commit.objs.lock(o);
             match (&self.commit.undo, &self.commit.pool) {
                 (Some(u), _) => u.synced(&self.objects, &p, remove)?,
                 (None, Some(pool)) => pool.destroy(&p)?,
@@ -616,6 +635,7 @@ impl Ost {
                 let root = self.objects.clone();
                 let commit = self.commit.clone();
                 self.syncs.run(inc, move || {
+                    let _obj = commit.objs.lock(&r.obj);
                     let r = punch_object(&root, &r.obj, r.size, commit.undo.as_deref())
                         .map(|()| commit.wrote(r.obj, None));
                     match r {

@@ -10,9 +10,12 @@
 //! synced it (its size 0 durable), so an object made from it never shows a former
 //! object's bytes after a power cut. Taking one is a `rename` with `RENAME_NOREPLACE`
 //! into the object's name, made durable as a new object's name is, by the commit that
-//! syncs the object and its directory; the commit syncs `pool/` too. At start the
-//! pool's leftovers are removed (names only: a rename the cut kept half of leaves its
-//! file named by the object too).
+//! syncs the object and its directory; the commit syncs `pool/` too. A clean stop
+//! empties the pool. Leftovers found at start (the OSS was killed, or the machine
+//! lost power) are never removed: a rename that a power cut kept half of leaves the
+//! file named by an object too, with one link counted, and removing the pool's name
+//! would free the object's inode. The whole directory is set aside as
+//! `pool.stale.N`, for an admin to remove once `fsck` has run.
 
 use lode_base::Errno;
 use parking_lot::Mutex;
@@ -24,6 +27,24 @@ pub const POOL_DIR: &str = "pool";
 
 /// Most files the pool keeps; a destroy past it removes the file.
 const POOL_MAX: usize = 16384;
+
+/// Object locks, striped: see `Commit::objs`.
+pub struct ObjLocks([Mutex<()>; 64]);
+
+impl Default for ObjLocks {
+    fn default() -> Self {
+        ObjLocks(std::array::from_fn(|_| Mutex::new(())))
+    }
+}
+
+impl ObjLocks {
+    /// Holds `o`'s stripe until the guard goes.
+    pub fn lock(&self, o: &lode_proto::ObjId) -> parking_lot::MutexGuard<'_, ()> {
+        use std::hash::BuildHasher;
+        let h = foldhash::quality::FixedState::with_seed(0x0b5).hash_one(o);
+        self.0[(h % self.0.len() as u64) as usize].lock()
+    }
+}
 
 /// The files of the pool, by number.
 #[derive(Default)]
@@ -50,17 +71,29 @@ fn io(e: &std::io::Error) -> Errno {
 }
 
 impl Pool {
-    /// The pool of the OST directory `ost_dir`, emptied of what a previous run left.
+    /// The pool of the OST directory `ost_dir`, empty: what a run that did not stop
+    /// cleanly left is set aside (see the module's documentation).
     pub fn open(ost_dir: &Path) -> std::io::Result<Pool> {
         let dir = ost_dir.join(POOL_DIR);
-        match std::fs::read_dir(&dir) {
-            Ok(rd) => {
-                for e in rd {
-                    std::fs::remove_file(e?.path())?;
-                }
+        let left = match std::fs::read_dir(&dir) {
+            Ok(mut rd) => rd.next().is_some(),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                std::fs::create_dir(&dir)?;
+                false
             }
-            Err(e) if e.kind() == ErrorKind::NotFound => std::fs::create_dir(&dir)?,
             Err(e) => return Err(e),
+        };
+        if left {
+            let aside = (0u32..)
+                .map(|n| ost_dir.join(format!("{POOL_DIR}.stale.{n}")))
+                .find(|p| !p.exists())
+                .ok_or_else(|| std::io::Error::other("no name for the stale pool"))?;
+            std::fs::rename(&dir, &aside)?;
+            std::fs::create_dir(&dir)?;
+            tracing::warn!(
+                "object pool: files left by an unclean stop set aside in {} (remove them once fsck has run)",
+                aside.display()
+            );
         }
         std::fs::File::open(&dir)?.sync_all()?;
         std::fs::File::open(ost_dir)?.sync_all()?;
@@ -162,6 +195,38 @@ impl Pool {
         &self.dir
     }
 
+    /// Syncs a file entering the pool, making sure it is empty (nothing can write to
+    /// a destroyed object's file under the object locks; this only makes sure).
+    pub fn sync_empty(&self, p: &Path) -> std::io::Result<()> {
+        let f = std::fs::OpenOptions::new().write(true).open(p)?;
+        let m = f.metadata()?;
+        if m.len() != 0 || std::os::unix::fs::MetadataExt::blocks(&m) != 0 {
+            tracing::warn!(
+                "object pool: {} was written after its destroy; emptied",
+                p.display()
+            );
+            f.set_len(0)?;
+        }
+        f.sync_all()
+    }
+
+    /// Empties the pool at a clean stop (the names are all the files have then).
+    pub fn drain(&self) -> std::io::Result<()> {
+        let names = {
+            let mut f = self.files.lock();
+            let mut names = std::mem::take(&mut f.ready);
+            names.append(&mut f.pending);
+            names
+        };
+        for n in names {
+            match std::fs::remove_file(self.path(n)) {
+                Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        std::fs::File::open(&self.dir)?.sync_all()
+    }
+
     /// After a commit synced `pending` (empty, durably): usable. If the commit failed,
     /// they wait for the next one.
     pub fn synced(&self, pending: Vec<u64>, ok: bool, dir_synced: bool) {
@@ -204,11 +269,13 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let objs = t.path().join("O");
         std::fs::create_dir(&objs).unwrap();
-        // A leftover of a previous run goes at open.
+        // A leftover of a run that did not stop cleanly is set aside, not removed.
         std::fs::create_dir(t.path().join(POOL_DIR)).unwrap();
         std::fs::write(t.path().join(POOL_DIR).join("7"), b"old").unwrap();
         let pool = Pool::open(t.path()).unwrap();
         assert_eq!(std::fs::read_dir(pool.dir()).unwrap().count(), 0);
+        let aside = t.path().join(format!("{POOL_DIR}.stale.0")).join("7");
+        assert_eq!(std::fs::read(aside).unwrap(), b"old");
 
         let a = objs.join("a");
         std::fs::write(&a, b"some bytes").unwrap();
@@ -232,5 +299,14 @@ mod tests {
         assert!(pool.to_sync().2);
         // Destroying what is not there is fine.
         pool.destroy(&objs.join("never")).unwrap();
+        // A clean stop empties the pool, and the next start finds nothing to set aside.
+        let d = objs.join("d");
+        std::fs::write(&d, b"x").unwrap();
+        pool.destroy(&d).unwrap();
+        pool.drain().unwrap();
+        assert_eq!(std::fs::read_dir(pool.dir()).unwrap().count(), 0);
+        drop(pool);
+        Pool::open(t.path()).unwrap();
+        assert!(!t.path().join(format!("{POOL_DIR}.stale.1")).exists());
     }
 }
