@@ -362,16 +362,33 @@ impl Locks {
         // No grant can reach a wait now: its caller gets EIO.
         self.flock_waits.lock().clear();
         let gone = std::mem::take(&mut *self.cache.lock());
-        self.invalidate(gone.invals(), None);
+        // Grants still on their way were kept under locks that no longer exist: any
+        // answer in flight may be stale.
+        self.invalidate_all(gone.invals(), None);
     }
 
     /// Tells the layer above what to forget (moving `inval_seq`); `done` runs once it
     /// has (at once if there is no such layer).
     fn invalidate(&self, what: Vec<Inval>, done: Option<Box<dyn FnOnce() + Send>>) {
+        self.invalidate_logged(what, false, done)
+    }
+
+    /// [`Locks::invalidate`], with any answer in flight taken back, whatever it was
+    /// about: for losses that cover more than `what` names.
+    fn invalidate_all(&self, what: Vec<Inval>, done: Option<Box<dyn FnOnce() + Send>>) {
+        self.invalidate_logged(what, true, done)
+    }
+
+    fn invalidate_logged(
+        &self,
+        what: Vec<Inval>,
+        all: bool,
+        done: Option<Box<dyn FnOnce() + Send>>,
+    ) {
         {
             let mut log = self.inval_log.lock();
             let seq = self.inval_seq.fetch_add(1, Ordering::AcqRel) + 1;
-            log.record(seq, &what);
+            log.record(seq, if all { &[] } else { &what });
         }
         let f = self.invalidator.lock().clone();
         match f {
@@ -954,6 +971,9 @@ impl Client {
             return;
         }
         let mut invals = Vec::new();
+        // A lock whose grant is still on its way covers what no cache holds yet: the
+        // answer it is for may be in flight, about anything.
+        let mut in_flight = false;
         {
             // The order `keep` takes them in: revoked, held, cache.
             let mut revoked = self.locks.revoked.lock();
@@ -967,6 +987,7 @@ impl Client {
                     continue;
                 }
                 if held.remove(h).is_none() {
+                    in_flight = true;
                     if revoked.len() >= REVOKED_MAX {
                         revoked.clear();
                     }
@@ -977,8 +998,9 @@ impl Client {
         // The layers above forget first, so that the change the MDT is holding back
         // cannot be seen to happen while a stale copy still answers here.
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        self.locks.invalidate(
+        self.locks.invalidate_logged(
             invals,
+            in_flight,
             Some(Box::new(move || {
                 let _ = tx.send(());
             })),
