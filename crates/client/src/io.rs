@@ -319,6 +319,15 @@ impl Client {
         if layout.gen != k.gen || layout.dom_end() != 0 {
             return None;
         }
+        // A write an OST restart lost still counts in what the answers said.
+        let oscs = self.oscs.read();
+        if objects(fh.fid, &layout)
+            .iter()
+            .any(|(_, _, ost, _)| oscs.get(ost).is_some_and(|i| i.has_lost(fh.fid)))
+        {
+            return None;
+        }
+        drop(oscs);
         let (mut size, mut blocks, mut mtime) = (0, 0, fh.attr.mtime);
         for (ci, stripe, _, obj) in objects(fh.fid, &layout) {
             let Some(a) = k.objs.get(&obj) else {

@@ -1525,6 +1525,12 @@ impl Import {
         !f.is_empty() && f.remove(&fid)
     }
 
+    /// Whether changes to `fid` were lost, leaving the mark for [`Import::take_lost`].
+    pub fn has_lost(&self, fid: lode_base::Fid) -> bool {
+        let f = self.lost_fids.lock();
+        !f.is_empty() && f.contains(&fid)
+    }
+
     /// Replays, on a new connection to a target in recovery, every change it had not
     /// committed, in transno order, and then says so (a PING flagged
     /// `FLAG_REPLAY_DONE`, answered when the target's recovery is over). Replies are
