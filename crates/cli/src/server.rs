@@ -187,23 +187,9 @@ pub fn run(role: Role, a: ServerArgs) -> Result<()> {
                 key: cfg.key(),
             })?;
             spawn_register(&cfg, TargetKind::Ost, &listen, rt.handle());
+            // Also empties the object pool (leftovers found at start are set aside).
             let on_term = ost.clone();
-            rt.spawn(async move {
-                // A clean stop commits what is written and empties the object pool
-                // (leftovers found at start are set aside, never reused).
-                if let Ok(mut t) =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                {
-                    t.recv().await;
-                    let o = on_term.clone();
-                    match tokio::task::spawn_blocking(move || o.stop_cleanly()).await {
-                        Ok(Ok(())) => info!("stopped on SIGTERM after committing"),
-                        Ok(Err(e)) => error!("stopping on SIGTERM: {e}"),
-                        Err(e) => error!("stopping on SIGTERM: {e}"),
-                    }
-                    std::process::exit(0);
-                }
-            });
+            stop_cleanly_on_sigterm(rt.handle(), move || on_term.stop_cleanly());
             (ost.clone(), Arc::new(lode_oss::OstParams(ost)))
         }
     };
@@ -277,14 +263,25 @@ fn start_mdt(
     )
     .map_err(|e| anyhow!("{}: {e}", cfg.name()))?;
     let on_term = mdt.clone();
+    stop_cleanly_on_sigterm(rt, move || on_term.stop_cleanly());
+    let mgs = mgs_import(cfg, Duration::from_secs(10), rt);
+    mdt.start_background(rt.clone(), mgs);
+    spawn_register(cfg, TargetKind::Mdt, listen, rt);
+    Ok((mdt.clone(), Arc::new(lode_mds::params::MdtParams(mdt))))
+}
+
+/// On SIGTERM (lode down, systemd), runs a target's clean stop, which commits what is
+/// written, then exits; clients still connected come back for their open files and
+/// locks.
+fn stop_cleanly_on_sigterm<E: std::fmt::Display + Send + 'static>(
+    rt: &tokio::runtime::Handle,
+    stop: impl FnOnce() -> Result<(), E> + Send + 'static,
+) {
     rt.spawn(async move {
-        // A clean stop (lode down, systemd) commits what is written before exiting;
-        // clients still connected come back for their open files and locks.
         if let Ok(mut t) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         {
             t.recv().await;
-            let m = on_term.clone();
-            match tokio::task::spawn_blocking(move || m.stop_cleanly()).await {
+            match tokio::task::spawn_blocking(stop).await {
                 Ok(Ok(())) => info!("stopped on SIGTERM after committing"),
                 Ok(Err(e)) => error!("stopping on SIGTERM: {e}"),
                 Err(e) => error!("stopping on SIGTERM: {e}"),
@@ -292,10 +289,6 @@ fn start_mdt(
             std::process::exit(0);
         }
     });
-    let mgs = mgs_import(cfg, Duration::from_secs(10), rt);
-    mdt.start_background(rt.clone(), mgs);
-    spawn_register(cfg, TargetKind::Mdt, listen, rt);
-    Ok((mdt.clone(), Arc::new(lode_mds::params::MdtParams(mdt))))
 }
 
 /// An import of the MGS for this target (its own client UUID: `<target>_UUID`).

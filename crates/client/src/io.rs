@@ -319,9 +319,10 @@ impl Client {
         if layout.gen != k.gen || layout.dom_end() != 0 {
             return None;
         }
+        let objs = objects(fh.fid, &layout);
         // A write an OST restart lost still counts in what the answers said.
         let oscs = self.oscs.read();
-        if objects(fh.fid, &layout)
+        if objs
             .iter()
             .any(|(_, _, ost, _)| oscs.get(ost).is_some_and(|i| i.has_lost(fh.fid)))
         {
@@ -329,7 +330,7 @@ impl Client {
         }
         drop(oscs);
         let (mut size, mut blocks, mut mtime) = (0, 0, fh.attr.mtime);
-        for (ci, stripe, _, obj) in objects(fh.fid, &layout) {
+        for (ci, stripe, _, obj) in objs {
             let Some(a) = k.objs.get(&obj) else {
                 // Never written: made with the file, so nothing there.
                 continue;
@@ -458,13 +459,14 @@ impl Client {
         let r = osc
             .call(Request::OstWrite(OstWriteReq { obj, offset, data }))
             .await;
-        match &r {
+        let attr = match &r {
             Ok(rep) => match &rep.reply {
-                Reply::OstWrite(w) => self.object_written(obj, w.attr.clone()),
-                _ => self.object_written(obj, None),
+                Reply::OstWrite(w) => w.attr.clone(),
+                _ => None,
             },
-            Err(_) => self.object_written(obj, None),
-        }
+            Err(_) => None,
+        };
+        self.object_written(obj, attr);
         r.map(|_| ())
     }
 

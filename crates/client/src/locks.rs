@@ -306,12 +306,25 @@ impl InvalLog {
 
 /// The log's hash of what an invalidation forgets.
 fn inval_key(w: &Inval) -> u64 {
+    match w {
+        Inval::Attr { fid, .. } => attr_key(*fid),
+        Inval::Name(d, n) => name_key(*d, n),
+    }
+}
+
+/// [`inval_key`] of an object's attributes.
+fn attr_key(fid: Fid) -> u64 {
+    log_key((0u8, fid, &[][..]))
+}
+
+/// [`inval_key`] of a name, without owning it.
+fn name_key(dir: Fid, name: &[u8]) -> u64 {
+    log_key((1u8, dir, name))
+}
+
+fn log_key(k: (u8, Fid, &[u8])) -> u64 {
     use std::hash::BuildHasher;
-    let h = foldhash::quality::FixedState::with_seed(0x10de);
-    let k = match w {
-        Inval::Attr { fid, .. } => h.hash_one((0u8, fid)),
-        Inval::Name(d, n) => h.hash_one((1u8, d, n)),
-    };
+    let k = foldhash::quality::FixedState::with_seed(0x10de).hash_one(k);
     // INVAL_ALL is reserved.
     k.min(INVAL_ALL - 1)
 }
@@ -364,7 +377,7 @@ impl Locks {
         let gone = std::mem::take(&mut *self.cache.lock());
         // Grants still on their way were kept under locks that no longer exist: any
         // answer in flight may be stale.
-        self.invalidate_all(gone.invals(), None);
+        self.invalidate_logged(gone.invals(), true, None);
     }
 
     /// Tells the layer above what to forget (moving `inval_seq`); `done` runs once it
@@ -373,12 +386,8 @@ impl Locks {
         self.invalidate_logged(what, false, done)
     }
 
-    /// [`Locks::invalidate`], with any answer in flight taken back, whatever it was
-    /// about: for losses that cover more than `what` names.
-    fn invalidate_all(&self, what: Vec<Inval>, done: Option<Box<dyn FnOnce() + Send>>) {
-        self.invalidate_logged(what, true, done)
-    }
-
+    /// [`Locks::invalidate`]; with `all`, any answer in flight is taken back, whatever
+    /// it was about (for losses that cover more than `what` names).
     fn invalidate_logged(
         &self,
         what: Vec<Inval>,
@@ -557,10 +566,11 @@ impl Client {
         if self.inval_seq() == seq {
             return false;
         }
-        let attr = inval_key(&Inval::Attr { fid, dir: false });
+        let attr = attr_key(fid);
         let keys = match at {
-            Some((d, n)) => vec![attr, inval_key(&Inval::Name(d, n.to_vec()))],
-            None => vec![attr],
+            Some((d, n)) => [attr, name_key(d, n)],
+            // No name: the attributes' key twice.
+            None => [attr, attr],
         };
         self.locks.inval_log.lock().touched_since(seq, &keys)
     }

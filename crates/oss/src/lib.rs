@@ -474,11 +474,7 @@ impl Ost {
         let mut transno = at.unwrap_or(0);
         for o in objs {
             let p = self.object_path(o);
-            let remove = || match std::fs::remove_file(&p) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(io_errno(&e)),
-            };
+            let remove = || pool::remove(&p);
             let _obj = self.commit.objs.lock(o);
             match (&self.commit.undo, &self.commit.pool) {
                 (Some(u), _) => u.synced(&self.objects, &p, remove)?,

@@ -17,6 +17,7 @@
 //! would free the object's inode. The whole directory is set aside as
 //! `pool.stale.N`, for an admin to remove once `fsck` has run.
 
+use crate::io_errno as io;
 use lode_base::Errno;
 use parking_lot::Mutex;
 use std::io::ErrorKind;
@@ -64,10 +65,6 @@ struct Files {
 pub struct Pool {
     dir: PathBuf,
     files: Mutex<Files>,
-}
-
-fn io(e: &std::io::Error) -> Errno {
-    Errno::from_io(e)
 }
 
 impl Pool {
@@ -252,7 +249,8 @@ impl Pool {
     }
 }
 
-fn remove(p: &Path) -> Result<(), Errno> {
+/// Removes an object's file; Ok if there was none.
+pub(crate) fn remove(p: &Path) -> Result<(), Errno> {
     match std::fs::remove_file(p) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
