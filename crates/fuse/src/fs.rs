@@ -1629,9 +1629,11 @@ impl Inner {
             d.next = page.next;
             d.seq = seq;
             if page.next != lode_base::hash::END_COOKIE {
-                // Unless every page carries attributes, the kernel asks for them again
-                // only if stats followed the page before: read ahead names only.
-                let plus = plus && self.opts.readdirplus_always;
+                // In `auto` mode the kernel asks for attributes with the first page,
+                // and with a later one only if stats followed the page before it
+                // (`ls -l`, not `ls` or `find`): read ahead as the caller asked, but
+                // names only after the first page unless every page carries them.
+                let plus = plus && (self.opts.readdirplus_always || offset != 0);
                 let (client, cred, fid, cookie) =
                     (self.client.clone(), cred.clone(), d.fid, page.next);
                 let seq = client.inval_seq();
