@@ -140,6 +140,53 @@ fn ls_l_with_attributes_on_every_page_sends_no_lookups_and_is_never_stale() {
     changed_elsewhere_is_seen(&s, d, &dir, N);
 }
 
+/// GNU `ls -l`: the kernel asks for attributes with every page, because stats follow
+/// each (`readdirplus=auto`), and the mount reads each next page ahead with them, so
+/// no page is fetched twice and no stat leaves the client. With `statahead_max=0` the
+/// pages carry names only and each stat is an RPC of its own, as in Lustre with
+/// statahead off; the listing is the same.
+#[test]
+fn gnu_ls_l_fetches_each_page_once_with_attributes_and_none_with_statahead_off() {
+    let c = cluster(1);
+    let s = c.client();
+    const N: usize = 5000;
+    filled_dir(&s, "d", N, |i| format!("f{i}"));
+    let gnu_ls_l = |m: &lode_testkit::Mount| {
+        let out = std::process::Command::new("ls")
+            .arg("-l")
+            .arg(m.path().join("d"))
+            .output()
+            .expect("ls");
+        assert!(out.status.success(), "ls -l: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let files: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(files.len(), N);
+        assert!(files.iter().all(|l| l.starts_with("-rw-r--r--")), "{text}");
+    };
+
+    let m = c.mount();
+    let _ = fs::metadata(m.path().join("d"));
+    c.set_param("mdc.*.md_stats=0");
+    gnu_ls_l(&m);
+    let stats = c.get_param("mdc.*.md_stats");
+    // A first page of 128 entries, then pages of 1,024: 6 pages.
+    let pages = md_stat(&c, "read_page");
+    assert!((5..=7).contains(&pages), "{pages} pages: {stats}");
+    assert!(md_stat(&c, "getattr_name") <= 2, "{stats}");
+    drop(m);
+
+    let m2 = c.mount();
+    let _ = fs::metadata(m2.path().join("d"));
+    c.set_param("llite.*.statahead_max=0");
+    c.set_param("mdc.*.md_stats=0");
+    gnu_ls_l(&m2);
+    let stats = c.get_param("mdc.*.md_stats");
+    assert!(
+        md_stat(&c, "getattr_name") >= N as u64,
+        "each stat is a lookup: {stats}"
+    );
+}
+
 /// Opening a directory costs no RPC of its own (its attributes come with the lookup
 /// that found it, under a lock), and its first readdir+ page carries every entry's
 /// attributes and layout: `ls -l` of a 100-entry directory on a mount that has seen

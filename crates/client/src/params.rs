@@ -183,7 +183,7 @@ pub struct LliteParams(pub Arc<Client>);
 static LLITE: [Param<Client>; 3] = [
     Param {
         name: "statahead_max",
-        help: "entries a lookup of a listed or numbered name fetches ahead, with their locks (0: no statahead)",
+        help: "entries a lookup of a listed or numbered name fetches ahead, with their locks (0: no statahead, and a mount lists names without their attributes)",
         get: |c| c.statahead_max().to_string(),
         set: Set::Text(|c, v| {
             let n: usize = v

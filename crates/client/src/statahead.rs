@@ -148,7 +148,8 @@ impl Client {
         self.statahead.max()
     }
 
-    /// Sets `statahead_max` (0 turns statahead off and forgets the listings).
+    /// Sets `statahead_max` (0 turns statahead off and forgets the listings; a mount
+    /// then lists names without attributes too, see `lode_fuse`).
     pub fn set_statahead_max(&self, n: usize) {
         self.statahead.max.store(n, Ordering::Relaxed);
         if n == 0 {

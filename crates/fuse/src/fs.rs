@@ -1159,6 +1159,13 @@ impl Filesystem for LodeFs {
                         let mut done = i.client.complete_many(bodies).await.into_iter();
                         for e in chunk {
                             if e.body.is_none() {
+                                // Without attributes (statahead off): the kernel looks
+                                // the name up when it is stat'ed.
+                                let k = lode_base::FileType::from_mode(dtype_mode(e.dtype))
+                                    .map_or(crate::kernel::FileType::RegularFile, kind);
+                                if reply.add_name(INodeNo(e.fid.ino()), e.cookie + 1, k, &e.name) {
+                                    break 'batches;
+                                }
                                 continue;
                             }
                             let Some(Ok(body)) = done.next() else {
@@ -1585,6 +1592,9 @@ impl Inner {
     ) -> Result<(Arc<Vec<DirEntry>>, usize, u64), Errno> {
         let d = self.dirs.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)?;
         let mut d = d.lock().await;
+        // Attributes with the names are statahead's delivery: `statahead_max=0` turns
+        // them off, and each stat is then an RPC of its own, as in Lustre.
+        let plus = plus && self.client.statahead_max() != 0;
         let cached = !d.page.is_empty()
             && d.page.first().is_some_and(|e| e.cookie <= offset)
             && (offset < d.next || d.next == lode_base::hash::END_COOKIE)

@@ -324,6 +324,16 @@ impl ReplyDirectoryPlus {
         abi::push_dirent(&mut self.buf, ino.0, offset, attr.kind.dtype(), name);
         false
     }
+    /// Adds a name without attributes (node id 0): the kernel lists it and looks it up
+    /// when asked, as after a plain READDIR. True if it did not fit.
+    pub fn add_name(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &[u8]) -> bool {
+        if self.buf.len() + 128 + abi::dirent_len(name.len()) > self.max {
+            return true;
+        }
+        self.buf.extend_from_slice(&[0; 128]);
+        abi::push_dirent(&mut self.buf, ino.0, offset, kind.dtype(), name);
+        false
+    }
     /// Sends the entries added.
     pub fn ok(self) {
         self.raw.ok(&[&self.buf]);
@@ -364,6 +374,22 @@ mod tests {
                 (10, -libc::EIO, vec![])
             ]
         );
+    }
+
+    #[test]
+    fn a_name_without_attributes_has_node_id_zero_and_its_dirent() {
+        let c = Arc::new(Capture::default());
+        let mut d = ReplyDirectoryPlus::new(ReplyRaw::new(2, c.clone()), 4096);
+        assert!(!d.add_name(INodeNo(9), 3, FileType::Directory, b"sub"));
+        d.ok();
+        let got = c.0.lock().clone();
+        let b = &got[0].2;
+        assert_eq!(b.len(), 128 + abi::dirent_len(3));
+        assert!(b[..128].iter().all(|x| *x == 0), "entry_out all zero");
+        assert_eq!(&b[128..136], &9u64.to_le_bytes());
+        assert_eq!(&b[136..144], &3u64.to_le_bytes());
+        assert_eq!(&b[148..152], &(libc::S_IFDIR >> 12).to_le_bytes());
+        assert_eq!(&b[152..155], b"sub");
     }
 
     #[test]
