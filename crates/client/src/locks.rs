@@ -12,7 +12,7 @@ use lode_base::perm::{may_access, MAY_EXEC};
 use lode_base::{Cred, Errno, Fid};
 use lode_proto::frame::{FLAG_CALLBACK, FLAG_REPLY};
 use lode_proto::{
-    Empty, Frame, Header, LdlmCancelReq, LdlmEnqueueReq, MdtBody, Opcode, Reply, Request,
+    DirEntry, Empty, Frame, Header, LdlmCancelReq, LdlmEnqueueReq, MdtBody, Opcode, Reply, Request,
 };
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -106,7 +106,7 @@ impl Key {
 #[derive(Default)]
 struct Cache {
     attrs: HashMap<Fid, (MdtBody, u64)>,
-    names: HashMap<(Fid, Vec<u8>), (Fid, u64)>,
+    names: NameMap,
     search: HashMap<(Fid, Cred), u64>,
     /// Each lock: what it covers, and when it was last kept (a count of keeps).
     by_lock: HashMap<u64, (Key, u64)>,
@@ -124,6 +124,44 @@ struct Cache {
     /// with the ctime they were current at, until the change's reply says whether
     /// anything else happened in between (see [`Client::remember_parent`]).
     stash: HashMap<Fid, (i64, HashSet<Vec<u8>>)>,
+}
+
+/// Names under locks: `(directory, name)` → (the child, the lock). Looked up by
+/// [`NameRef`], without copying the name (a cold `ls -l` asks once per entry).
+type NameMap = hashbrown::HashMap<(Fid, Vec<u8>), (Fid, u64), foldhash::fast::RandomState>;
+
+/// A key of [`NameMap`] by reference; hashes as the owned key does (the fields in
+/// order, the name as a byte slice).
+#[derive(Hash)]
+struct NameRef<'a>(Fid, &'a [u8]);
+
+impl hashbrown::Equivalent<(Fid, Vec<u8>)> for NameRef<'_> {
+    fn equivalent(&self, k: &(Fid, Vec<u8>)) -> bool {
+        self.0 == k.0 && self.1 == &k.1[..]
+    }
+}
+
+/// Entries of a readdir+ page kept under one taking of the cache's locks.
+const KEEP_CHUNK: usize = 64;
+
+/// The cache entries a reply's `body` brings (with `name`: the name it was found by,
+/// in that directory, by that caller), each with its lock.
+fn push_keys<'a>(
+    out: &mut Vec<(u64, Key, Option<&'a MdtBody>)>,
+    body: &'a MdtBody,
+    name: Option<(Fid, &[u8], &Cred)>,
+) {
+    if body.lock != 0 {
+        out.push((body.lock, Key::Attr(body.attr.fid), Some(body)));
+    }
+    if let Some((d, n, cred)) = name {
+        if body.name_lock != 0 {
+            out.push((body.name_lock, Key::Name(d, n.to_vec()), Some(body)));
+        }
+        if body.dir_lock != 0 {
+            out.push((body.dir_lock, Key::Search(d, cred.clone()), Some(body)));
+        }
+    }
 }
 
 /// Names a listing keeps at most; a larger directory is not listed (its lookups of
@@ -224,7 +262,7 @@ impl Cache {
                 self.listings.remove(f);
                 self.attrs.remove(f)?.1
             }
-            Key::Name(d, n) => self.names.remove(&(*d, n.clone()))?.1,
+            Key::Name(d, n) => self.names.remove(&NameRef(*d, n))?.1,
             Key::Search(d, c) => self.search.remove(&(*d, c.clone()))?,
         };
         self.by_lock.remove(&h);
@@ -583,11 +621,8 @@ impl Client {
             return (false, false);
         }
         let c = self.locks.cache.lock();
-        let name_ok = name.is_some_and(|(d, n)| {
-            c.names
-                .get(&(d, n.to_vec()))
-                .is_some_and(|(f, _)| *f == fid)
-        });
+        let name_ok =
+            name.is_some_and(|(d, n)| c.names.get(&NameRef(d, n)).is_some_and(|(f, _)| *f == fid));
         let attr_ok = c.attrs.get(&fid).is_some_and(|(b, _)| !b.glimpse);
         (name_ok, attr_ok)
     }
@@ -672,8 +707,7 @@ impl Client {
         if !may_search {
             return None;
         }
-        let key = (parent, name.to_vec());
-        match c.names.get(&key) {
+        match c.names.get(&NameRef(parent, name)) {
             Some((child, _)) => c.attrs.get(child).map(|(b, _)| Ok(b.clone())),
             // Known absent: the directory is listed here, under its lock.
             None if c.listings.get(&parent).is_some_and(|l| !l.contains(name)) => {
@@ -738,37 +772,42 @@ impl Client {
 
     /// Keeps a lock on a directory's permissions: `cred` may search it while held.
     fn remember_search(&self, dir: Fid, cred: &Cred, h: u64) {
-        self.keep(vec![(h, Key::Search(dir, cred.clone()))], None);
+        self.keep(vec![(h, Key::Search(dir, cred.clone()), None)]);
     }
 
     /// Keeps what a reply granted locks for: the attributes (`body.lock`) and, for a
     /// lookup, the name (`body.name_lock`).
     pub(crate) fn remember(&self, body: &MdtBody, name: Option<(Fid, &[u8], &Cred)>) {
         let mut entries = Vec::with_capacity(3);
-        if body.lock != 0 {
-            entries.push((body.lock, Key::Attr(body.attr.fid)));
-        }
-        if let Some((d, n, cred)) = name {
-            if body.name_lock != 0 {
-                entries.push((body.name_lock, Key::Name(d, n.to_vec())));
+        push_keys(&mut entries, body, name);
+        self.keep(entries);
+    }
+
+    /// [`Client::remember`] of each entry of a readdir+ page of directory `dir` that
+    /// came with locks. The cache's locks are taken once per [`KEEP_CHUNK`] entries: a
+    /// lookup answered from the cache meanwhile waits for one chunk at most.
+    pub(crate) fn remember_page(&self, dir: Fid, cred: &Cred, page: &[DirEntry]) {
+        for chunk in page.chunks(KEEP_CHUNK) {
+            let mut entries = Vec::with_capacity(2 * chunk.len());
+            for e in chunk {
+                if let Some(b) = e.body.as_ref().filter(|b| b.lock != 0 || b.name_lock != 0) {
+                    push_keys(&mut entries, b, Some((dir, &e.name, cred)));
+                }
             }
-            if body.dir_lock != 0 {
-                entries.push((body.dir_lock, Key::Search(d, cred.clone())));
-            }
+            self.keep(entries);
         }
-        self.keep(entries, Some(body));
     }
 
     /// Keeps cache entries, each under the lock granted for it (0: none): attributes
-    /// and a name take `body` (the attributes, or the named child's).
-    fn keep(&self, entries: Vec<(u64, Key)>, body: Option<&MdtBody>) {
+    /// and a name take their body (the attributes, or the named child's).
+    fn keep(&self, entries: Vec<(u64, Key, Option<&MdtBody>)>) {
         let mut stale = Vec::new();
         let mut invals = Vec::new();
         {
             let mut revoked = self.locks.revoked.lock();
             let mut held = self.locks.held.lock();
             let mut c = self.locks.cache.lock();
-            for (h, key) in entries {
+            for (h, key, body) in entries {
                 if h == 0 || revoked.remove(&h) {
                     continue;
                 }
@@ -886,7 +925,7 @@ impl Client {
         let children: Vec<Key> = keys
             .iter()
             .filter_map(|k| match k {
-                Key::Name(d, n) => c.names.get(&(*d, n.clone())).map(|(f, _)| Key::Attr(*f)),
+                Key::Name(d, n) => c.names.get(&NameRef(*d, n)).map(|(f, _)| Key::Attr(*f)),
                 Key::Attr(_) | Key::Search(..) => None,
             })
             .collect();
@@ -1176,6 +1215,20 @@ async fn serve_channel(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_name_is_found_by_reference_as_by_its_owned_key() {
+        let mut m = NameMap::default();
+        let d = Fid::new(0x200000401, 7, 0);
+        m.insert((d, b"file.0001".to_vec()), (Fid::new(0x200000401, 8, 0), 5));
+        assert_eq!(m.get(&NameRef(d, b"file.0001")).map(|v| v.1), Some(5));
+        assert!(m.get(&NameRef(d, b"file.0002")).is_none());
+        assert!(m
+            .get(&NameRef(Fid::new(0x200000401, 9, 0), b"file.0001"))
+            .is_none());
+        assert_eq!(m.remove(&NameRef(d, b"file.0001")).map(|v| v.1), Some(5));
+        assert!(m.is_empty());
+    }
+
     use super::*;
 
     fn fid(n: u64) -> Fid {

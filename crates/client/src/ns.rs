@@ -509,11 +509,7 @@ impl Client {
                     self.note_listing(fid, &r.entries);
                 }
                 // A readdir+ with an intent: each entry's name and attributes under locks.
-                for e in &r.entries {
-                    if let Some(b) = e.body.as_ref().filter(|b| b.lock != 0 || b.name_lock != 0) {
-                        self.remember(b, Some((fid, &e.name, cred)));
-                    }
-                }
+                self.remember_page(fid, cred, &r.entries);
                 Ok(r)
             }
             _ => Err(Errno::EPROTO),
