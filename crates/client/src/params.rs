@@ -202,7 +202,7 @@ static LLITE: [Param<Client>; 3] = [
     },
     Param {
         name: "statahead_stats",
-        help: "statahead hits, misses, pages fetched and wrong guesses",
+        help: "statahead hits, misses, pages fetched and the entries they carried, and wrong guesses",
         get: |c| c.statahead_stats(),
         set: Set::Clear(|c| c.statahead_stats_clear()),
     },

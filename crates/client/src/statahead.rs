@@ -15,7 +15,7 @@ use crate::Client;
 use lode_base::{Cred, Errno, Fid};
 use lode_proto::{DirEntry, LookupReq, MdtBody, ReaddirReq, Reply, Request};
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Directories whose listings are remembered at once (the least recently used goes
@@ -77,6 +77,11 @@ struct Dir {
     listed: HashMap<Vec<u8>, u64>,
     /// Names fetched ahead and not looked up yet.
     fetched: HashSet<Vec<u8>>,
+    /// Every listed cookie, in order, and whether a fetch took its entry already: a
+    /// fetch stops before the first entry taken, so a walk that stats in another order
+    /// than the listing's (`du`, `find`, `rm -r`: gnulib's fts stats a large directory
+    /// in inode order) fetches each entry once, not a page from every name it misses.
+    cookies: BTreeMap<u64, bool>,
     /// When it was last used (a count of uses across all directories).
     used: u64,
 }
@@ -92,6 +97,8 @@ pub(crate) struct Statahead {
     hits: AtomicU64,
     misses: AtomicU64,
     pages: AtomicU64,
+    /// Entries the pages carried.
+    entries: AtomicU64,
     wrong: AtomicU64,
 }
 
@@ -105,6 +112,7 @@ impl Default for Statahead {
             hits: AtomicU64::default(),
             misses: AtomicU64::default(),
             pages: AtomicU64::default(),
+            entries: AtomicU64::default(),
             wrong: AtomicU64::default(),
         }
     }
@@ -159,15 +167,17 @@ impl Client {
 
     /// `statahead_stats`: lookups answered by what statahead fetched (hits), fetched
     /// entries never looked up before their directory's listing was dropped (misses),
-    /// pages fetched, and fetches that did not answer the lookup that asked (wrong).
+    /// pages fetched and the entries they carried, and fetches that did not answer the
+    /// lookup that asked (wrong).
     pub fn statahead_stats(&self) -> String {
         let s = &self.statahead;
         format!(
-            "statahead_max: {}\nhits: {}\nmisses: {}\npages: {}\nwrong: {}\n",
+            "statahead_max: {}\nhits: {}\nmisses: {}\npages: {}\nentries: {}\nwrong: {}\n",
             s.max(),
             s.hits.load(Ordering::Relaxed),
             s.misses.load(Ordering::Relaxed),
             s.pages.load(Ordering::Relaxed),
+            s.entries.load(Ordering::Relaxed),
             s.wrong.load(Ordering::Relaxed),
         )
     }
@@ -175,7 +185,7 @@ impl Client {
     /// Clears `statahead_stats`' counters.
     pub fn statahead_stats_clear(&self) {
         let s = &self.statahead;
-        for c in [&s.hits, &s.misses, &s.pages, &s.wrong] {
+        for c in [&s.hits, &s.misses, &s.pages, &s.entries, &s.wrong] {
             c.store(0, Ordering::Relaxed);
         }
     }
@@ -193,6 +203,7 @@ impl Client {
             }
             if e.name != b"." && e.name != b".." {
                 d.listed.insert(e.name.clone(), e.cookie);
+                d.cookies.entry(e.cookie).or_insert(false);
             }
         }
     }
@@ -223,16 +234,32 @@ impl Client {
         if max == 0 {
             return None;
         }
-        let cookie = self
-            .statahead
-            .used(&mut self.statahead.dirs.lock(), parent)?
-            .listed
-            .remove(name)?;
+        let (cookie, count) = {
+            let mut dirs = self.statahead.dirs.lock();
+            let d = self.statahead.used(&mut dirs, parent)?;
+            let cookie = d.listed.remove(name)?;
+            // Up to the first entry a fetch took already (or `max`).
+            let count = d
+                .cookies
+                .range(cookie..)
+                .take(max)
+                .take_while(|(c, taken)| **c == cookie || !**taken)
+                .count()
+                .max(1);
+            (cookie, count)
+        };
         self.statahead.pages.fetch_add(1, Ordering::Relaxed);
-        let got = self.readdir_ahead(cred, parent, cookie, max).await.ok()?;
+        let got = self.readdir_ahead(cred, parent, cookie, count).await.ok()?;
+        self.statahead
+            .entries
+            .fetch_add(got.len() as u64, Ordering::Relaxed);
         if let Some(d) = self.statahead.dirs.lock().get_mut(&parent) {
-            for n in got {
+            d.cookies.insert(cookie, true);
+            for (n, c) in got {
                 d.listed.remove(&n);
+                if let Some(taken) = d.cookies.get_mut(&c) {
+                    *taken = true;
+                }
                 if n != name {
                     d.fetched.insert(n);
                 }
@@ -337,14 +364,14 @@ impl Client {
 
     /// One readdir+ page of `dir` from `cookie`: the first `max` entries are kept under
     /// the locks granted with them, the others' locks given back at once. Returns the
-    /// names kept.
+    /// names kept, with their cookies.
     async fn readdir_ahead(
         &self,
         cred: &Cred,
         dir: Fid,
         cookie: u64,
         max: usize,
-    ) -> Result<Vec<Vec<u8>>, Errno> {
+    ) -> Result<Vec<(Vec<u8>, u64)>, Errno> {
         let page = match self
             .md(Request::Readdir(ReaddirReq {
                 cred: cred.clone(),
@@ -371,7 +398,7 @@ impl Client {
             if b.lock != 0 || b.name_lock != 0 {
                 self.remember(b, Some((dir, &e.name, cred)));
             }
-            kept.push(e.name);
+            kept.push((e.name, e.cookie));
         }
         if !extra.is_empty() {
             let _ = self.lock_cancel(extra).await;
