@@ -189,8 +189,9 @@ fn gnu_ls_l_fetches_each_page_once_with_attributes_and_none_with_statahead_off()
 
 /// gnulib's fts (`du`, `find`, `chmod -R`, `rm -r`) lists a large directory, then
 /// stats its names in inode order, unrelated to the listing's: each miss fetches from
-/// its name up to the first entry fetched already, so every entry is fetched once
-/// (before, a page from each miss: 4.4 times the directory), and every stat is right.
+/// its name up to the first entry fetched already (and the next run of entries in
+/// the background), so every entry is fetched about once (before, a page from each
+/// miss: 4.4 times the directory), and every stat is right.
 #[test]
 fn stats_in_inode_order_fetch_each_entry_once() {
     use std::os::unix::fs::DirEntryExt;
@@ -217,7 +218,11 @@ fn stats_in_inode_order_fetch_each_entry_once() {
     }
     let (hits, entries) = (stat_of(&c, "hits"), stat_of(&c, "entries"));
     assert!(hits >= (N as u64) * 9 / 10, "hits {hits} of {N}");
-    assert!(entries <= N as u64, "{entries} entries fetched for {N} names");
+    // A stat that overtakes a fetch in the background fetches its own entry again.
+    assert!(
+        entries <= (N + N / 100) as u64,
+        "{entries} entries fetched for {N} names"
+    );
 }
 
 /// Opening a directory costs no RPC of its own (its attributes come with the lookup

@@ -106,6 +106,8 @@ pub struct Client {
     /// [`io::Known`]): their size at close needs no glimpse.
     known: Mutex<HashMap<Fid, io::Known>>,
     rt: Handle,
+    /// This client, for work it starts in the background (statahead's next fetch).
+    me: std::sync::Weak<Client>,
 }
 
 impl Drop for Client {
@@ -167,7 +169,8 @@ impl Client {
         mdc.connect()
             .await
             .map_err(|e| ConnectError(format!("{} at {}: {}", mdt.name, mdt.addr, refusal(e))))?;
-        let client = Arc::new(Client {
+        let client = Arc::new_cyclic(|me| Client {
+            me: me.clone(),
             fids: fids::FidPool::default(),
             oscs: RwLock::new(HashMap::new()),
             dcache: Mutex::new(HashMap::new()),

@@ -234,7 +234,7 @@ impl Client {
         if max == 0 {
             return None;
         }
-        let (cookie, count) = {
+        let (cookie, count, next) = {
             let mut dirs = self.statahead.dirs.lock();
             let d = self.statahead.used(&mut dirs, parent)?;
             let cookie = d.listed.remove(name)?;
@@ -246,25 +246,39 @@ impl Client {
                 .take_while(|(c, taken)| **c == cookie || !**taken)
                 .count()
                 .max(1);
-            (cookie, count)
-        };
-        self.statahead.pages.fetch_add(1, Ordering::Relaxed);
-        let got = self.readdir_ahead(cred, parent, cookie, count).await.ok()?;
-        self.statahead
-            .entries
-            .fetch_add(got.len() as u64, Ordering::Relaxed);
-        if let Some(d) = self.statahead.dirs.lock().get_mut(&parent) {
-            d.cookies.insert(cookie, true);
-            for (n, c) in got {
-                d.listed.remove(&n);
-                if let Some(taken) = d.cookies.get_mut(&c) {
-                    *taken = true;
-                }
-                if n != name {
-                    d.fetched.insert(n);
-                }
+            // The next entries not taken, fetched meanwhile in the background: a walk
+            // in listing order finds them there when it gets to them, and one in
+            // another order needs them sooner or later too. Taken now, so that no
+            // other fetch asks for them again.
+            let next: Vec<u64> = d
+                .cookies
+                .range(cookie..)
+                .skip(count)
+                .skip_while(|(_, taken)| **taken)
+                .take(max)
+                .take_while(|(_, taken)| !**taken)
+                .map(|(c, _)| *c)
+                .collect();
+            for c in &next {
+                d.cookies.insert(*c, true);
             }
+            (cookie, count, next)
+        };
+        if let (Some(&from), Some(me)) = (next.first(), self.me.upgrade()) {
+            let cred = cred.clone();
+            self.rt.spawn(async move {
+                let n = next.len();
+                if me.fetch_ahead(&cred, parent, from, n, b"").await.is_none() {
+                    // Not fetched: misses ask for them again.
+                    if let Some(d) = me.statahead.dirs.lock().get_mut(&parent) {
+                        for c in next {
+                            d.cookies.insert(c, false);
+                        }
+                    }
+                }
+            });
         }
+        self.fetch_ahead(cred, parent, cookie, count, name).await?;
         match self.cached_lookup(cred, parent, name) {
             Some(r) => {
                 self.statahead.hits.fetch_add(1, Ordering::Relaxed);
@@ -360,6 +374,37 @@ impl Client {
         }
         self.statahead.hits.fetch_add(1, Ordering::Relaxed);
         mine.map(Ok)
+    }
+
+    /// Fetches `count` entries of listed directory `parent` from `cookie` (see
+    /// [`Client::readdir_ahead`]) and notes them fetched, but for `asked`, the name whose
+    /// lookup this fetch answers. `None` if the fetch failed.
+    async fn fetch_ahead(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        cookie: u64,
+        count: usize,
+        asked: &[u8],
+    ) -> Option<()> {
+        self.statahead.pages.fetch_add(1, Ordering::Relaxed);
+        let got = self.readdir_ahead(cred, parent, cookie, count).await.ok()?;
+        self.statahead
+            .entries
+            .fetch_add(got.len() as u64, Ordering::Relaxed);
+        if let Some(d) = self.statahead.dirs.lock().get_mut(&parent) {
+            d.cookies.insert(cookie, true);
+            for (n, c) in got {
+                d.listed.remove(&n);
+                if let Some(taken) = d.cookies.get_mut(&c) {
+                    *taken = true;
+                }
+                if n != asked {
+                    d.fetched.insert(n);
+                }
+            }
+        }
+        Some(())
     }
 
     /// One readdir+ page of `dir` from `cookie`: the first `max` entries are kept under
