@@ -81,6 +81,7 @@ struct Dir {
     /// fetch stops before the first entry taken, so a walk that stats in another order
     /// than the listing's (`du`, `find`, `rm -r`: gnulib's fts stats a large directory
     /// in inode order) fetches each entry once, not a page from every name it misses.
+    /// Empty until the first miss in the directory.
     cookies: BTreeMap<u64, bool>,
     /// When it was last used (a count of uses across all directories).
     used: u64,
@@ -203,7 +204,9 @@ impl Client {
             }
             if e.name != b"." && e.name != b".." {
                 d.listed.insert(e.name.clone(), e.cookie);
-                d.cookies.entry(e.cookie).or_insert(false);
+                if !d.cookies.is_empty() {
+                    d.cookies.entry(e.cookie).or_insert(false);
+                }
             }
         }
     }
@@ -237,6 +240,11 @@ impl Client {
         let (cookie, count, next) = {
             let mut dirs = self.statahead.dirs.lock();
             let d = self.statahead.used(&mut dirs, parent)?;
+            if d.cookies.is_empty() && d.listed.contains_key(name) {
+                // Put in order at the first miss: a listing nobody stats (`find -name`)
+                // costs no ordering.
+                d.cookies = d.listed.values().map(|c| (*c, false)).collect();
+            }
             let cookie = d.listed.remove(name)?;
             // Up to the first entry a fetch took already (or `max`).
             let count = d
