@@ -280,7 +280,9 @@ impl Client {
                     // Not fetched: misses ask for them again.
                     if let Some(d) = me.statahead.dirs.lock().get_mut(&parent) {
                         for c in next {
-                            d.cookies.insert(c, false);
+                            if let Some(taken) = d.cookies.get_mut(&c) {
+                                *taken = false;
+                            }
                         }
                     }
                 }
@@ -401,7 +403,10 @@ impl Client {
             .entries
             .fetch_add(got.len() as u64, Ordering::Relaxed);
         if let Some(d) = self.statahead.dirs.lock().get_mut(&parent) {
-            d.cookies.insert(cookie, true);
+            // Marks only: a listing dropped and made again meanwhile starts unordered.
+            if let Some(taken) = d.cookies.get_mut(&cookie) {
+                *taken = true;
+            }
             for (n, c) in got {
                 d.listed.remove(&n);
                 if let Some(taken) = d.cookies.get_mut(&c) {
