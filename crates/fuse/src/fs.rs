@@ -1639,10 +1639,11 @@ impl Inner {
             d.next = page.next;
             d.seq = seq;
             if page.next != lode_base::hash::END_COOKIE {
-                // In `auto` mode the kernel asks for attributes with the first page,
-                // and with a later one only if stats followed the page before it
-                // (`ls -l`, not `ls` or `find`): read ahead as the caller asked, but
-                // names only after the first page unless every page carries them.
+                // In `auto` mode the kernel asks for attributes with the first page
+                // always, and with a later one only if stats followed the page before
+                // it (`ls -l`, not `ls` or `find`): the page after a later one is read
+                // ahead as that one was asked for, the page after the first with names
+                // only (unless every page carries attributes).
                 let plus = plus && (self.opts.readdirplus_always || offset != 0);
                 let (client, cred, fid, cookie) =
                     (self.client.clone(), cred.clone(), d.fid, page.next);
