@@ -15,7 +15,7 @@ use crate::Client;
 use lode_base::{Cred, Errno, Fid};
 use lode_proto::{DirEntry, LookupReq, MdtBody, ReaddirReq, Reply, Request};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Directories whose listings are remembered at once (the least recently used goes
@@ -70,13 +70,22 @@ fn nth_name(prefix: &[u8], n: u64, width: usize, suffix: &[u8]) -> Vec<u8> {
     v
 }
 
+/// A listed name as statahead keeps it: a 64-bit hash, not a copy, so a walk that
+/// only lists (`find -name`) pays no allocation per name. Two names of one directory
+/// with the same hash only make a fetch start at the wrong one: the lookup is then
+/// answered by the MDT, and counted as a wrong guess.
+fn name_key(name: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::with_seed(0x5a7a).hash_one(name)
+}
+
 /// One directory as statahead knows it.
 #[derive(Default)]
 struct Dir {
-    /// Names listed and not fetched yet → their readdir cookies.
-    listed: HashMap<Vec<u8>, u64>,
-    /// Names fetched ahead and not looked up yet.
-    fetched: HashSet<Vec<u8>>,
+    /// Names listed and not fetched yet (their [`name_key`]s) → their readdir cookies.
+    listed: foldhash::HashMap<u64, u64>,
+    /// Names fetched ahead and not looked up yet (their [`name_key`]s).
+    fetched: foldhash::HashSet<u64>,
     /// Every listed cookie, in order, and whether a fetch took its entry already: a
     /// fetch stops before the first entry taken, so a walk that stats in another order
     /// than the listing's (`du`, `find`, `rm -r`: gnulib's fts stats a large directory
@@ -203,7 +212,7 @@ impl Client {
                 break;
             }
             if e.name != b"." && e.name != b".." {
-                d.listed.insert(e.name.clone(), e.cookie);
+                d.listed.insert(name_key(&e.name), e.cookie);
                 if !d.cookies.is_empty() {
                     d.cookies.entry(e.cookie).or_insert(false);
                 }
@@ -218,7 +227,7 @@ impl Client {
         }
         let mut dirs = self.statahead.dirs.lock();
         if let Some(d) = self.statahead.used(&mut dirs, parent) {
-            if d.fetched.remove(name) {
+            if d.fetched.remove(&name_key(name)) {
                 self.statahead.hits.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -240,12 +249,13 @@ impl Client {
         let (cookie, count, next) = {
             let mut dirs = self.statahead.dirs.lock();
             let d = self.statahead.used(&mut dirs, parent)?;
-            if d.cookies.is_empty() && d.listed.contains_key(name) {
+            let key = name_key(name);
+            if d.cookies.is_empty() && d.listed.contains_key(&key) {
                 // Put in order at the first miss: a listing nobody stats (`find -name`)
                 // costs no ordering.
                 d.cookies = d.listed.values().map(|c| (*c, false)).collect();
             }
-            let cookie = d.listed.remove(name)?;
+            let cookie = d.listed.remove(&key)?;
             // Up to the first entry a fetch took already (or `max`).
             let count = d
                 .cookies
@@ -380,7 +390,7 @@ impl Client {
             self.statahead
                 .dir(&mut dirs, parent)
                 .fetched
-                .extend(fetched);
+                .extend(fetched.iter().map(|n| name_key(n)));
         }
         self.statahead.hits.fetch_add(1, Ordering::Relaxed);
         mine.map(Ok)
@@ -408,12 +418,13 @@ impl Client {
                 *taken = true;
             }
             for (n, c) in got {
-                d.listed.remove(&n);
+                let key = name_key(&n);
+                d.listed.remove(&key);
                 if let Some(taken) = d.cookies.get_mut(&c) {
                     *taken = true;
                 }
                 if n != asked {
-                    d.fetched.insert(n);
+                    d.fetched.insert(key);
                 }
             }
         }
