@@ -1154,11 +1154,21 @@ impl Filesystem for LodeFs {
                     // A kernel buffer holds a few dozen entries: their glimpses go
                     // together, one RPC per OST, a batch at a time.
                     'batches: for chunk in page[start..].chunks(GLIMPSE_BATCH) {
-                        let bodies: Vec<MdtBody> =
-                            chunk.iter().filter_map(|e| e.body.clone()).collect();
-                        let mut done = i.client.complete_many(bodies).await.into_iter();
+                        // Only a batch with a size to glimpse needs its bodies copied.
+                        let glimpse = chunk.iter().any(|e| {
+                            e.body
+                                .as_ref()
+                                .is_some_and(|b| b.glimpse && b.layout.is_some())
+                        });
+                        let mut done = if glimpse {
+                            let bodies: Vec<MdtBody> =
+                                chunk.iter().filter_map(|e| e.body.clone()).collect();
+                            Some(i.client.complete_many(bodies).await.into_iter())
+                        } else {
+                            None
+                        };
                         for e in chunk {
-                            if e.body.is_none() {
+                            let Some(b) = e.body.as_ref() else {
                                 // Without attributes (statahead off): the kernel looks
                                 // the name up when it is stat'ed.
                                 let k = lode_base::FileType::from_mode(dtype_mode(e.dtype))
@@ -1167,9 +1177,17 @@ impl Filesystem for LodeFs {
                                     break 'batches;
                                 }
                                 continue;
-                            }
-                            let Some(Ok(body)) = done.next() else {
-                                continue;
+                            };
+                            let completed;
+                            let body = match done.as_mut() {
+                                Some(d) => match d.next() {
+                                    Some(Ok(c)) => {
+                                        completed = c;
+                                        &completed
+                                    }
+                                    _ => continue,
+                                },
+                                None => b,
                             };
                             let dots = e.name == b"." || e.name == b"..";
                             let ino = if dots {
