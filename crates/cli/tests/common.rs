@@ -392,6 +392,17 @@ pub fn lode_ok(c: &Cluster, args: &[&str]) -> String {
     String::from_utf8(o.stdout).expect("utf-8")
 }
 
+/// GNU `ls -l DIR`, which must succeed: its standard output.
+pub fn gnu_ls_l(dir: &Path) -> String {
+    let out = std::process::Command::new("ls")
+        .arg("-l")
+        .arg(dir)
+        .output()
+        .expect("ls");
+    assert!(out.status.success(), "ls -l: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A path as a command-line argument.
 pub fn arg(p: &Path) -> String {
     p.display().to_string()

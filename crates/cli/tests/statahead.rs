@@ -151,14 +151,8 @@ fn gnu_ls_l_fetches_each_page_once_with_attributes_and_none_with_statahead_off()
     let s = c.client();
     const N: usize = 5000;
     filled_dir(&s, "d", N, |i| format!("f{i}"));
-    let gnu_ls_l = |m: &lode_testkit::Mount| {
-        let out = std::process::Command::new("ls")
-            .arg("-l")
-            .arg(m.path().join("d"))
-            .output()
-            .expect("ls");
-        assert!(out.status.success(), "ls -l: {out:?}");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let listed = |m: &lode_testkit::Mount| {
+        let text = gnu_ls_l(&m.path().join("d"));
         let files: Vec<&str> = text.lines().skip(1).collect();
         assert_eq!(files.len(), N);
         assert!(files.iter().all(|l| l.starts_with("-rw-r--r--")), "{text}");
@@ -167,7 +161,7 @@ fn gnu_ls_l_fetches_each_page_once_with_attributes_and_none_with_statahead_off()
     let m = c.mount();
     let _ = fs::metadata(m.path().join("d"));
     c.set_param("mdc.*.md_stats=0");
-    gnu_ls_l(&m);
+    listed(&m);
     let stats = c.get_param("mdc.*.md_stats");
     // A first page of 128 entries, then pages of 1,024: 6 pages.
     let pages = md_stat(&c, "read_page");
@@ -179,7 +173,7 @@ fn gnu_ls_l_fetches_each_page_once_with_attributes_and_none_with_statahead_off()
     let _ = fs::metadata(m2.path().join("d"));
     c.set_param("llite.*.statahead_max=0");
     c.set_param("mdc.*.md_stats=0");
-    gnu_ls_l(&m2);
+    listed(&m2);
     let stats = c.get_param("mdc.*.md_stats");
     assert!(
         md_stat(&c, "getattr_name") >= N as u64,
@@ -238,13 +232,7 @@ fn ls_l_of_a_small_directory_is_one_lookup_and_one_page() {
     // The mount's own start (statfs, the root) is not this test's business.
     let _ = fs::metadata(m.path());
     c.set_param("mdc.*.md_stats=0");
-    let out = std::process::Command::new("ls")
-        .arg("-l")
-        .arg(m.path().join("small"))
-        .output()
-        .expect("ls");
-    assert!(out.status.success(), "ls -l: {out:?}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 101);
+    assert_eq!(gnu_ls_l(&m.path().join("small")).lines().count(), 101);
     let stats = c.get_param("mdc.*.md_stats");
     assert_eq!(md_stat(&c, "read_page"), 1, "{stats}");
     assert!(md_stat(&c, "getattr_name") <= 1, "{stats}");
@@ -417,12 +405,7 @@ fn without_selinux_here_the_label_is_not_supported_unless_seclabel() {
     );
     assert_eq!(xattr_errnos(&f, "security.other"), (libc::ENODATA, 0));
     assert_eq!(xattr_errnos(&f, "security.other"), (0, 0));
-    let out = std::process::Command::new("ls")
-        .arg("-l")
-        .arg(m.path())
-        .output()
-        .expect("ls");
-    assert!(out.status.success(), "ls -l: {out:?}");
+    gnu_ls_l(m.path());
     let labelled = c.mount_with(&["seclabel"]);
     let g = labelled.path().join("f");
     assert_eq!(xattr_errnos(&g, "security.selinux"), (libc::ENODATA, 0));
