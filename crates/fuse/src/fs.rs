@@ -1123,9 +1123,7 @@ impl Filesystem for LodeFs {
                     for e in &page[start..] {
                         // Plain readdir entries are not lookups: nothing to remember.
                         let ino = e.fid.ino();
-                        let k = lode_base::FileType::from_mode(dtype_mode(e.dtype))
-                            .map_or(crate::kernel::FileType::RegularFile, kind);
-                        if reply.add(INodeNo(ino), e.cookie + 1, k, &e.name) {
+                        if reply.add(INodeNo(ino), e.cookie + 1, dtype_kind(e.dtype), &e.name) {
                             break;
                         }
                     }
@@ -1171,8 +1169,7 @@ impl Filesystem for LodeFs {
                             let Some(b) = e.body.as_ref() else {
                                 // Without attributes (statahead off): the kernel looks
                                 // the name up when it is stat'ed.
-                                let k = lode_base::FileType::from_mode(dtype_mode(e.dtype))
-                                    .map_or(crate::kernel::FileType::RegularFile, kind);
+                                let k = dtype_kind(e.dtype);
                                 if reply.add_name(INodeNo(e.fid.ino()), e.cookie + 1, k, &e.name) {
                                     break 'batches;
                                 }
@@ -1528,6 +1525,11 @@ fn without_selinux(list: &[u8]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// The kernel's file type for a directory entry's `d_type`.
+fn dtype_kind(d: u8) -> crate::kernel::FileType {
+    lode_base::FileType::from_mode(dtype_mode(d)).map_or(crate::kernel::FileType::RegularFile, kind)
 }
 
 /// The `S_IFMT` bits for a `d_type`.

@@ -316,21 +316,27 @@ impl ReplyDirectoryPlus {
         attr: &FileAttr,
         generation: Generation,
     ) -> bool {
-        if self.buf.len() + 128 + abi::dirent_len(name.len()) > self.max {
-            return true;
-        }
         let e = abi::entry_out(ino.0, generation.0, *ttl, *ttl, attr);
-        self.buf.extend_from_slice(&e);
-        abi::push_dirent(&mut self.buf, ino.0, offset, attr.kind.dtype(), name);
-        false
+        self.push(&e, ino, offset, attr.kind, name)
     }
     /// Adds a name without attributes (node id 0): the kernel lists it and looks it up
     /// when asked, as after a plain READDIR. True if it did not fit.
     pub fn add_name(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &[u8]) -> bool {
-        if self.buf.len() + 128 + abi::dirent_len(name.len()) > self.max {
+        self.push(&[0; 128], ino, offset, kind, name)
+    }
+    /// Appends a `fuse_direntplus` (`entry` and the dirent); true if it did not fit.
+    fn push(
+        &mut self,
+        entry: &[u8; 128],
+        ino: INodeNo,
+        offset: u64,
+        kind: FileType,
+        name: &[u8],
+    ) -> bool {
+        if self.buf.len() + entry.len() + abi::dirent_len(name.len()) > self.max {
             return true;
         }
-        self.buf.extend_from_slice(&[0; 128]);
+        self.buf.extend_from_slice(entry);
         abi::push_dirent(&mut self.buf, ino.0, offset, kind.dtype(), name);
         false
     }
