@@ -353,7 +353,7 @@ impl Ost {
     pub fn stop_cleanly(&self) -> Result<(), Errno> {
         self.commit.run(&self.objects)?;
         if let Some(p) = &self.commit.pool {
-            p.drain().map_err(|e| io_errno(&e))?;
+            p.drain()?;
         }
         Ok(())
     }

@@ -208,7 +208,7 @@ impl Pool {
     }
 
     /// Empties the pool at a clean stop (the names are all the files have then).
-    pub fn drain(&self) -> std::io::Result<()> {
+    pub fn drain(&self) -> Result<(), Errno> {
         let names = {
             let mut f = self.files.lock();
             let mut names = std::mem::take(&mut f.ready);
@@ -216,12 +216,11 @@ impl Pool {
             names
         };
         for n in names {
-            match std::fs::remove_file(self.path(n)) {
-                Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
+            remove(&self.path(n))?;
         }
-        std::fs::File::open(&self.dir)?.sync_all()
+        std::fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io(&e))
     }
 
     /// After a commit synced `pending` (empty, durably): usable. If the commit failed,
