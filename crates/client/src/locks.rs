@@ -1215,6 +1215,8 @@ async fn serve_channel(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_name_is_found_by_reference_as_by_its_owned_key() {
         let mut m = NameMap::default();
@@ -1228,8 +1230,6 @@ mod tests {
         assert_eq!(m.remove(&NameRef(d, b"file.0001")).map(|v| v.1), Some(5));
         assert!(m.is_empty());
     }
-
-    use super::*;
 
     fn fid(n: u64) -> Fid {
         Fid::new(0x2_0000_0400, n as u32, 0)
