@@ -27,7 +27,16 @@ pub struct WalkOptions {
     pub iterations: usize,
     /// Keep the tree afterwards (and reuse one left by an earlier `--keep` run).
     pub keep: bool,
+    /// The phases to run, by index into [`PHASES`] (empty: all), so that one can be
+    /// timed or profiled alone.
+    pub phases: Vec<usize>,
 }
+
+/// The phases, in the order they run.
+pub const PHASES: [&str; 4] = ["ls -l (large dir)", "du", "find -name", "stat walk"];
+
+/// The short names `--phases` takes, in the order of [`PHASES`].
+pub const PHASE_KEYS: [&str; 4] = ["ls", "du", "find", "stat"];
 
 const TOP: &str = "lode-bench-walk";
 
@@ -115,13 +124,14 @@ pub fn run(o: &WalkOptions) -> Result<Report> {
 
 fn phases(o: &WalkOptions, warm: &Arc<dyn Ops>) -> Result<Vec<PhaseReport>> {
     let mut ops = warm.clone();
-    let names = ["ls -l (large dir)", "du", "find -name", "stat walk"];
+    let names = PHASES;
+    let run = |pi: usize| o.phases.is_empty() || o.phases.contains(&pi);
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 4];
     let mut lats: Vec<Latencies> = vec![Latencies::default(); 4];
     let mut counts = [0u64; 4];
     let progress = crate::progress::Progress::new();
     for it in 0..o.iterations {
-        for (pi, name) in names.iter().enumerate() {
+        for (pi, name) in names.iter().enumerate().filter(|(pi, _)| run(*pi)) {
             progress.show(&format!("{name} (iteration {}/{})", it + 1, o.iterations));
             if o.cold {
                 drop_caches()?;
@@ -171,6 +181,7 @@ fn phases(o: &WalkOptions, warm: &Arc<dyn Ops>) -> Result<Vec<PhaseReport>> {
     Ok(names
         .iter()
         .enumerate()
+        .filter(|(pi, _)| run(*pi))
         .map(|(i, n)| PhaseReport::new(n, "entries/s", rates[i].clone(), counts[i], &mut lats[i]))
         .collect())
 }

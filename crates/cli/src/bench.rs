@@ -111,6 +111,9 @@ pub struct WalkArgs {
     /// Drop caches before each phase (root).
     #[arg(long)]
     cold: bool,
+    /// Run only these phases, comma-separated: ls, du, find, stat (default: all).
+    #[arg(long, value_delimiter = ',')]
+    phases: Vec<String>,
 }
 
 /// Arguments of `lode bench io`.
@@ -213,6 +216,18 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 cold: a.cold,
                 iterations: c.iterations,
                 keep: c.keep,
+                phases: a
+                    .phases
+                    .iter()
+                    .map(|p| {
+                        lode_bench::walk::PHASE_KEYS
+                            .iter()
+                            .position(|k| k == p)
+                            .ok_or_else(|| {
+                                anyhow!("bench walk: no phase {p:?} (ls, du, find, stat)")
+                            })
+                    })
+                    .collect::<Result<_>>()?,
             };
             let r = lode_bench::walk::run(&o).map_err(|e| anyhow!("bench walk: {e:#}"))?;
             finish(&r, c)

@@ -172,6 +172,27 @@ fn walk_and_io_report_positive_rates_and_clean_up() {
         );
         assert!(empty(m.path()), "{cmd} cleaned up");
     }
+
+    // One phase alone, to time or profile it.
+    let json = t.path().join("phases.json");
+    let out = lode()
+        .args(["bench", "walk", "--path"])
+        .arg(m.path())
+        .args(["--dirs", "2", "--files", "20", "--phases", "stat,find"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = Report::read_json(&json).unwrap();
+    let names: Vec<&str> = r.phases.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["find -name", "stat walk"], "in run order");
+    assert!(r.phases.iter().all(|p| p.mean > 0.0), "{:?}", r.phases);
+    assert!(empty(m.path()), "cleaned up");
 }
 
 #[test]
@@ -183,6 +204,10 @@ fn bad_bench_input_fails_before_any_work() {
         (vec!["md", "--path", ".", "--clients", "0"], "at least 1"),
         (vec!["md", "--native", "127.0.0.1:1:/nofs"], "no answer"),
         (vec!["md"], "--path DIR or --native"),
+        (
+            vec!["walk", "--path", ".", "--phases", "ls,x"],
+            "no phase \"x\"",
+        ),
     ] {
         let out = lode()
             .arg("bench")
