@@ -524,13 +524,18 @@ fn stop_pid(pid: u32) {
     }
 }
 
-/// Waits up to `within` for `pid` to exit (or become a zombie); true if it did.
+/// Waits up to `within` for `pid` to exit (or become a zombie with no thread left);
+/// true if it did.
 fn wait_gone(pid: u32, within: Duration) -> bool {
     let end = Instant::now() + within;
     loop {
+        // A thread group's leader shows as a zombie while its other threads are still
+        // exiting, and those still hold the process's files (a target's lock file):
+        // gone means the leader alone is left.
         let gone = !Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.contains(") Z "));
+            || (std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z "))
+                && std::fs::read_dir(format!("/proc/{pid}/task")).map_or(true, |d| d.count() <= 1));
         if gone {
             return true;
         }
