@@ -393,7 +393,7 @@ fn batched_glimpses_equal_single_glimpses() {
     let bodies: Vec<_> = page
         .iter()
         .filter(|e| e.name != b"." && e.name != b"..")
-        .filter_map(|e| e.body.clone())
+        .filter_map(|e| e.body.as_deref().cloned())
         .collect();
     assert_eq!(bodies.len(), 40);
     assert!(

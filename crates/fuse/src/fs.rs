@@ -1159,8 +1159,10 @@ impl Filesystem for LodeFs {
                                 .is_some_and(|b| b.glimpse && b.layout.is_some())
                         });
                         let mut done = if glimpse {
-                            let bodies: Vec<MdtBody> =
-                                chunk.iter().filter_map(|e| e.body.clone()).collect();
+                            let bodies: Vec<MdtBody> = chunk
+                                .iter()
+                                .filter_map(|e| e.body.as_deref().cloned())
+                                .collect();
                             Some(i.client.complete_many(bodies).await.into_iter())
                         } else {
                             None

@@ -210,7 +210,13 @@ impl Namespace {
             return Err(Errno::EACCES.into());
         }
         let mut entries = Vec::new();
-        let body = |f: Fid| if plus { self.getattr(f).ok() } else { None };
+        let body = |f: Fid| {
+            if plus {
+                self.getattr(f).ok().map(Box::new)
+            } else {
+                None
+            }
+        };
         if cookie == DOT_COOKIE {
             entries.push(DirEntry {
                 name: b".".to_vec(),
@@ -297,7 +303,7 @@ impl Namespace {
                 .collect();
             let mut bodies = self.getattr_many(&fids).into_iter();
             for e in entries.iter_mut().filter(|e| e.body.is_none()) {
-                e.body = bodies.next().and_then(Result::ok);
+                e.body = bodies.next().and_then(Result::ok).map(Box::new);
             }
         }
         // Where the next page starts: just past the last entry given (clients take

@@ -463,7 +463,7 @@ impl Mdt {
             e.body = match body {
                 Ok(mut b) => {
                     (b.name_lock, b.lock) = (name_lock, lock);
-                    Some(b)
+                    Some(Box::new(b))
                 }
                 Err(_) => {
                     self.ungrant(exp, name_lock);

@@ -288,7 +288,7 @@ pub struct DirEntry {
     /// Cookie of this entry (its name hash).
     pub cookie: u64,
     /// Attributes, in readdir+ pages.
-    pub body: Option<MdtBody>,
+    pub body: Option<Box<MdtBody>>,
 }
 
 /// A readdir page.
