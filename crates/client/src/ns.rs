@@ -540,9 +540,14 @@ impl Client {
             let b = if i + 1 == parts { END_COOKIE } else { a + span };
             self.readdir_range(cred, fid, a, b, plus)
         });
-        for r in futures::future::join_all(ranges).await {
-            out.extend(r?);
-        }
+        let pages = futures::future::join_all(ranges)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        // Moved once into a vector of the final size (a 100,000-entry directory grown
+        // page by page was copied and faulted in again at every doubling).
+        out.reserve_exact(pages.iter().flatten().map(Vec::len).sum());
+        out.extend(pages.into_iter().flatten().flatten());
         Ok(out)
     }
 
@@ -554,14 +559,15 @@ impl Client {
         from: u64,
         to: u64,
         plus: bool,
-    ) -> Result<Vec<DirEntry>, Errno> {
+    ) -> Result<Vec<Vec<DirEntry>>, Errno> {
         let mut out = Vec::new();
         let mut cookie = from;
         loop {
-            let page = self.readdir(cred, fid, cookie, plus).await?;
+            let mut page = self.readdir(cred, fid, cookie, plus).await?;
             // A hash group is never split across pages, so filtering by cookie keeps
             // each group whole in exactly one range.
-            out.extend(page.entries.into_iter().filter(|e| e.cookie < to));
+            page.entries.retain(|e| e.cookie < to);
+            out.push(page.entries);
             if page.next >= to {
                 return Ok(out);
             }
