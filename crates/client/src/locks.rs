@@ -88,6 +88,21 @@ enum Key {
 }
 
 impl Key {
+    /// The lock that covers this entry, as the MDT granted it.
+    fn held(&self) -> HeldLock {
+        let (fid, hash, bits) = match self {
+            Key::Attr(f) => (*f, 0, 0x02 | 0x10),
+            Key::Name(d, n) => (*d, lode_base::hash::name_hash(n).max(1), 0x01),
+            Key::Search(d, _) => (*d, 0, 0x10),
+        };
+        HeldLock {
+            fid,
+            hash,
+            mode: MODE_PR,
+            bits,
+        }
+    }
+
     /// What the layers above must forget with this entry (`dir`: an attribute entry
     /// is a directory's).
     fn inval(&self, dir: bool) -> Inval {
@@ -375,6 +390,8 @@ pub(crate) struct Locks {
     unused: Mutex<Vec<u64>>,
     /// `lru_size` (0: the default).
     cache_max: std::sync::atomic::AtomicUsize,
+    /// Locks held outside the cache (the cache's own are in its `by_lock`, and a
+    /// readdir+ page brings two per entry: kept once, not twice).
     held: Mutex<HashMap<u64, HeldLock>>,
     /// Layout locks of open handles (PR LAYOUT): while one is here its handle's
     /// layout is current. Taken after `revoked`, `held` and `cache`.
@@ -558,11 +575,11 @@ impl Client {
 
     /// The locks this client holds now.
     pub fn locks_held(&self) -> std::collections::HashMap<u64, HeldLock> {
-        self.locks
-            .held
-            .lock()
-            .iter()
+        let held = self.locks.held.lock();
+        let cache = self.locks.cache.lock();
+        held.iter()
             .map(|(&h, l)| (h, *l))
+            .chain(cache.by_lock.iter().map(|(&h, (k, _))| (h, k.held())))
             .collect()
     }
 
@@ -805,17 +822,11 @@ impl Client {
         let mut invals = Vec::new();
         {
             let mut revoked = self.locks.revoked.lock();
-            let mut held = self.locks.held.lock();
             let mut c = self.locks.cache.lock();
             for (h, key, body) in entries {
                 if h == 0 || revoked.remove(&h) {
                     continue;
                 }
-                let (lfid, hash, bits) = match &key {
-                    Key::Attr(f) => (*f, 0, 0x02 | 0x10),
-                    Key::Name(d, n) => (*d, lode_base::hash::name_hash(n).max(1), 0x01),
-                    Key::Search(d, _) => (*d, 0, 0x10),
-                };
                 let old = match (&key, body) {
                     (Key::Attr(f), Some(b)) => c.attrs.insert(*f, (b.clone(), h)).map(|(_, o)| o),
                     (Key::Name(d, n), Some(b)) => c
@@ -825,20 +836,10 @@ impl Client {
                     (Key::Search(d, cr), _) => c.search.insert((*d, cr.clone()), h),
                     (Key::Attr(_) | Key::Name(..), None) => continue,
                 };
-                held.insert(
-                    h,
-                    HeldLock {
-                        fid: lfid,
-                        hash,
-                        mode: 4,
-                        bits,
-                    },
-                );
                 c.kept(h, key);
                 // One lock per entry: the one it replaces goes back.
                 if let Some(o) = old.filter(|o| *o != h) {
                     c.by_lock.remove(&o);
-                    held.remove(&o);
                     stale.push(o);
                 }
             }
@@ -846,7 +847,6 @@ impl Client {
                 let n = c.by_lock.len() / 8;
                 for h in c.oldest(n) {
                     invals.extend(c.forget_lock(h));
-                    held.remove(&h);
                     stale.push(h);
                 }
             }
@@ -1024,18 +1024,24 @@ impl Client {
         // answer it is for may be in flight, about anything.
         let mut in_flight = false;
         {
-            // The order `keep` takes them in: revoked, held, cache.
+            // The lock order: revoked, held, cache.
             let mut revoked = self.locks.revoked.lock();
             let mut held = self.locks.held.lock();
             let mut cache = self.locks.cache.lock();
             let mut layout = self.locks.layout.lock();
             for h in &handles {
-                invals.extend(cache.forget_lock(*h));
+                let cached = match cache.forget_lock(*h) {
+                    Some(i) => {
+                        invals.push(i);
+                        true
+                    }
+                    None => false,
+                };
                 if layout.called_back(*h) {
                     // An open handle's layout changes: nothing above caches it.
                     continue;
                 }
-                if held.remove(h).is_none() {
+                if held.remove(h).is_none() && !cached {
                     in_flight = true;
                     if revoked.len() >= REVOKED_MAX {
                         revoked.clear();
