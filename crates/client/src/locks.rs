@@ -941,7 +941,6 @@ impl Client {
             }
         }
         drop(c);
-        self.unhold(&handles);
         // Locks let go of earlier ride along, as many as fit; the rest wait their turn.
         handles.extend(
             self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX.saturating_sub(handles.len())),
@@ -993,9 +992,7 @@ impl Client {
     /// (`lru_size=clear`: a cold cache).
     pub fn lock_cache_clear(&self) {
         let gone = std::mem::take(&mut *self.locks.cache.lock());
-        let handles: Vec<u64> = gone.by_lock.keys().copied().collect();
-        self.unhold(&handles);
-        self.locks.unused.lock().extend(handles);
+        self.locks.unused.lock().extend(gone.by_lock.keys().copied());
         self.locks.invalidate(gone.invals(), None);
     }
 
