@@ -124,14 +124,13 @@ pub fn run(o: &WalkOptions) -> Result<Report> {
 
 fn phases(o: &WalkOptions, warm: &Arc<dyn Ops>) -> Result<Vec<PhaseReport>> {
     let mut ops = warm.clone();
-    let names = PHASES;
     let run = |pi: usize| o.phases.is_empty() || o.phases.contains(&pi);
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 4];
-    let mut lats: Vec<Latencies> = vec![Latencies::default(); 4];
-    let mut counts = [0u64; 4];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); PHASES.len()];
+    let mut lats: Vec<Latencies> = vec![Latencies::default(); PHASES.len()];
+    let mut counts = [0u64; PHASES.len()];
     let progress = crate::progress::Progress::new();
     for it in 0..o.iterations {
-        for (pi, name) in names.iter().enumerate().filter(|(pi, _)| run(*pi)) {
+        for (pi, name) in PHASES.iter().enumerate().filter(|(pi, _)| run(*pi)) {
             progress.show(&format!("{name} (iteration {}/{})", it + 1, o.iterations));
             if o.cold {
                 drop_caches()?;
@@ -178,7 +177,7 @@ fn phases(o: &WalkOptions, warm: &Arc<dyn Ops>) -> Result<Vec<PhaseReport>> {
         }
     }
     progress.clear();
-    Ok(names
+    Ok(PHASES
         .iter()
         .enumerate()
         .filter(|(pi, _)| run(*pi))

@@ -224,7 +224,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                             .iter()
                             .position(|k| k == p)
                             .ok_or_else(|| {
-                                anyhow!("bench walk: no phase {p:?} (ls, du, find, stat)")
+                                let keys = lode_bench::walk::PHASE_KEYS.join(", ");
+                                anyhow!("bench walk: no phase {p:?} ({keys})")
                             })
                     })
                     .collect::<Result<_>>()?,

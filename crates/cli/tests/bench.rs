@@ -127,6 +127,32 @@ fn walk_and_io_report_positive_rates_and_clean_up() {
     let c = cluster(2);
     let m = c.mount();
     let t = tempfile::tempdir().unwrap();
+    // Runs `lode bench CMD` on the mount: it succeeds, every rate is positive, and
+    // nothing is left behind.
+    let run = |cmd: &str, args: &[&str]| {
+        let json = t.path().join(format!("{cmd}.json"));
+        let out = lode()
+            .args(["bench", cmd, "--path"])
+            .arg(m.path())
+            .args(args)
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = Report::read_json(&json).unwrap();
+        assert!(
+            r.phases.iter().all(|p| p.mean > 0.0),
+            "{cmd}: {:?}",
+            r.phases
+        );
+        assert!(empty(m.path()), "{cmd} cleaned up");
+        r
+    };
     for (cmd, args) in [
         (
             "walk",
@@ -150,49 +176,15 @@ fn walk_and_io_report_positive_rates_and_clean_up() {
             ],
         ),
     ] {
-        let json = t.path().join(format!("{cmd}.json"));
-        let out = lode()
-            .args(["bench", cmd, "--path"])
-            .arg(m.path())
-            .args(&args)
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{cmd}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r = Report::read_json(&json).unwrap();
-        assert!(
-            r.phases.iter().all(|p| p.mean > 0.0),
-            "{cmd}: {:?}",
-            r.phases
-        );
-        assert!(empty(m.path()), "{cmd} cleaned up");
+        run(cmd, &args);
     }
-
     // One phase alone, to time or profile it.
-    let json = t.path().join("phases.json");
-    let out = lode()
-        .args(["bench", "walk", "--path"])
-        .arg(m.path())
-        .args(["--dirs", "2", "--files", "20", "--phases", "stat,find"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = run(
+        "walk",
+        &["--dirs", "2", "--files", "20", "--phases", "stat,find"],
     );
-    let r = Report::read_json(&json).unwrap();
     let names: Vec<&str> = r.phases.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["find -name", "stat walk"], "in run order");
-    assert!(r.phases.iter().all(|p| p.mean > 0.0), "{:?}", r.phases);
-    assert!(empty(m.path()), "cleaned up");
 }
 
 #[test]

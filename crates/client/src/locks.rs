@@ -992,7 +992,10 @@ impl Client {
     /// (`lru_size=clear`: a cold cache).
     pub fn lock_cache_clear(&self) {
         let gone = std::mem::take(&mut *self.locks.cache.lock());
-        self.locks.unused.lock().extend(gone.by_lock.keys().copied());
+        self.locks
+            .unused
+            .lock()
+            .extend(gone.by_lock.keys().copied());
         self.locks.invalidate(gone.invals(), None);
     }
 
