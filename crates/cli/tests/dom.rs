@@ -726,9 +726,11 @@ fn a_small_dom_file_is_read_with_its_open() {
         "no read RPC: the bytes came with the open"
     );
     assert_eq!(ost_io(&c), ost, "nothing from the OSTs");
-    // With read-on-open off, each read is a DOM_READ.
+    // With read-on-open off, reading bytes this mount does not hold is a DOM_READ (a
+    // page written in part is not kept past its writer's close).
     c.set_param("mdt.*.dom_read_on_open=0");
-    assert_eq!(std::fs::read(d.join("f7")).unwrap(), body(7));
+    std::fs::write(d.join("g"), b"part of a page").unwrap();
+    assert_eq!(std::fs::read(d.join("g")).unwrap(), b"part of a page");
     assert!(mdt_stat(&c, "dom_read") > reads);
 }
 
@@ -857,4 +859,80 @@ fn the_close_of_the_handle_that_made_a_file_says_its_size_without_a_glimpse() {
     sess.run(cl.close(&t)).unwrap();
     let a = other.run(other.client.getattr(&r, t.fid)).unwrap();
     assert_eq!(a.size, 10);
+}
+
+/// A mount keeps a Data-on-MDT file's pages across opens while the MDT says the bytes
+/// they hold are still the file's (its data token), through changes of attributes,
+/// and reads the file anew once anyone changed its bytes: another mount's rewrite
+/// with the mtime put back (as rsync does), a truncate.
+#[test]
+fn a_dom_files_pages_are_kept_across_opens_until_its_bytes_change() {
+    let c = cluster(1);
+    let (a, b) = (c.mount(), c.mount());
+    let d = a.path().join("kept");
+    std::fs::create_dir(&d).unwrap();
+    ok(&c, &["setstripe", "-E", "1M", "-L", "mdt", &s(&d)]);
+    // Without read-on-open every read that reaches the MDT is a DOM_READ, counted.
+    c.set_param("mdt.*.dom_read_on_open=0");
+    let body = |i: u8| -> Vec<u8> { (0..4096u32).map(|k| (k as u8) ^ i).collect() };
+    // The writer's pages are named by its close, which leaves in the background: a
+    // read that opens before the name is back reads from the MDT, so try new files
+    // until one is read from the pages alone.
+    let mut n = 0;
+    let mut kept = None;
+    wait_for(
+        "a read served by the writer's pages",
+        Duration::from_secs(20),
+        || {
+            n += 1;
+            let f = d.join(format!("f{n}"));
+            let closes = mdt_stat(&c, "mds_close");
+            std::fs::write(&f, body(1)).unwrap();
+            wait_for("the close", Duration::from_secs(10), || {
+                mdt_stat(&c, "mds_close") > closes
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            let reads = mdt_stat(&c, "dom_read");
+            assert_eq!(std::fs::read(&f).unwrap(), body(1), "f{n}");
+            let hit = mdt_stat(&c, "dom_read") == reads;
+            if hit {
+                kept = Some(f);
+            }
+            hit
+        },
+    );
+    let f = kept.unwrap();
+    let fb = b.path().join("kept").join(f.file_name().unwrap());
+    let reads = mdt_stat(&c, "dom_read");
+    // A change of attributes alone (a chmod) leaves the pages current.
+    std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    assert_eq!(std::fs::read(&f).unwrap(), body(1));
+    assert_eq!(std::fs::read(&f).unwrap(), body(1));
+    assert_eq!(mdt_stat(&c, "dom_read"), reads, "kept through a chmod");
+    // Another mount rewrites the bytes in place, same size, and puts the mtime back.
+    let mtime = std::fs::metadata(&fb).unwrap().modified().unwrap();
+    {
+        let w = OpenOptions::new().write(true).open(&fb).unwrap();
+        w.write_all_at(&body(2), 0).unwrap();
+        w.set_modified(mtime).unwrap();
+    }
+    assert_eq!(std::fs::metadata(&fb).unwrap().modified().unwrap(), mtime);
+    wait_for(
+        "the rewrite seen through the other mount",
+        Duration::from_secs(10),
+        || std::fs::read(&f).unwrap() == body(2),
+    );
+    assert!(mdt_stat(&c, "dom_read") > reads, "read anew from the MDT");
+    // A truncate through this mount, then a read through both.
+    let t = OpenOptions::new().write(true).open(&f).unwrap();
+    t.set_len(100).unwrap();
+    drop(t);
+    assert_eq!(std::fs::read(&f).unwrap(), body(2)[..100].to_vec());
+    assert_eq!(std::fs::read(&fb).unwrap(), body(2)[..100].to_vec());
+    // And a rewrite through this mount, read through the other and again here.
+    std::fs::write(&f, body(3)).unwrap();
+    wait_for("the other mount sees it", Duration::from_secs(10), || {
+        std::fs::read(&fb).unwrap() == body(3)
+    });
+    assert_eq!(std::fs::read(&f).unwrap(), body(3));
 }

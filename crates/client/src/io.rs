@@ -56,6 +56,12 @@ pub struct FileHandle {
     /// close).
     pub(crate) layout_lock: Arc<AtomicU64>,
     pub(crate) own_lock: Arc<AtomicBool>,
+    /// A read-only open of a Data-on-MDT file with no writer: the MDT's name for the
+    /// file's bytes as the open found them (`CreateRep::data_token`; 0: none).
+    pub data_token: u64,
+    /// The open was asked with a token (`Client::open_cached`) that still names the
+    /// file's bytes: the caller's copy is current, and no read-on-open bytes came.
+    pub cache_current: bool,
 }
 
 impl FileHandle {
@@ -128,6 +134,20 @@ fn raid0_geometry(layout: &Layout, ci: usize) -> Option<(u64, u64, u32, &[u32])>
 impl Client {
     /// Opens `fid`. `O_TRUNC` truncates (MDT size and OST objects).
     pub async fn open(&self, cred: &Cred, fid: Fid, flags: i32) -> Result<FileHandle, Errno> {
+        self.open_cached(cred, fid, flags, 0).await
+    }
+
+    /// [`Client::open`] by a caller holding the file's bytes as `cached` (a
+    /// `data_token` from an earlier open or close; 0: none) named them: if they are
+    /// still the file's, the handle says so (`cache_current`) and no read-on-open
+    /// bytes are sent.
+    pub async fn open_cached(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        flags: i32,
+        cached: u64,
+    ) -> Result<FileHandle, Errno> {
         // Taken before the request leaves: a local write or truncate that starts while
         // it is out may postdate the MDT's copy of the data, so the copy must not be
         // taken as current after it.
@@ -137,6 +157,7 @@ impl Client {
                 cred: cred.clone(),
                 fid,
                 flags: flags as u32,
+                cached,
             }))
             .await?
         {
@@ -154,6 +175,8 @@ impl Client {
             prefetch: rep.dom_data.map(|d| (Arc::new(d), data_epoch)),
             layout_lock: Arc::new(AtomicU64::new(self.keep_layout_lock(rep.layout_lock))),
             own_lock: Arc::default(),
+            data_token: rep.data_token,
+            cache_current: cached != 0 && rep.cache_current,
         };
         if flags & libc::O_TRUNC != 0 && fh.attr.ftype() == lode_base::FileType::Regular {
             if let Err(e) = self.truncate_open(cred, &fh, 0).await {
@@ -212,6 +235,8 @@ impl Client {
             prefetch: None,
             layout_lock: Arc::new(AtomicU64::new(self.keep_layout_lock(rep.layout_lock))),
             own_lock: Arc::default(),
+            data_token: 0,
+            cache_current: false,
         };
         match &rep.body.layout {
             // Made here, with every byte on OST objects: this client sees every write
@@ -256,6 +281,13 @@ impl Client {
 
     /// Closes an open file.
     pub async fn close(&self, fh: &FileHandle) -> Result<(), Errno> {
+        self.close_token(fh).await.map(|_| ())
+    }
+
+    /// [`Client::close`], returning the close's `data_token` (0: none): set when this
+    /// was the last writer of a Data-on-MDT file and nobody else wrote or truncated it
+    /// since its open.
+    pub async fn close_token(&self, fh: &FileHandle) -> Result<u64, Errno> {
         let known = self.known_at_close(fh);
         self.check_live(fh)?;
         let wrote = fh.wrote.load(Ordering::Acquire);
@@ -300,8 +332,9 @@ impl Client {
                 None if r.exact_size => self.size_exact_with(fh.fid, cached, None),
                 _ => {}
             }
+            return Ok(r.data_token);
         }
-        Ok(())
+        Ok(0)
     }
 
     /// Size, blocks and mtime of a file its handle `fh` made, from what its writes'

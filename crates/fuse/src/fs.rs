@@ -27,6 +27,10 @@ use tokio::runtime::Handle;
 /// drops the process's locks on it).
 const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::empty();
 
+/// The kernel's page size, as far as which writes leave whole pages in its cache goes
+/// (a larger one only makes fewer writes count as whole).
+const PAGE_SIZE: usize = 4096;
+
 /// How long the kernel may keep a name or attributes the client holds a lock on: until
 /// the lock goes (then the client tells it to forget), so as long as the kernel allows.
 const LOCKED_TTL: Duration = Duration::from_secs(86_400);
@@ -141,6 +145,36 @@ std::thread_local! {
 struct OpenFiles {
     by_fh: HashMap<u64, Arc<FileHandle>>,
     writers: HashMap<Fid, u32>,
+    /// Per file opened through this mount: its handles and what the kernel's pages of
+    /// it hold (see [`Pages`]).
+    pages: HashMap<Fid, Pages>,
+    /// Handles that were their file's only one in this mount when opened, with the
+    /// open's number then (`next_open`).
+    alone: HashMap<u64, u64>,
+    /// Handles that wrote part of a page: the kernel keeps such a page only if it was
+    /// whole already, so their file's pages may lack bytes, and a read-on-open fills
+    /// them better than a data token keeps them.
+    partial: std::collections::HashSet<u64>,
+    /// Numbers every open.
+    next_open: u64,
+}
+
+/// A file's handles in this mount, and the MDT's name (`data_token`) for the bytes
+/// the kernel's pages of it hold, if this mount knows it. The kernel keeps a file's
+/// pages across opens only when an open finds the token still current on the MDT
+/// (NFS's close-to-open check, by version instead of mtime). A token is known only
+/// where no other handle of this mount could have put other bytes in those pages:
+/// after a read-only open stored the whole file there with no other handle open, or
+/// after the close of a writer that wrote whole pages only, was the file's only handle
+/// here for its whole life and, the MDT says, its only writer anywhere. It is forgotten at any open for
+/// writing and any truncate through this mount. Every other change of the bytes moves
+/// the file's version on the MDT, which then no longer answers to the token.
+#[derive(Default)]
+struct Pages {
+    open: u32,
+    /// The number of the last open.
+    last_open: u64,
+    token: u64,
 }
 
 impl OpenFiles {
@@ -149,18 +183,78 @@ impl OpenFiles {
     }
 
     fn insert(&mut self, fh: u64, h: Arc<FileHandle>) {
+        self.insert_keeping(fh, h, 0);
+    }
+
+    /// Inserts handle `h`, the kernel's pages of its file holding the bytes `token`
+    /// names (0: unknown from now on).
+    fn insert_keeping(&mut self, fh: u64, h: Arc<FileHandle>, token: u64) {
         if h.writable() {
             *self.writers.entry(h.fid).or_insert(0) += 1;
         }
+        self.next_open += 1;
+        let p = self.pages.entry(h.fid).or_default();
+        if p.open == 0 {
+            self.alone.insert(fh, self.next_open);
+        }
+        p.open += 1;
+        p.last_open = self.next_open;
+        p.token = if h.writable() { 0 } else { token };
         if let Some(old) = self.by_fh.insert(fh, h) {
             self.forget_writer(&old);
         }
     }
 
-    fn remove(&mut self, fh: &u64) -> Option<Arc<FileHandle>> {
+    /// Removes a handle; with it, for a writer, the number of its open if it was its
+    /// file's only handle in this mount from its open until now (for `closed_with`).
+    fn remove_alone(&mut self, fh: &u64) -> Option<(Arc<FileHandle>, Option<u64>)> {
         let h = self.by_fh.remove(fh)?;
         self.forget_writer(&h);
-        Some(h)
+        let whole_pages = !self.partial.remove(fh);
+        let opened = self
+            .alone
+            .remove(fh)
+            .filter(|_| h.writable() && whole_pages);
+        let mut alone = None;
+        if let Some(p) = self.pages.get_mut(&h.fid) {
+            p.open = p.open.saturating_sub(1);
+            alone = opened.filter(|n| p.last_open == *n);
+            // Kept for `closed_with` while the close of a writer alone is out.
+            if p.open == 0 && p.token == 0 && alone.is_none() {
+                self.pages.remove(&h.fid);
+            }
+        }
+        Some((h, alone))
+    }
+
+    /// The token of the bytes the kernel's pages of `fid` hold (0: unknown).
+    fn token(&self, fid: Fid) -> u64 {
+        self.pages.get(&fid).map_or(0, |p| p.token)
+    }
+
+    /// After the close of a handle opened as number `n`, alone throughout: the pages
+    /// hold what `token` names, if no handle opened since.
+    fn closed_with(&mut self, fid: Fid, n: u64, token: u64) {
+        let Some(p) = self.pages.get_mut(&fid) else {
+            return;
+        };
+        if p.last_open == n && p.open == 0 {
+            p.token = token;
+        }
+        if p.open == 0 && p.token == 0 {
+            self.pages.remove(&fid);
+        }
+    }
+
+    /// The bytes of `fid` changed through this mount other than by a handle's writes
+    /// (a truncate), or the kernel forgot the file: its pages hold nothing known.
+    fn forget_pages(&mut self, fid: Fid) {
+        if let Some(p) = self.pages.get_mut(&fid) {
+            p.token = 0;
+            if p.open == 0 {
+                self.pages.remove(&fid);
+            }
+        }
     }
 
     fn forget_writer(&mut self, h: &FileHandle) {
@@ -177,6 +271,9 @@ impl OpenFiles {
 
     fn drain(&mut self) -> Vec<Arc<FileHandle>> {
         self.writers.clear();
+        self.pages.clear();
+        self.alone.clear();
+        self.partial.clear();
         self.by_fh.drain().map(|(_, f)| f).collect()
     }
 
@@ -407,12 +504,23 @@ impl Inner {
         if ino == 1 {
             return;
         }
-        let mut m = self.inodes.write();
-        if let Some(e) = m.get_mut(&ino) {
-            e.1 = e.1.saturating_sub(n);
-            if e.1 == 0 {
-                m.remove(&ino);
+        let gone = {
+            let mut m = self.inodes.write();
+            match m.get_mut(&ino) {
+                Some(e) => {
+                    e.1 = e.1.saturating_sub(n);
+                    if e.1 == 0 {
+                        m.remove(&ino).map(|e| e.0)
+                    } else {
+                        None
+                    }
+                }
+                None => None,
             }
+        };
+        // The kernel's inode goes, and its pages with it.
+        if let Some(fid) = gone {
+            self.files.lock().forget_pages(fid);
         }
     }
 
@@ -440,6 +548,20 @@ impl Inner {
         } else {
             FILE_OPEN_FLAGS
         }
+    }
+
+    /// Whether the kernel may keep its pages of a file at this open (see [`Pages`]):
+    /// the MDT says the bytes they were recorded with are the file's still, and the
+    /// kernel's size is the MDT's (this client holds the attributes lock, whose loss
+    /// makes the kernel forget them).
+    fn pages_current(&self, h: &FileHandle) -> bool {
+        h.cache_current && h.flags & libc::O_APPEND == 0 && self.may_keep_pages(h.fid)
+    }
+
+    /// No handle of this mount writes `fid` (a shared writable mapping's pages may
+    /// hold bytes not written yet), and the kernel's size of it is current.
+    fn may_keep_pages(&self, fid: Fid) -> bool {
+        !self.opts.writeback && !self.files.lock().writing(fid) && self.client.covered(None, fid).1
     }
 
     /// Read-on-open into the kernel's page cache (Lustre's `ll_dom_finish_open`): a
@@ -697,6 +819,7 @@ impl Filesystem for LodeFs {
         self.reply_attr(reply, move |i| async move {
             let f = i.fid(ino)?;
             if let Some(size) = size {
+                i.files.lock().forget_pages(f);
                 match fh.map(|h| i.file(h)) {
                     Some(Ok(h)) => i.client.truncate_open(&cred, &h, size).await?,
                     _ => {
@@ -859,23 +982,44 @@ impl Filesystem for LodeFs {
         self.spawn(|i| async move {
             let r = async {
                 let f = i.fid(ino)?;
-                i.client
-                    .open(
-                        &cred,
-                        f,
-                        i.append_flags(flags) & !(libc::O_CREAT | libc::O_EXCL),
-                    )
-                    .await
+                let flags = i.append_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
+                // Asked only if the pages could be kept: a current answer brings no
+                // bytes, so the reads would all go to the MDT.
+                let cached = match flags & libc::O_ACCMODE {
+                    libc::O_RDONLY if flags & (libc::O_TRUNC | libc::O_APPEND) == 0 => {
+                        let t = i.files.lock().token(f);
+                        if t != 0 && i.may_keep_pages(f) {
+                            t
+                        } else {
+                            0
+                        }
+                    }
+                    _ => 0,
+                };
+                i.client.open_cached(&cred, f, flags, cached).await
             };
             match r.await {
                 Ok(h) => {
                     i.track_writes(&h);
                     let mut open_flags = i.open_flags(&h);
-                    if i.fill_pages(ino, &h) {
+                    // Pages still current, or the whole file stored in them now.
+                    let keep = i.pages_current(&h) || i.fill_pages(ino, &h);
+                    if keep {
                         open_flags |= FopenFlags::FOPEN_KEEP_CACHE;
                     }
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
-                    i.files.lock().insert(fh, Arc::new(h));
+                    {
+                        let mut files = i.files.lock();
+                        // Pages stored while another handle was open may meet bytes
+                        // that handle puts there: kept for this open, not named.
+                        let alone = files.pages.get(&h.fid).is_none_or(|p| p.open == 0);
+                        let token = if keep && (alone || h.cache_current) {
+                            h.data_token
+                        } else {
+                            0
+                        };
+                        files.insert_keeping(fh, Arc::new(h), token);
+                    }
                     reply.opened(Fh(fh), open_flags);
                 }
                 Err(e) => reply.error(ferr(e)),
@@ -960,6 +1104,10 @@ impl Filesystem for LodeFs {
         reply: ReplyWrite,
     ) {
         let data = data.to_vec();
+        let page = PAGE_SIZE as u64;
+        if !offset.is_multiple_of(page) || !(data.len() as u64).is_multiple_of(page) {
+            self.inner.files.lock().partial.insert(fh.0);
+        }
         self.spawn(|i| async move {
             let r = async {
                 let h = i.file(fh)?;
@@ -1013,7 +1161,7 @@ impl Filesystem for LodeFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let Some(h) = self.inner.files.lock().remove(&fh.0) else {
+        let Some((h, alone)) = self.inner.files.lock().remove_alone(&fh.0) else {
             reply.error(libc::EBADF);
             return;
         };
@@ -1032,8 +1180,20 @@ impl Filesystem for LodeFs {
                 }
             }
             i.flock_file_gone(fh.0);
-            if let Err(e) = i.client.close(&h).await {
-                tracing::warn!(fid = %h.fid, "close on the MDT failed: {e}");
+            let token = match i.client.close_token(&h).await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(fid = %h.fid, "close on the MDT failed: {e}");
+                    0
+                }
+            };
+            if let Some(n) = alone {
+                // A writer's pages hold what it wrote over what the file held at its
+                // open (the kernel dropped the pages then); the MDT's token says that
+                // nobody else changed the file meanwhile. With the writeback cache
+                // the pages may hold more, not yet written.
+                let token = if i.opts.writeback { 0 } else { token };
+                i.files.lock().closed_with(h.fid, n, token);
             }
             reply.ok();
         });

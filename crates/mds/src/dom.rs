@@ -226,6 +226,52 @@ impl Namespace {
         Ok(out)
     }
 
+    /// The name of the data of a file whose inode record is `rec`, for a client that
+    /// keeps the bytes in its page cache (see `OpenReq::cached`). Every change of a
+    /// file's bytes rewrites its inode, whose version moves on each time, and the
+    /// version is mixed with this start's salt: equal tokens mean the same bytes. 0
+    /// (none) where the bytes are not all known here: a writer is at work, or the file
+    /// has no Data-on-MDT component (OST data changes without the MDT seeing it).
+    pub(crate) fn data_token(&self, rec: &InodeRec) -> u64 {
+        let dom = rec.layout.as_ref().is_some_and(|l| l.dom_end() > 0);
+        if !dom || rec.flags & INODE_DATA != 0 || rec.mode & libc::S_IFMT != libc::S_IFREG {
+            return 0;
+        }
+        self.data_salt.wrapping_add(rec.version)
+    }
+
+    /// Whether the bytes the data token `cached` named are still the file's, whose
+    /// inode is now at `version` with token `now` (0: none): the same token, or only
+    /// changes of attributes since (see `Namespace::attr_steps`).
+    pub(crate) fn data_unchanged(&self, fid: Fid, cached: u64, now: u64, version: u64) -> bool {
+        if cached == 0 || now == 0 {
+            return false;
+        }
+        if cached == now {
+            return true;
+        }
+        let then = cached.wrapping_sub(self.data_salt);
+        self.attr_steps
+            .lock()
+            .get(&fid)
+            .is_some_and(|&(lo, hi)| hi == version && lo <= then && then < hi)
+    }
+
+    /// A change of `fid`'s attributes alone took its inode from version `from` to the
+    /// next, committed.
+    pub(crate) fn attrs_only_step(&self, fid: Fid, from: u64) {
+        let to = from.wrapping_add(1);
+        let mut steps = self.attr_steps.lock();
+        if steps.len() >= crate::ATTR_STEPS_MAX && !steps.contains_key(&fid) {
+            steps.clear();
+        }
+        let e = steps.entry(fid).or_insert((from, to));
+        if e.1 != from {
+            e.0 = from;
+        }
+        e.1 = to;
+    }
+
     /// Read-on-open: the first `dom_read_on_open` bytes of a DoM file that nobody is
     /// writing (its size is then exact here), for an open for reading.
     pub(crate) fn read_on_open(&self, fid: Fid, rec: &InodeRec) -> OpResult<Option<DomPrefetch>> {

@@ -140,11 +140,23 @@ pub struct Namespace {
     pub(crate) destroy_cursor: Mutex<Vec<u8>>,
     /// Objects destroyed on the OSTs since the start (`destroys` parameter).
     pub(crate) destroyed: std::sync::atomic::AtomicU64,
+    /// This start's part of every data token (see `Namespace::data_token`), random so
+    /// that a token from before a restart, when changes may have been lost and their
+    /// inode versions used again, never names data after it.
+    data_salt: u64,
+    /// Files whose inode versions `lo..hi` were reached by changes of attributes alone
+    /// (chmod, chown, utimes): a data token of any version in that run still names the
+    /// bytes at `hi`. Memory only (tokens do not outlive a start), and emptied when it
+    /// reaches [`ATTR_STEPS_MAX`] files: a token it forgets is only a cache miss.
+    pub(crate) attr_steps: Mutex<HashMap<Fid, (u64, u64)>>,
     /// Tunables.
     pub tun: Tunables,
 }
 
 const SEQ_NEXT: &[u8] = b"seq_next";
+
+/// Files `Namespace::attr_steps` remembers at most (about 40 bytes each).
+pub(crate) const ATTR_STEPS_MAX: usize = 1 << 16;
 
 /// Errors inside an operation: a POSIX errno for the caller, or a store failure.
 #[derive(Debug)]
@@ -209,6 +221,8 @@ impl Namespace {
             space: background::SpaceCheck::default(),
             destroy_cursor: Mutex::new(Vec::new()),
             destroyed: std::sync::atomic::AtomicU64::new(0),
+            data_salt: rand::random(),
+            attr_steps: Mutex::new(HashMap::new()),
             links: std::sync::OnceLock::new(),
             tun: Tunables {
                 max_mod_rpcs: AtomicU32::new(u32::from(lode_base::limits::MAX_MOD_RPCS_PER_CLIENT)),

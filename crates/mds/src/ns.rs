@@ -444,6 +444,8 @@ impl Namespace {
             handle,
             parent: None,
             dom_data: None,
+            data_token: 0,
+            cache_current: false,
             layout_lock: 0,
         };
         self.pdo.lock_inodes(&mut held, &[r.parent]);
@@ -472,7 +474,7 @@ impl Namespace {
     fn open_existing(&self, ctx: &Ctx, slot: u32, r: &CreateReq) -> OpResult<(CreateRep, u64)> {
         let child = self.dirent(r.parent, &r.name)?.ok_or(Errno::ENOENT)?;
         let flags = r.open_flags.unwrap_or(0) & !(libc::O_CREAT as u32);
-        let (rep, t) = self.open_fid(ctx, slot, &r.cred, child.fid, flags)?;
+        let (rep, t) = self.open_fid(ctx, slot, &r.cred, child.fid, flags, 0)?;
         Ok((rep, t))
     }
 
@@ -595,6 +597,7 @@ impl Namespace {
         cred: &Cred,
         fid: Fid,
         flags: u32,
+        cached: u64,
     ) -> OpResult<(CreateRep, u64)> {
         let flags = flags as i32;
         self.check_open_cap(ctx, slot)?;
@@ -642,6 +645,8 @@ impl Namespace {
             handle: Some(handle),
             parent: None,
             dom_data: None,
+            data_token: 0,
+            cache_current: false,
             layout_lock: 0,
         };
         let transno = if b.is_empty() && ctx.slot.is_none() {
@@ -651,7 +656,11 @@ impl Namespace {
         };
         self.register_open(handle, fid, slot, mark);
         if !write && ft == FileType::Regular {
-            rep.dom_data = self.read_on_open(fid, &rec)?;
+            rep.data_token = self.data_token(&rec);
+            rep.cache_current = self.data_unchanged(fid, cached, rep.data_token, rec.version);
+            if !rep.cache_current {
+                rep.dom_data = self.read_on_open(fid, &rec)?;
+            }
         }
         Ok((rep, transno))
     }
@@ -792,6 +801,11 @@ impl Namespace {
                     put_inode(&mut b, fid, &rec);
                     rep.exact_size = true;
                     rep.attr = Some(rec.attr(fid));
+                    if sole {
+                        // The record as `put_inode` stores it, one version on.
+                        rec.version = rec.version.wrapping_add(1);
+                        rep.data_token = self.data_token(&rec);
+                    }
                 } else if let Some(a) = lazy.filter(|_| {
                     rec.flags & INODE_DATA != 0 && rec.nlink > 0 && rec.layout.is_some()
                 }) {

@@ -448,6 +448,9 @@ impl Namespace {
         put_inode(&mut b, fid, &rec);
         let body = self.body(fid, &rec);
         let t = self.commit(ctx, b, &Reply::Setattr(body.clone()))?;
+        if sa.size.is_none() {
+            self.attrs_only_step(fid, rec.version);
+        }
         Ok((body, t))
     }
 }

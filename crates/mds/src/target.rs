@@ -855,7 +855,9 @@ impl Mdt {
             }
             MdtRequest::Open(r) => {
                 check_cred(&r.cred)?;
-                let (mut rep, t) = self.ns.open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags)?;
+                let (mut rep, t) = self
+                    .ns
+                    .open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags, r.cached)?;
                 self.grant_layout(exp, &mut rep);
                 (Reply::Open(rep), t)
             }

@@ -376,6 +376,13 @@ pub struct CreateRep {
     /// first bytes (up to `mdt.*.dom_read_on_open`), so a small file's read needs no
     /// RPC. Never kept in a reply record (a reconstructed reply comes without).
     pub dom_data: Option<DomPrefetch>,
+    /// A read-only open of a Data-on-MDT file with no writer: this start of the MDT's
+    /// name for the file's data as it is now (0: none).
+    pub data_token: u64,
+    /// The request's `cached` token still names the file's data (only its attributes
+    /// changed since, if anything): the caller's copy is current, and `dom_data` is
+    /// left out.
+    pub cache_current: bool,
     /// With an open handle: a PR LAYOUT lock on the file (0: none could be granted),
     /// held by the MDT for the handle's life unless called back. While it is held the
     /// handle's layout is current; its callback means the layout changed (a
@@ -421,6 +428,10 @@ pub struct OpenReq {
     pub fid: Fid,
     /// `O_*` flags.
     pub flags: u32,
+    /// A read-only open by a caller that still holds the file's bytes as an earlier
+    /// reply's `data_token` described them (0: none). If they are still the file's,
+    /// the reply says so (`cache_current`) and carries no read-on-open bytes.
+    pub cached: u64,
 }
 
 /// close of an open handle.
@@ -460,6 +471,11 @@ pub struct CloseRep {
     /// With `exact_size` after writes (a Data-on-MDT file's last writer closing): the
     /// attributes now, for the closer's cached copy, which predates its writes.
     pub attr: Option<Attr>,
+    /// The last writer of a Data-on-MDT file closing, with nobody else having written
+    /// or truncated it since its open: the file's data is what the file held at that
+    /// open plus this handle's writes, and this token names it (see `OpenReq::cached`);
+    /// 0 otherwise.
+    pub data_token: u64,
 }
 
 /// unlink or rmdir.

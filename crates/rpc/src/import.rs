@@ -1427,6 +1427,7 @@ impl Import {
             cred: cred.clone(),
             fid: rep.body.attr.fid,
             flags: flags & !((nix::libc::O_CREAT | nix::libc::O_EXCL | nix::libc::O_TRUNC) as u32),
+            cached: 0,
         })
         .encode();
         self.opens.lock().held.insert(
