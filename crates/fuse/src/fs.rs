@@ -165,10 +165,11 @@ struct OpenFiles {
 /// (NFS's close-to-open check, by version instead of mtime). A token is known only
 /// where no other handle of this mount could have put other bytes in those pages:
 /// after a read-only open stored the whole file there with no other handle open, or
-/// after the close of a writer that wrote whole pages only, was the file's only handle
-/// here for its whole life and, the MDT says, its only writer anywhere. It is forgotten at any open for
-/// writing and any truncate through this mount. Every other change of the bytes moves
-/// the file's version on the MDT, which then no longer answers to the token.
+/// after the close of a writer that wrote whole pages only, was the file's only
+/// handle here for its whole life and, the MDT says, its only writer anywhere. It is
+/// forgotten at any open for writing, any truncate through this mount and when the
+/// kernel forgets the inode. Every other change of the bytes moves the file's
+/// version on the MDT, which then no longer answers to the token.
 #[derive(Default)]
 struct Pages {
     open: u32,
