@@ -184,23 +184,30 @@ impl OpenFiles {
     }
 
     fn insert(&mut self, fh: u64, h: Arc<FileHandle>) {
-        self.insert_keeping(fh, h, 0);
+        self.insert_keeping(fh, h, false);
     }
 
-    /// Inserts handle `h`, the kernel's pages of its file holding the bytes `token`
-    /// names (0: unknown from now on).
-    fn insert_keeping(&mut self, fh: u64, h: Arc<FileHandle>, token: u64) {
+    /// Inserts handle `h`; `kept`: the kernel keeps its file's pages at this open
+    /// (still current, or just filled with the whole file). They are then named by
+    /// the handle's token if it was found current, or if no other handle of this
+    /// mount is open (whose bytes could meet them there); otherwise unknown.
+    fn insert_keeping(&mut self, fh: u64, h: Arc<FileHandle>, kept: bool) {
         if h.writable() {
             *self.writers.entry(h.fid).or_insert(0) += 1;
         }
         self.next_open += 1;
         let p = self.pages.entry(h.fid).or_default();
-        if p.open == 0 {
+        let alone = p.open == 0;
+        if alone {
             self.alone.insert(fh, self.next_open);
         }
         p.open += 1;
         p.last_open = self.next_open;
-        p.token = if h.writable() { 0 } else { token };
+        p.token = if kept && !h.writable() && (alone || h.cache_current) {
+            h.data_token
+        } else {
+            0
+        };
         if let Some(old) = self.by_fh.insert(fh, h) {
             self.forget_writer(&old);
         }
@@ -220,10 +227,10 @@ impl OpenFiles {
         if let Some(p) = self.pages.get_mut(&h.fid) {
             p.open = p.open.saturating_sub(1);
             alone = opened.filter(|n| p.last_open == *n);
-            // Kept for `closed_with` while the close of a writer alone is out.
-            if p.open == 0 && p.token == 0 && alone.is_none() {
-                self.pages.remove(&h.fid);
-            }
+        }
+        // Kept for `closed_with` while the close of a writer alone is out.
+        if alone.is_none() {
+            self.drop_unused(h.fid);
         }
         Some((h, alone))
     }
@@ -236,15 +243,12 @@ impl OpenFiles {
     /// After the close of a handle opened as number `n`, alone throughout: the pages
     /// hold what `token` names, if no handle opened since.
     fn closed_with(&mut self, fid: Fid, n: u64, token: u64) {
-        let Some(p) = self.pages.get_mut(&fid) else {
-            return;
-        };
-        if p.last_open == n && p.open == 0 {
-            p.token = token;
+        if let Some(p) = self.pages.get_mut(&fid) {
+            if p.last_open == n && p.open == 0 {
+                p.token = token;
+            }
         }
-        if p.open == 0 && p.token == 0 {
-            self.pages.remove(&fid);
-        }
+        self.drop_unused(fid);
     }
 
     /// The bytes of `fid` changed through this mount other than by a handle's writes
@@ -252,9 +256,18 @@ impl OpenFiles {
     fn forget_pages(&mut self, fid: Fid) {
         if let Some(p) = self.pages.get_mut(&fid) {
             p.token = 0;
-            if p.open == 0 {
-                self.pages.remove(&fid);
-            }
+        }
+        self.drop_unused(fid);
+    }
+
+    /// Forgets `fid`'s entry once it has no handle and names no bytes.
+    fn drop_unused(&mut self, fid: Fid) {
+        if self
+            .pages
+            .get(&fid)
+            .is_some_and(|p| p.open == 0 && p.token == 0)
+        {
+            self.pages.remove(&fid);
         }
     }
 
@@ -505,24 +518,19 @@ impl Inner {
         if ino == 1 {
             return;
         }
-        let gone = {
-            let mut m = self.inodes.write();
-            match m.get_mut(&ino) {
-                Some(e) => {
-                    e.1 = e.1.saturating_sub(n);
-                    if e.1 == 0 {
-                        m.remove(&ino).map(|e| e.0)
-                    } else {
-                        None
-                    }
-                }
-                None => None,
-            }
+        let mut m = self.inodes.write();
+        let Some(e) = m.get_mut(&ino) else {
+            return;
         };
-        // The kernel's inode goes, and its pages with it.
-        if let Some(fid) = gone {
-            self.files.lock().forget_pages(fid);
+        e.1 = e.1.saturating_sub(n);
+        if e.1 > 0 {
+            return;
         }
+        let fid = e.0;
+        m.remove(&ino);
+        drop(m);
+        // The kernel's inode goes, and its pages with it.
+        self.files.lock().forget_pages(fid);
     }
 
     fn file(&self, fh: Fh) -> Result<Arc<FileHandle>, Errno> {
@@ -1009,18 +1017,7 @@ impl Filesystem for LodeFs {
                         open_flags |= FopenFlags::FOPEN_KEEP_CACHE;
                     }
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
-                    {
-                        let mut files = i.files.lock();
-                        // Pages stored while another handle was open may meet bytes
-                        // that handle puts there: kept for this open, not named.
-                        let alone = files.pages.get(&h.fid).is_none_or(|p| p.open == 0);
-                        let token = if keep && (alone || h.cache_current) {
-                            h.data_token
-                        } else {
-                            0
-                        };
-                        files.insert_keeping(fh, Arc::new(h), token);
-                    }
+                    i.files.lock().insert_keeping(fh, Arc::new(h), keep);
                     reply.opened(Fh(fh), open_flags);
                 }
                 Err(e) => reply.error(ferr(e)),
