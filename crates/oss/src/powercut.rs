@@ -9,7 +9,7 @@
 //!
 //! What it does not model: a destroy or a size change by punch is taken as durable at
 //! once (punch syncs before its reply anyway), and so are new directories (the OST syncs
-//! them when it makes them).
+//! them at the next commit or fsync, before it says a write in them is durable).
 
 use lode_base::Errno;
 use parking_lot::{Mutex, MutexGuard};
