@@ -141,6 +141,9 @@ impl Client {
     /// `data_token` from an earlier open or close; 0: none) named them: if they are
     /// still the file's, the handle says so (`cache_current`) and no read-on-open
     /// bytes are sent.
+    ///
+    /// A plain read-only open may be served by a handle kept under an OPEN lock (see
+    /// [`crate::opencache`]).
     pub async fn open_cached(
         &self,
         cred: &Cred,
@@ -148,19 +151,50 @@ impl Client {
         flags: i32,
         cached: u64,
     ) -> Result<FileHandle, Errno> {
+        self.open_inner(cred, fid, flags, cached, true).await
+    }
+
+    /// An open whose handle is its own (never kept, nor a kept one): one whose close
+    /// must reach the MDT (a migration's).
+    async fn open_own(&self, cred: &Cred, fid: Fid, flags: i32) -> Result<FileHandle, Errno> {
+        self.open_inner(cred, fid, flags, 0, false).await
+    }
+
+    async fn open_inner(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        flags: i32,
+        cached: u64,
+        keep: bool,
+    ) -> Result<FileHandle, Errno> {
+        let plain = keep && crate::opencache::plain_read(flags);
+        if plain {
+            self.close_expired();
+            if let Some(fh) = self.reuse_open(cred, fid, flags, cached) {
+                return Ok(fh);
+            }
+        }
         // Taken before the request leaves: a local write or truncate that starts while
         // it is out may postdate the MDT's copy of the data, so the copy must not be
         // taken as current after it.
         let data_epoch = self.data_epoch.load(Ordering::Acquire);
-        let rep = match self
-            .md(Request::Open(lode_proto::OpenReq {
-                cred: cred.clone(),
-                fid,
-                flags: flags as u32,
-                cached,
-            }))
-            .await?
-        {
+        let attr_lock = self.attr_lock(fid);
+        let open_lock = plain && self.callback_channel_up() && self.opencache.wants_lock(fid);
+        let req = Request::Open(lode_proto::OpenReq {
+            cred: cred.clone(),
+            fid,
+            flags: flags as u32,
+            cached,
+            open_lock,
+        });
+        let rep = match self.md(req.clone()).await {
+            // Over the MDT's `max_open_files_per_client`: the idle kept handles go
+            // first.
+            Err(Errno::ENFILE) if self.close_idle_kept().await => self.md(req).await,
+            r => r,
+        };
+        let rep = match rep? {
             Reply::Open(r) => r,
             _ => return Err(Errno::EPROTO),
         };
@@ -178,6 +212,15 @@ impl Client {
             data_token: rep.data_token,
             cache_current: cached != 0 && rep.cache_current,
         };
+        if rep.open_lock != 0 {
+            // The attributes lock held across the open, if the same one still is.
+            let attr_lock = if self.attr_lock(fid) == attr_lock {
+                attr_lock
+            } else {
+                0
+            };
+            self.keep_open(cred, &fh, rep.open_lock, attr_lock, data_epoch);
+        }
         if flags & libc::O_TRUNC != 0 && fh.attr.ftype() == lode_base::FileType::Regular {
             if let Err(e) = self.truncate_open(cred, &fh, 0).await {
                 let _ = self.close(&fh).await;
@@ -265,7 +308,7 @@ impl Client {
 
     /// How often the MDT had forgotten this client, and evicted it, when a handle opened
     /// now was opened.
-    fn open_epoch(&self) -> (u64, u64) {
+    pub(crate) fn open_epoch(&self) -> (u64, u64) {
         (self.mdc.forgotten(), self.evictions())
     }
 
@@ -288,6 +331,20 @@ impl Client {
     /// was the last writer of a Data-on-MDT file and nobody else wrote or truncated it
     /// since its open.
     pub async fn close_token(&self, fh: &FileHandle) -> Result<u64, Errno> {
+        let open_lock = match self.opencache.release(fh) {
+            crate::opencache::Release::NotKept => 0,
+            crate::opencache::Release::Kept => return Ok(0),
+            crate::opencache::Release::Close(lock) => lock,
+        };
+        let r = self.close_on_mdt(fh).await;
+        if open_lock != 0 {
+            let _ = self.lock_cancel(vec![open_lock]).await;
+        }
+        r
+    }
+
+    /// Closes `fh` on the MDT.
+    pub(crate) async fn close_on_mdt(&self, fh: &FileHandle) -> Result<u64, Errno> {
         let known = self.known_at_close(fh);
         self.check_live(fh)?;
         let wrote = fh.wrote.load(Ordering::Acquire);
@@ -1041,7 +1098,7 @@ impl Client {
     /// opened for writing or truncated meanwhile: the copy is then dropped and the
     /// file keeps its layout, whole. Returns the new layout.
     pub async fn migrate(&self, cred: &Cred, fid: Fid, template: Layout) -> Result<Layout, Errno> {
-        let fh = self.open(cred, fid, libc::O_RDONLY).await?;
+        let fh = self.open_own(cred, fid, libc::O_RDONLY).await?;
         if fh.attr.ftype() != lode_base::FileType::Regular {
             let _ = self.close(&fh).await;
             return Err(Errno::EINVAL);

@@ -10,6 +10,7 @@ mod flock;
 mod io;
 mod locks;
 mod ns;
+mod opencache;
 pub mod params;
 mod statahead;
 
@@ -94,6 +95,8 @@ pub struct Client {
     dcache: Mutex<DirCache>,
     locks: locks::Locks,
     statahead: statahead::Statahead,
+    /// Read-only open handles kept under OPEN locks (see [`opencache`]).
+    opencache: opencache::OpenCache,
     /// ioctl command numbers the mount answered ENOTTY, and how often.
     unsupported_ioctls: parking_lot::Mutex<std::collections::BTreeMap<u32, u64>>,
     /// Moves on every write or truncate through this client: bytes a read-only handle
@@ -176,6 +179,7 @@ impl Client {
             dcache: Mutex::new(HashMap::new()),
             locks: locks::Locks::default(),
             statahead: statahead::Statahead::default(),
+            opencache: opencache::OpenCache::default(),
             unsupported_ioctls: Default::default(),
             data_epoch: Default::default(),
             changing: Mutex::new(HashMap::new()),

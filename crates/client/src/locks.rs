@@ -538,6 +538,33 @@ impl Client {
         t
     }
 
+    /// Keeps open handle `fh` under the OPEN lock `lock` its open was granted (see
+    /// [`crate::opencache`]), unless that lock was called back before this (its
+    /// cancel went then) or the file has a kept handle already (the lock goes back).
+    pub(crate) fn keep_open(
+        &self,
+        cred: &Cred,
+        fh: &crate::io::FileHandle,
+        lock: u64,
+        attr_lock: u64,
+        data_epoch: u64,
+    ) {
+        let mut revoked = self.locks.revoked.lock();
+        if revoked.remove(&lock) {
+            return;
+        }
+        // Under `revoked`, as a callback looks for it: one that comes after this finds
+        // the handle kept.
+        let kept = self.opencache.keep(fh, lock, cred, attr_lock, data_epoch);
+        drop(revoked);
+        if !kept {
+            let Some(me) = self.me.upgrade() else { return };
+            self.rt.spawn(async move {
+                let _ = me.lock_cancel(vec![lock]).await;
+            });
+        }
+    }
+
     /// True while the layout lock of token `t` is held (not called back).
     pub(crate) fn layout_lock_held(&self, t: u64) -> bool {
         t != 0 && self.locks.layout.lock().by_token.contains_key(&t)
@@ -1017,12 +1044,16 @@ impl Client {
             warn!("evicted by the MDT: every lock and open file of this client is gone");
             self.locks.evictions.fetch_add(1, Ordering::AcqRel);
             self.locks.drop_all();
+            self.open_locks_lost();
             return;
         }
         let mut invals = Vec::new();
         // A lock whose grant is still on its way covers what no cache holds yet: the
         // answer it is for may be in flight, about anything.
         let mut in_flight = false;
+        // Kept open handles whose OPEN lock this is, idle: closed before the cancel,
+        // so that the unlink waiting for it finds the file closed.
+        let mut to_close = Vec::new();
         {
             // The lock order: revoked, held, cache.
             let mut revoked = self.locks.revoked.lock();
@@ -1030,6 +1061,10 @@ impl Client {
             let mut cache = self.locks.cache.lock();
             let mut layout = self.locks.layout.lock();
             for h in &handles {
+                if let Some(idle) = self.opencache.called_back(*h) {
+                    to_close.extend(idle);
+                    continue;
+                }
                 let cached = match cache.forget_lock(*h) {
                     Some(i) => {
                         invals.push(i);
@@ -1062,6 +1097,11 @@ impl Client {
         );
         let me = self.clone();
         self.rt.spawn(async move {
+            for fh in to_close {
+                if let Err(e) = me.close_on_mdt(&fh).await {
+                    debug!(fid = %fh.fid, "closing a kept open handle after a callback: {e}");
+                }
+            }
             let _ = tokio::time::timeout(INVAL_WAIT, rx).await;
             if let Err(e) = me.lock_cancel(handles).await {
                 debug!("lock cancel after a callback failed: {e}");
@@ -1093,6 +1133,7 @@ pub(crate) async fn callback_channel(client: Weak<Client>) {
             warn!(%target, "callback channel lost: every lock dropped");
         }
         c.locks.drop_all();
+        c.open_locks_lost();
         drop(c);
         tokio::time::sleep(CHANNEL_RETRY).await;
     }

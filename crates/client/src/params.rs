@@ -180,7 +180,7 @@ pub fn all(client: Arc<Client>) -> impl Params {
 pub struct LliteParams(pub Arc<Client>);
 
 /// `llite.*.*`.
-static LLITE: [Param<Client>; 3] = [
+static LLITE: [Param<Client>; 7] = [
     Param {
         name: "statahead_max",
         help: "entries a lookup of a listed or numbered name fetches ahead, with their locks (0: no statahead, and a mount lists names without their attributes)",
@@ -207,12 +207,69 @@ static LLITE: [Param<Client>; 3] = [
         set: Set::Clear(|c| c.statahead_stats_clear()),
     },
     Param {
+        name: "opencache_threshold_count",
+        help: "read-only opens of a file, each within opencache_threshold_ms of the last, after which its handle is kept under an OPEN lock and opened again without an RPC (off or 0: never)",
+        get: |c| match c.opencache_threshold_count() {
+            0 => "off".to_string(),
+            n => n.to_string(),
+        },
+        set: Set::Text(|c, v| {
+            let v = v.trim();
+            let n = if v == "off" {
+                0
+            } else {
+                v.parse()
+                    .map_err(|_| format!("Invalid argument: {v:?} is not a number or off"))?
+            };
+            c.set_opencache_threshold_count(n);
+            Ok(())
+        }),
+    },
+    Param {
+        name: "opencache_threshold_ms",
+        help: "longest gap between two opens of a file counted towards opencache_threshold_count",
+        get: |c| c.opencache_threshold_ms().to_string(),
+        set: Set::Text(|c, v| {
+            c.set_opencache_threshold_ms(parse_ms(v)?);
+            Ok(())
+        }),
+    },
+    Param {
+        name: "opencache_max_ms",
+        help: "longest a kept open handle stays idle before it is closed (0 closes the idle ones now)",
+        get: |c| c.opencache_max_ms().to_string(),
+        set: Set::Text(|c, v| {
+            c.set_opencache_max_ms(parse_ms(v)?);
+            Ok(())
+        }),
+    },
+    Param {
+        name: "opencache_stats",
+        help: "open handles kept under OPEN locks (and how many idle), opens served from them, handles kept and closed",
+        get: |c| c.opencache_stats(),
+        set: Set::No,
+    },
+    Param {
         name: "unsupported_ioctls",
         help: "ioctl command numbers answered ENOTTY (each logged once), with their counts",
         get: |c| c.unsupported_ioctls(),
         set: Set::No,
     },
 ];
+
+/// Milliseconds, at most a day.
+fn parse_ms(v: &str) -> Result<u64, String> {
+    let ms: u64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("Invalid argument: {v:?} is not a number"))?;
+    if ms > 86_400_000 {
+        return Err(format!(
+            "Numerical result out of range: {ms} ms is over a day"
+        ));
+    }
+    Ok(ms)
+}
 
 impl Registry for LliteParams {
     type Ctx = Client;

@@ -447,6 +447,7 @@ impl Namespace {
             data_token: 0,
             cache_current: false,
             layout_lock: 0,
+            open_lock: 0,
         };
         self.pdo.lock_inodes(&mut held, &[r.parent]);
         let mut parent = self.dir_inode(r.parent)?;
@@ -648,6 +649,7 @@ impl Namespace {
             data_token: 0,
             cache_current: false,
             layout_lock: 0,
+            open_lock: 0,
         };
         let transno = if b.is_empty() && ctx.slot.is_none() {
             0

@@ -425,6 +425,28 @@ impl Mdt {
         rep.layout_lock = lock;
     }
 
+    /// The PR OPEN lock a read-only open of a regular file asked for (see
+    /// `CreateRep::open_lock`). Never for a file already unlinked: the client would
+    /// keep its handle, and so the file, until it gave the lock back; an unlink after
+    /// the grant calls the lock back.
+    fn grant_open(&self, exp: &Export, flags: u32, rep: &mut lode_proto::CreateRep) {
+        let mask = (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT | libc::O_APPEND) as u32;
+        if rep.handle.is_none()
+            || flags & mask != libc::O_RDONLY as u32
+            || rep.body.attr.ftype() != lode_base::FileType::Regular
+            || !self.reachable(exp.slot)
+        {
+            return;
+        }
+        let fid = rep.body.attr.fid;
+        let lock = self.grant_pr(exp, ResId::object(fid), ldlm::bits::OPEN);
+        if lock != 0 && !self.ns.inode(fid).is_ok_and(|i| i.nlink > 0) {
+            self.ungrant(exp, lock);
+            return;
+        }
+        rep.open_lock = lock;
+    }
+
     /// A readdir+ page with locks: each entry's name (PR LOOKUP) and attributes (PR
     /// UPDATE|PERM), so the client may keep what `ls -l` reads. The names are read
     /// while the MDT holds the directory in PR (no change of its entries can be under
@@ -859,6 +881,9 @@ impl Mdt {
                     .ns
                     .open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags, r.cached)?;
                 self.grant_layout(exp, &mut rep);
+                if r.open_lock {
+                    self.grant_open(exp, r.flags, &mut rep);
+                }
                 (Reply::Open(rep), t)
             }
             MdtRequest::Close(r) => {
@@ -1611,7 +1636,7 @@ impl Mdt {
     /// listing or "no such name" is revoked). A name: PW LOOKUP on `(dir, name hash)`.
     /// An object whose attributes change: PW on the bits they belong to.
     fn lock_wants(&self, req: &MdtRequest) -> Vec<Want> {
-        use ldlm::bits::{LOOKUP, PERM, UPDATE, XATTR};
+        use ldlm::bits::{LOOKUP, OPEN, PERM, UPDATE, XATTR};
         let dir = |d| (ResId::object(d), LockMode::Cw, UPDATE);
         let name = |d, n: &[u8]| (ResId::name(d, n), LockMode::Pw, LOOKUP);
         let obj = |f, bits| (ResId::object(f), LockMode::Pw, bits);
@@ -1634,8 +1659,9 @@ impl Mdt {
             }
             MdtRequest::Unlink(r) => {
                 let mut w = vec![dir(r.parent), name(r.parent, &r.name)];
-                // Its nlink and ctime change (or it goes).
-                w.extend(child(r.parent, &r.name).map(|c| obj(c, UPDATE)));
+                // Its nlink and ctime change (or it goes, once no handle has it open:
+                // a client keeping idle handles under OPEN locks closes them).
+                w.extend(child(r.parent, &r.name).map(|c| obj(c, UPDATE | OPEN)));
                 w
             }
             MdtRequest::Rename(r) => {
@@ -1646,7 +1672,8 @@ impl Mdt {
                     name(r.dst_parent, &r.dst_name),
                 ];
                 w.extend(child(r.src_parent, &r.src_name).map(|c| obj(c, UPDATE)));
-                w.extend(child(r.dst_parent, &r.dst_name).map(|c| obj(c, UPDATE)));
+                // The file replaced, if any, as an unlink's.
+                w.extend(child(r.dst_parent, &r.dst_name).map(|c| obj(c, UPDATE | OPEN)));
                 w
             }
             MdtRequest::Link(r) => vec![dir(r.parent), name(r.parent, &r.name), obj(r.fid, UPDATE)],

@@ -388,6 +388,10 @@ pub struct CreateRep {
     /// handle's layout is current; its callback means the layout changed (a
     /// migration), and I/O in flight with the old one must be done again.
     pub layout_lock: u64,
+    /// With `OpenReq::open_lock`: a PR OPEN lock on the file (0: none could be
+    /// granted), which the client gives back after closing the handle, and which an
+    /// unlink or a rename over the file calls back.
+    pub open_lock: u64,
 }
 
 /// The first bytes of a Data-on-MDT file, sent with its open.
@@ -432,6 +436,10 @@ pub struct OpenReq {
     /// reply's `data_token` described them (0: none). If they are still the file's,
     /// the reply says so (`cache_current`) and carries no read-on-open bytes.
     pub cached: u64,
+    /// A read-only open of a regular file asks for an OPEN lock (Lustre's open
+    /// cache): while the client holds it, it keeps the handle after the last close
+    /// and opens the file again without an RPC.
+    pub open_lock: bool,
 }
 
 /// close of an open handle.

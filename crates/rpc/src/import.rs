@@ -1428,6 +1428,7 @@ impl Import {
             fid: rep.body.attr.fid,
             flags: flags & !((nix::libc::O_CREAT | nix::libc::O_EXCL | nix::libc::O_TRUNC) as u32),
             cached: 0,
+            open_lock: false,
         })
         .encode();
         self.opens.lock().held.insert(
