@@ -708,6 +708,23 @@ impl Client {
         }
     }
 
+    /// The object `name` in `parent` is, if a lock keeps the name cached.
+    pub(crate) fn cached_child(&self, parent: Fid, name: &[u8]) -> Option<Fid> {
+        self.locks
+            .cache
+            .lock()
+            .names
+            .get(&NameRef(parent, name))
+            .map(|(f, _)| *f)
+    }
+
+    /// Gives `lock` back with the next request (early lock cancel).
+    pub(crate) fn give_back(&self, lock: u64) {
+        if lock != 0 {
+            self.locks.unused.lock().push(lock);
+        }
+    }
+
     /// The lock the cached attributes of `fid` are kept under (0: none).
     pub(crate) fn attr_lock(&self, fid: Fid) -> u64 {
         self.locks

@@ -400,6 +400,9 @@ impl Client {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
+        if !rmdir {
+            self.close_kept_victim(parent, name).await;
+        }
         let rep = self
             .md(Request::Unlink(UnlinkReq {
                 cred: cred.clone(),
@@ -432,6 +435,7 @@ impl Client {
             dc.remove(&(sp, sn.to_vec()));
             dc.remove(&(dp, dn.to_vec()));
         }
+        self.close_kept_victim(dp, dn).await;
         let req = RenameReq {
             cred: cred.clone(),
             src_parent: sp,

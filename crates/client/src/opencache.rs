@@ -229,6 +229,24 @@ impl OpenCache {
         Some(inner.by_fid.remove(&fid).map(|e| e.fh))
     }
 
+    /// The idle kept handle of `fid` and its lock, taken out of the cache (this client
+    /// is about to unlink or replace the file).
+    pub(crate) fn take_idle_of(&self, fid: Fid) -> Option<(FileHandle, u64)> {
+        let mut inner = self.inner.lock();
+        if inner.by_fid.get(&fid)?.users > 0 {
+            return None;
+        }
+        let e = inner.by_fid.remove(&fid)?;
+        inner.by_lock.remove(&e.lock);
+        self.closed.fetch_add(1, Ordering::Relaxed);
+        Some((e.fh, e.lock))
+    }
+
+    /// Whether no handle is kept.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.inner.lock().by_fid.is_empty()
+    }
+
     /// Every lock lost (the callback channel, or an eviction): the idle handles to
     /// close; those in use close at their last close.
     pub(crate) fn drop_all(&self) -> Vec<FileHandle> {
@@ -388,6 +406,25 @@ impl crate::Client {
         }
         let _ = self.lock_cancel(locks).await;
         true
+    }
+
+    /// Before this client unlinks `name` in `parent` or renames over it: an idle kept
+    /// handle of the file (known from the name cache) is closed now, and its lock goes
+    /// back with the change, so the MDT need not call this client back for it.
+    pub(crate) async fn close_kept_victim(&self, parent: Fid, name: &[u8]) {
+        if self.opencache.is_empty() {
+            return;
+        }
+        let Some(fid) = self.cached_child(parent, name) else {
+            return;
+        };
+        let Some((fh, lock)) = self.opencache.take_idle_of(fid) else {
+            return;
+        };
+        if let Err(e) = self.close_on_mdt(&fh).await {
+            tracing::debug!(%fid, "closing a kept open handle before an unlink: {e}");
+        }
+        self.give_back(lock);
     }
 
     /// Every lock lost: the idle kept handles are closed, in the background.
