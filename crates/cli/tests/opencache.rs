@@ -65,6 +65,8 @@ fn a_file_read_again_and_again_is_opened_without_an_rpc_and_still_sees_other_wri
         ],
     );
     let (o, g) = (m.path().join("o"), m.path().join("dom/g"));
+    assert_eq!(c.get_param("llite.*.opencache_threshold_count"), "off");
+    c.set_param("llite.*.opencache_threshold_count=5");
     let closes = mdt_stat(&c, "mds_close");
     fs::write(&o, b"ost bytes").expect("write");
     fs::write(&g, vec![7u8; 4096]).expect("write");
@@ -72,7 +74,7 @@ fn a_file_read_again_and_again_is_opened_without_an_rpc_and_still_sees_other_wri
 
     for (p, want) in [(&o, b"ost bytes".to_vec()), (&g, vec![7u8; 4096])] {
         let (opens, closes) = (mdt_stat(&c, "mds_reint_open"), mdt_stat(&c, "mds_close"));
-        // Lustre's default: the fifth open in a row (each within 100 ms of the last)
+        // Lustre's setting: the fifth open in a row (each within 100 ms of the last)
         // asks for the lock.
         for _ in 0..5 {
             assert_eq!(fs::read(p).expect("read"), want);
@@ -293,4 +295,32 @@ fn a_mounts_own_unlink_of_a_file_it_keeps_open_needs_no_callback() {
     assert_eq!(oc_stat(&c, "handles"), 0);
     assert!(gone(&f));
     assert_eq!(fs::read(&g).expect("read"), b"bytes");
+}
+
+#[test]
+fn a_change_of_who_may_read_a_file_ends_the_handles_kept_open_on_it() {
+    let c = cluster(1);
+    let m = c.mount();
+    let f = m.path().join("f");
+    let closes = mdt_stat(&c, "mds_close");
+    fs::write(&f, b"secret").expect("write");
+    settle(&c, closes + 1);
+    // A native client reading as an unprivileged user keeps its handle.
+    let s = c.client();
+    s.client.set_opencache_threshold_count(1);
+    let file = fid(&s, "/f").expect("resolve");
+    let read_as_user = || {
+        s.run(async {
+            let fh = s.client.open(&user(), file, libc::O_RDONLY).await?;
+            let r = s.client.read(&fh, 0, 100).await;
+            s.client.close(&fh).await?;
+            r
+        })
+    };
+    assert_eq!(read_as_user().expect("read"), b"secret");
+    assert_eq!(read_as_user().expect("read"), b"secret");
+    assert!(s.client.opencache_stats().contains("hits: 1\n"));
+    // Root takes read permission away (through the mount): the kept handle goes.
+    fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+    assert_eq!(read_as_user(), Err(lode_base::Errno::EACCES));
 }

@@ -1677,7 +1677,12 @@ impl Mdt {
                 w
             }
             MdtRequest::Link(r) => vec![dir(r.parent), name(r.parent, &r.name), obj(r.fid, UPDATE)],
-            MdtRequest::Setattr(r) => vec![obj(r.fid, UPDATE | PERM)],
+            // A change of who may open the file ends the handles kept under OPEN locks
+            // (an open that takes one checks nothing on the MDT).
+            MdtRequest::Setattr(r) => {
+                let who = r.attr.mode.is_some() || r.attr.uid.is_some() || r.attr.gid.is_some();
+                vec![obj(r.fid, UPDATE | PERM | if who { OPEN } else { 0 })]
+            }
             // Everyone's cached layout (kept with the attributes) goes. Instantiating
             // only adds to a layout: open handles' layout locks stay.
             MdtRequest::LayoutIntent(r) => vec![obj(r.fid, UPDATE)],
@@ -1687,7 +1692,13 @@ impl Mdt {
                 vec![obj(r.fid, UPDATE | ldlm::bits::LAYOUT)]
             }
             // An ACL is a permission; every xattr change moves ctime.
-            MdtRequest::Setxattr(r) => vec![obj(r.fid, UPDATE | PERM | XATTR)],
+            MdtRequest::Setxattr(r) => {
+                let acl = r.name.starts_with(b"system.posix_acl");
+                vec![obj(
+                    r.fid,
+                    UPDATE | PERM | XATTR | if acl { OPEN } else { 0 },
+                )]
+            }
             // A truncating open changes the size; the first open for write marks the
             // file as holding data (its size then comes from the OSTs); another writer
             // of a file just created for writing ends its creator's knowing it empty.
