@@ -531,6 +531,13 @@ fn a_small_dom_file_opened_for_reading_is_in_the_page_cache_and_stays_current() 
     );
     fs::write(&pa, b"first version").expect("write");
     let _ = fs::metadata(&pa);
+    // The writer's close goes in the background; while the mount still has the file
+    // open for writing, an open does not fill the pages.
+    lode_testkit::wait_for(
+        "the writer closed",
+        std::time::Duration::from_secs(10),
+        || c.get_param("mdt.*.open_files") == "0",
+    );
 
     let f = fs::File::open(&pa).expect("open");
     assert!(

@@ -1114,10 +1114,20 @@ impl Client {
         );
         let me = self.clone();
         self.rt.spawn(async move {
-            for fh in to_close {
-                if let Err(e) = me.close_on_mdt(&fh).await {
-                    debug!(fid = %fh.fid, "closing a kept open handle after a callback: {e}");
-                }
+            if !to_close.is_empty() {
+                let closer = me.clone();
+                let closing = me.rt.spawn(async move {
+                    for fh in to_close {
+                        if let Err(e) = closer.close_on_mdt(&fh).await {
+                            debug!(fid = %fh.fid, "closing a kept open handle after a callback: {e}");
+                        }
+                    }
+                });
+                // Closed before the cancel, so that the change waiting for it finds the
+                // file closed; but not waited for long: the close may need an RPC slot
+                // that changes held back by this very cancel occupy (it goes on, and the
+                // file is then an orphan for a moment).
+                let _ = tokio::time::timeout(INVAL_WAIT, closing).await;
             }
             let _ = tokio::time::timeout(INVAL_WAIT, rx).await;
             if let Err(e) = me.lock_cancel(handles).await {
