@@ -252,6 +252,13 @@ fn lode_sync_commits_the_mdt_and_syncs_every_ost_before_returning() {
     c.set_param("mdt.*.commit_interval_ms=60000");
     c.set_param("obdfilter.*.stats=clear");
     std::fs::write(m.path().join("unsynced"), vec![7u8; 300_000]).expect("write");
+    // The writer's close goes in the background: one landing after the sync would be a
+    // change the sync did not cover.
+    lode_testkit::wait_for(
+        "the writer closed",
+        std::time::Duration::from_secs(10),
+        || c.get_param("mdt.*.open_files") == "0",
+    );
     let out = c
         .lode()
         .arg("sync")
