@@ -9,6 +9,14 @@ pub const MAY_WRITE: u32 = 2;
 /// Execute / search permission.
 pub const MAY_EXEC: u32 = 1;
 
+/// Whether `O_*` flags open a file for reading only, and neither create, truncate nor
+/// append: an open whose handle another such open may share (the open cache), and
+/// after which the caller's copy of the bytes may still be the file's.
+pub fn plain_read(flags: i32) -> bool {
+    let mask = libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT | libc::O_APPEND;
+    flags & mask == libc::O_RDONLY
+}
+
 /// `generic_permission` of Linux without ACLs: may `cred` access `attr` for `want`
 /// (a mask of MAY_*)?
 pub fn may_access(attr: &Attr, cred: &Cred, want: u32) -> bool {
@@ -47,6 +55,19 @@ pub fn is_owner_or_root(attr: &Attr, cred: &Cred) -> bool {
 mod tests {
     use super::*;
     use crate::Fid;
+
+    #[test]
+    fn plain_read_is_read_only_without_create_truncate_or_append() {
+        assert!(plain_read(libc::O_RDONLY));
+        assert!(plain_read(
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW
+        ));
+        assert!(!plain_read(libc::O_RDWR));
+        assert!(!plain_read(libc::O_WRONLY));
+        assert!(!plain_read(libc::O_RDONLY | libc::O_TRUNC));
+        assert!(!plain_read(libc::O_RDONLY | libc::O_CREAT));
+        assert!(!plain_read(libc::O_RDONLY | libc::O_APPEND));
+    }
 
     fn attr(mode: u32, uid: u32, gid: u32) -> Attr {
         Attr {

@@ -168,7 +168,7 @@ impl Client {
         cached: u64,
         keep: bool,
     ) -> Result<FileHandle, Errno> {
-        let plain = keep && crate::opencache::plain_read(flags);
+        let plain = keep && lode_base::perm::plain_read(flags);
         if plain {
             self.close_expired();
             if let Some(fh) = self.reuse_open(cred, fid, flags, cached) {

@@ -97,12 +97,6 @@ pub(crate) enum Release {
     Close(u64),
 }
 
-/// Whether `flags` open a file for reading only, in a way a kept handle can serve.
-pub(crate) fn plain_read(flags: i32) -> bool {
-    let mask = libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT | libc::O_APPEND;
-    flags & mask == libc::O_RDONLY
-}
-
 /// What a reused handle is opened with, apart from the kept one.
 pub(crate) struct Reuse {
     /// The caller's `O_*` flags.
@@ -505,19 +499,6 @@ impl crate::Client {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_plain_read_only_opens_are_served_from_the_cache() {
-        assert!(plain_read(libc::O_RDONLY));
-        assert!(plain_read(
-            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW
-        ));
-        assert!(!plain_read(libc::O_RDWR));
-        assert!(!plain_read(libc::O_WRONLY));
-        assert!(!plain_read(libc::O_RDONLY | libc::O_TRUNC));
-        assert!(!plain_read(libc::O_RDONLY | libc::O_CREAT));
-        assert!(!plain_read(libc::O_RDONLY | libc::O_APPEND));
-    }
 
     #[test]
     fn the_lock_is_asked_for_at_the_thresholds_open_in_a_row() {

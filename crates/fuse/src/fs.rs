@@ -994,16 +994,15 @@ impl Filesystem for LodeFs {
                 let flags = i.append_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
                 // Asked only if the pages could be kept: a current answer brings no
                 // bytes, so the reads would all go to the MDT.
-                let cached = match flags & libc::O_ACCMODE {
-                    libc::O_RDONLY if flags & (libc::O_TRUNC | libc::O_APPEND) == 0 => {
-                        let t = i.files.lock().token(f);
-                        if t != 0 && i.may_keep_pages(f) {
-                            t
-                        } else {
-                            0
-                        }
+                let cached = if lode_base::perm::plain_read(flags) {
+                    let t = i.files.lock().token(f);
+                    if t != 0 && i.may_keep_pages(f) {
+                        t
+                    } else {
+                        0
                     }
-                    _ => 0,
+                } else {
+                    0
                 };
                 i.client.open_cached(&cred, f, flags, cached).await
             };

@@ -430,9 +430,8 @@ impl Mdt {
     /// keep its handle, and so the file, until it gave the lock back; an unlink after
     /// the grant calls the lock back.
     fn grant_open(&self, exp: &Export, flags: u32, rep: &mut lode_proto::CreateRep) {
-        let mask = (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT | libc::O_APPEND) as u32;
         if rep.handle.is_none()
-            || flags & mask != libc::O_RDONLY as u32
+            || !lode_base::perm::plain_read(flags as i32)
             || rep.body.attr.ftype() != lode_base::FileType::Regular
             || !self.reachable(exp.slot)
         {
