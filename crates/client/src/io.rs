@@ -169,7 +169,7 @@ impl Client {
         keep: bool,
     ) -> Result<FileHandle, Errno> {
         let plain = keep && lode_base::perm::plain_read(flags);
-        if plain {
+        if plain && !self.opencache.is_empty() {
             self.close_expired();
             if let Some(fh) = self.reuse_open(cred, fid, flags, cached) {
                 return Ok(fh);
@@ -179,8 +179,8 @@ impl Client {
         // it is out may postdate the MDT's copy of the data, so the copy must not be
         // taken as current after it.
         let data_epoch = self.data_epoch.load(Ordering::Acquire);
-        let attr_lock = self.attr_lock(fid);
         let open_lock = plain && self.callback_channel_up() && self.opencache.wants_lock(fid);
+        let attr_lock = if open_lock { self.attr_lock(fid) } else { 0 };
         let req = Request::Open(lode_proto::OpenReq {
             cred: cred.clone(),
             fid,
@@ -331,16 +331,10 @@ impl Client {
     /// was the last writer of a Data-on-MDT file and nobody else wrote or truncated it
     /// since its open.
     pub async fn close_token(&self, fh: &FileHandle) -> Result<u64, Errno> {
-        let open_lock = match self.opencache.release(fh) {
-            crate::opencache::Release::NotKept => 0,
-            crate::opencache::Release::Kept => return Ok(0),
-            crate::opencache::Release::Close(lock) => lock,
-        };
-        let r = self.close_on_mdt(fh).await;
-        if open_lock != 0 {
-            let _ = self.lock_cancel(vec![open_lock]).await;
+        if self.opencache.release(fh) {
+            return Ok(0);
         }
-        r
+        self.close_on_mdt(fh).await
     }
 
     /// Closes `fh` on the MDT.

@@ -61,6 +61,17 @@ struct Inner {
     last_sweep: Option<Instant>,
 }
 
+impl Inner {
+    /// The files whose kept handle nobody uses now.
+    fn idle(&self) -> Vec<Fid> {
+        self.by_fid
+            .iter()
+            .filter(|(_, e)| e.users == 0)
+            .map(|(f, _)| *f)
+            .collect()
+    }
+}
+
 /// The open cache of a client.
 pub(crate) struct OpenCache {
     inner: Mutex<Inner>,
@@ -84,17 +95,6 @@ impl Default for OpenCache {
             closed: AtomicU64::default(),
         }
     }
-}
-
-/// What the close of a handle comes to.
-pub(crate) enum Release {
-    /// Not a kept handle: close it on the MDT.
-    NotKept,
-    /// Kept, idle now: nothing to send.
-    Kept,
-    /// Kept, and its last user gone after its lock was: close it on the MDT, then
-    /// give back the lock if it is still held (not 0).
-    Close(u64),
 }
 
 /// What a reused handle is opened with, apart from the kept one.
@@ -188,26 +188,38 @@ impl OpenCache {
         true
     }
 
-    /// The close of `fh`.
-    pub(crate) fn release(&self, fh: &FileHandle) -> Release {
+    /// The close of `fh`: true if the handle stays kept (nothing to send); false if
+    /// it is to be closed on the MDT (never kept, or its last user gone after its
+    /// lock was).
+    pub(crate) fn release(&self, fh: &FileHandle) -> bool {
         let mut inner = self.inner.lock();
         let Some(e) = inner.by_fid.get_mut(&fh.fid) else {
-            return Release::NotKept;
+            return false;
         };
         if e.fh.handle != fh.handle {
-            return Release::NotKept;
+            return false;
         }
         e.users = e.users.saturating_sub(1);
         if e.users > 0 {
-            return Release::Kept;
+            return true;
         }
         e.idle_since = Instant::now();
         if e.lock != 0 {
-            return Release::Kept;
+            return true;
         }
-        inner.by_fid.remove(&fh.fid);
+        self.take(&mut inner, fh.fid);
+        false
+    }
+
+    /// Takes `fid`'s kept handle, with its lock (0: called back), out of the cache,
+    /// to be closed.
+    fn take(&self, inner: &mut Inner, fid: Fid) -> Option<(FileHandle, u64)> {
+        let e = inner.by_fid.remove(&fid)?;
+        if e.lock != 0 {
+            inner.by_lock.remove(&e.lock);
+        }
         self.closed.fetch_add(1, Ordering::Relaxed);
-        Release::Close(0)
+        Some((e.fh, e.lock))
     }
 
     /// A callback of `lock`: `None` if it is not the OPEN lock of a kept handle; else
@@ -223,8 +235,7 @@ impl OpenCache {
         if e.users > 0 {
             return Some(None);
         }
-        self.closed.fetch_add(1, Ordering::Relaxed);
-        Some(inner.by_fid.remove(&fid).map(|e| e.fh))
+        Some(self.take(&mut inner, fid).map(|(fh, _)| fh))
     }
 
     /// The idle kept handle of `fid` and its lock, taken out of the cache (this client
@@ -234,10 +245,7 @@ impl OpenCache {
         if inner.by_fid.get(&fid)?.users > 0 {
             return None;
         }
-        let e = inner.by_fid.remove(&fid)?;
-        inner.by_lock.remove(&e.lock);
-        self.closed.fetch_add(1, Ordering::Relaxed);
-        Some((e.fh, e.lock))
+        self.take(&mut inner, fid)
     }
 
     /// Whether no handle is kept.
@@ -250,17 +258,12 @@ impl OpenCache {
     pub(crate) fn drop_all(&self) -> Vec<FileHandle> {
         let mut inner = self.inner.lock();
         inner.by_lock.clear();
-        let idle: Vec<Fid> = inner
-            .by_fid
-            .iter_mut()
-            .filter_map(|(f, e)| {
-                e.lock = 0;
-                (e.users == 0).then_some(*f)
-            })
-            .collect();
-        self.closed.fetch_add(idle.len() as u64, Ordering::Relaxed);
-        idle.iter()
-            .filter_map(|f| inner.by_fid.remove(f).map(|e| e.fh))
+        for e in inner.by_fid.values_mut() {
+            e.lock = 0;
+        }
+        let idle = inner.idle();
+        idle.into_iter()
+            .filter_map(|f| self.take(&mut inner, f).map(|(fh, _)| fh))
             .collect()
     }
 
@@ -281,10 +284,9 @@ impl OpenCache {
         }
         inner.last_sweep = Some(now);
         let mut idle: Vec<(Instant, Fid)> = inner
-            .by_fid
-            .iter()
-            .filter(|(_, e)| e.users == 0)
-            .map(|(f, e)| (e.idle_since, *f))
+            .idle()
+            .into_iter()
+            .map(|f| (inner.by_fid[&f].idle_since, f))
             .collect();
         idle.sort_unstable();
         let excess = inner.by_fid.len().saturating_sub(OPEN_CACHE_MAX);
@@ -293,12 +295,8 @@ impl OpenCache {
             if i >= excess && now.duration_since(since) < max {
                 break;
             }
-            if let Some(e) = inner.by_fid.remove(&f) {
-                inner.by_lock.remove(&e.lock);
-                out.push((e.fh, e.lock));
-            }
+            out.extend(self.take(&mut inner, f));
         }
-        self.closed.fetch_add(out.len() as u64, Ordering::Relaxed);
         out
     }
 
@@ -306,21 +304,10 @@ impl OpenCache {
     /// stop).
     pub(crate) fn take_idle(&self) -> Vec<(FileHandle, u64)> {
         let mut inner = self.inner.lock();
-        let idle: Vec<Fid> = inner
-            .by_fid
-            .iter()
-            .filter(|(_, e)| e.users == 0)
-            .map(|(f, _)| *f)
-            .collect();
-        let mut out = Vec::new();
-        for f in idle {
-            if let Some(e) = inner.by_fid.remove(&f) {
-                inner.by_lock.remove(&e.lock);
-                out.push((e.fh, e.lock));
-            }
-        }
-        self.closed.fetch_add(out.len() as u64, Ordering::Relaxed);
-        out
+        let idle = inner.idle();
+        idle.into_iter()
+            .filter_map(|f| self.take(&mut inner, f))
+            .collect()
     }
 
     /// `opencache_threshold_count` (0: off).
@@ -397,12 +384,7 @@ impl crate::Client {
         if idle.is_empty() {
             return false;
         }
-        let mut locks = Vec::new();
-        for (fh, lock) in idle {
-            let _ = self.close_on_mdt(&fh).await;
-            locks.extend((lock != 0).then_some(lock));
-        }
-        let _ = self.lock_cancel(locks).await;
+        self.close_kept_now(idle).await;
         true
     }
 
@@ -431,28 +413,31 @@ impl crate::Client {
         self.close_kept(gone.into_iter().map(|fh| (fh, 0)).collect());
     }
 
-    /// Closes kept handles on the MDT, then gives back their OPEN locks (0: none).
+    /// [`Client::close_kept_now`] in the background.
     fn close_kept(&self, gone: Vec<(FileHandle, u64)>) {
         if gone.is_empty() {
             return;
         }
         let Some(me) = self.me.upgrade() else { return };
-        self.rt.spawn(async move {
-            let mut locks = Vec::new();
-            for (fh, lock) in gone {
-                if let Err(e) = me.close_on_mdt(&fh).await {
-                    tracing::debug!(fid = %fh.fid, "closing a kept open handle: {e}");
-                }
-                if lock != 0 {
-                    locks.push(lock);
-                }
+        self.rt.spawn(async move { me.close_kept_now(gone).await });
+    }
+
+    /// Closes kept handles on the MDT, then gives back their OPEN locks (0: none).
+    async fn close_kept_now(&self, gone: Vec<(FileHandle, u64)>) {
+        let mut locks = Vec::new();
+        for (fh, lock) in gone {
+            if let Err(e) = self.close_on_mdt(&fh).await {
+                tracing::debug!(fid = %fh.fid, "closing a kept open handle: {e}");
             }
-            if !locks.is_empty() {
-                if let Err(e) = me.lock_cancel(locks).await {
-                    tracing::debug!("giving back OPEN locks: {e}");
-                }
+            if lock != 0 {
+                locks.push(lock);
             }
-        });
+        }
+        if !locks.is_empty() {
+            if let Err(e) = self.lock_cancel(locks).await {
+                tracing::debug!("giving back OPEN locks: {e}");
+            }
+        }
     }
 
     /// `llite.*.opencache_*`.
