@@ -3,9 +3,8 @@
 //!
 //! A read-only open of a regular file asks the MDT for a PR OPEN lock once the file
 //! was opened `opencache_threshold_count` times, each within `opencache_threshold_ms`
-//! of the one before (Lustre's defaults are 5 and 100 ms; lode's count is off until
-//! set, see [`THRESHOLD_COUNT_DEFAULT`]). While the
-//! lock is held, the last close keeps the handle, and a read-only open by the same
+//! of the one before (Lustre's defaults, 5 and 100 ms, are lode's). While the lock is
+//! held, the last close keeps the handle, and a read-only open by the same
 //! credentials takes it again. An unlink or a rename over the file calls the lock
 //! back: an idle handle is closed first, then the lock given back, so the file goes
 //! with the unlink; a handle in use is closed at its last close. A handle idle for
@@ -23,11 +22,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// `opencache_threshold_count` unless set: off (Lustre's is 5). The multi-client
-/// coherence model once saw a mount read a file at a size it had before another
-/// client's write, with the open cache on at Lustre's default; until that is
-/// explained, the cache is opt-in (`llite.*.opencache_threshold_count=5`).
-pub const THRESHOLD_COUNT_DEFAULT: u32 = 0;
+/// `opencache_threshold_count` unless set (Lustre's; 0 turns the cache off).
+pub const THRESHOLD_COUNT_DEFAULT: u32 = 5;
 /// `opencache_threshold_ms` unless set (Lustre's).
 pub const THRESHOLD_MS_DEFAULT: u64 = 100;
 /// `opencache_max_ms` unless set (Lustre's).
