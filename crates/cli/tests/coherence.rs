@@ -517,18 +517,7 @@ fn a_small_dom_file_opened_for_reading_is_in_the_page_cache_and_stays_current() 
     let c = cluster(2);
     let (a, b) = (c.mount(), c.mount());
     let (pa, pb) = (a.path().join("d/f"), b.path().join("d/f"));
-    fs::create_dir(a.path().join("d")).expect("mkdir");
-    lode_ok(
-        &c,
-        &[
-            "setstripe",
-            "-E",
-            "1M",
-            "-L",
-            "mdt",
-            &arg(&a.path().join("d")),
-        ],
-    );
+    dom_dir(&c, &a.path().join("d"));
     fs::write(&pa, b"first version").expect("write");
     let _ = fs::metadata(&pa);
     // The writer's close goes in the background; while the mount still has the file
@@ -589,5 +578,80 @@ fn a_small_dom_file_opened_for_reading_is_in_the_page_cache_and_stays_current() 
         fs::read(&pb).expect("read on B"),
         b"THIRD",
         "written back at unmap"
+    );
+}
+
+/// A reader that keeps a file open sees another client's later write on its next
+/// read, as on Lustre: the kernel asks for the attributes a lock no longer covers
+/// before a read and drops the pages of a file whose mtime moved, and a handle's
+/// read-on-open bytes (DoM) answer only while the attributes lock that vouched for
+/// them is held.
+#[test]
+fn a_reader_holding_a_file_open_sees_another_clients_later_writes() {
+    use std::os::unix::fs::FileExt;
+    let c = cluster(2);
+    let (a, b) = (c.mount(), c.mount());
+    let s = c.client();
+    dom_dir(&c, &a.path().join("dom"));
+    let closed = || {
+        lode_testkit::wait_for(
+            "the writers' closes",
+            std::time::Duration::from_secs(10),
+            || c.get_param("mdt.*.open_files") == "0",
+        )
+    };
+    for name in ["ost", "dom/f"] {
+        let (pa, pb) = (a.path().join(name), b.path().join(name));
+        fs::write(&pa, b"first version").expect("write");
+        closed();
+        let fid = s
+            .run(s.client.resolve(&root(), &format!("/{name}"), false))
+            .expect("resolve")
+            .attr
+            .fid;
+        let native = s
+            .run(s.client.open(&root(), fid, libc::O_RDONLY))
+            .expect("native open");
+        let f = fs::File::open(&pa).expect("open on A");
+        let read_a = || {
+            let mut buf = [0u8; 100];
+            let n = f.read_at(&mut buf, 0).expect("read on A");
+            buf[..n].to_vec()
+        };
+        let read_native = || s.run(s.client.read(&native, 0, 100)).expect("native read");
+        assert_eq!(read_a(), b"first version", "{name}");
+        assert_eq!(read_native(), b"first version", "{name}");
+        for (how, new) in [
+            ("in place, same size", &b"FIRST VERSION"[..]),
+            ("longer", &b"second, longer version"[..]),
+            ("shorter", &b"third"[..]),
+        ] {
+            if how.starts_with("in place") {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&pb)
+                    .and_then(|mut g| g.write_all(new))
+                    .expect("write on B");
+            } else {
+                fs::write(&pb, new).expect("write on B");
+            }
+            assert_eq!(read_a(), new, "{name}, {how}: mount A's open file");
+            assert_eq!(read_native(), new, "{name}, {how}: the native handle");
+            closed_but(&c, 2);
+        }
+        s.run(s.client.close(&native)).expect("close");
+    }
+}
+
+/// Waits until the MDT has no more than `n` open handles (the readers' own).
+fn closed_but(c: &lode_testkit::Cluster, n: u64) {
+    lode_testkit::wait_for(
+        "the writer's close",
+        std::time::Duration::from_secs(10),
+        || {
+            c.get_param("mdt.*.open_files")
+                .parse::<u64>()
+                .is_ok_and(|o| o <= n)
+        },
     );
 }

@@ -403,6 +403,13 @@ pub fn gnu_ls_l(dir: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Makes directory `dir`, whose new files keep their first MiB on the MDT (`lode
+/// setstripe -E 1M -L mdt`).
+pub fn dom_dir(c: &Cluster, dir: &Path) {
+    std::fs::create_dir(dir).expect("mkdir");
+    lode_ok(c, &["setstripe", "-E", "1M", "-L", "mdt", &arg(dir)]);
+}
+
 /// A path as a command-line argument.
 pub fn arg(p: &Path) -> String {
     p.display().to_string()

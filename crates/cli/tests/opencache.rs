@@ -52,18 +52,7 @@ fn a_file_read_again_and_again_is_opened_without_an_rpc_and_still_sees_other_wri
     let c = cluster(1);
     let m = c.mount();
     let s = c.client();
-    fs::create_dir(m.path().join("dom")).expect("mkdir");
-    lode_ok(
-        &c,
-        &[
-            "setstripe",
-            "-E",
-            "1M",
-            "-L",
-            "mdt",
-            &arg(&m.path().join("dom")),
-        ],
-    );
+    dom_dir(&c, &m.path().join("dom"));
     let (o, g) = (m.path().join("o"), m.path().join("dom/g"));
     // Lustre's default.
     assert_eq!(c.get_param("llite.*.opencache_threshold_count"), "5");

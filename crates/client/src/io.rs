@@ -27,6 +27,20 @@ const LAYOUT_RETRIES: usize = 16;
 const MIGRATE_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 const MIGRATE_BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// Read-on-open bytes and what keeps them current. The MDT sends them only while the
+/// file is not marked as being written, and the open for writing that marks it next
+/// calls back every attributes lock on it (as any truncate does). So the bytes answer
+/// reads while the attributes lock held before the open left still is, and this
+/// client wrote nothing since.
+#[derive(Clone, Debug)]
+pub(crate) struct Prefetch {
+    pub(crate) bytes: Arc<DomPrefetch>,
+    /// `Client::data_epoch` before the open left.
+    pub(crate) epoch: u64,
+    /// The attributes lock held before the open left.
+    pub(crate) lock: u64,
+}
+
 /// An open file.
 #[derive(Clone, Debug)]
 pub struct FileHandle {
@@ -47,9 +61,9 @@ pub struct FileHandle {
     /// See `Client::open_epoch`: a handle from before an eviction (or an MDT restart)
     /// is gone on the MDT, and its I/O fails with EIO.
     pub(crate) epoch: (u64, u64),
-    /// Read-on-open: the file's first bytes as the open found them, and the client's
-    /// data epoch then (see `Client::data_epoch`).
-    pub(crate) prefetch: Option<(Arc<DomPrefetch>, u64)>,
+    /// Read-on-open: the file's first bytes as the open found them (see
+    /// [`Prefetch`]).
+    pub(crate) prefetch: Option<Prefetch>,
     /// The PR LAYOUT lock that keeps `layout` current, by its token (see
     /// `LayoutLocks`; 0: none): granted with the open (released by the MDT at close),
     /// or taken again by this client after a callback (`own_lock`: cancelled at
@@ -180,7 +194,7 @@ impl Client {
         // taken as current after it.
         let data_epoch = self.data_epoch.load(Ordering::Acquire);
         let open_lock = plain && self.callback_channel_up() && self.opencache.wants_lock(fid);
-        let attr_lock = if open_lock { self.attr_lock(fid) } else { 0 };
+        let attr_lock = self.attr_lock(fid);
         let req = Request::Open(lode_proto::OpenReq {
             cred: cred.clone(),
             fid,
@@ -198,6 +212,14 @@ impl Client {
             Reply::Open(r) => r,
             _ => return Err(Errno::EPROTO),
         };
+        // The attributes lock that vouches for the reply: one granted with it, or the
+        // one held across it.
+        let attr_lock = if rep.body.lock != 0 {
+            self.remember(&rep.body, None);
+            rep.body.lock
+        } else {
+            attr_lock
+        };
         let fh = FileHandle {
             fid,
             handle: rep.handle.ok_or(Errno::EPROTO)?,
@@ -206,7 +228,14 @@ impl Client {
             attr: rep.body.attr.clone(),
             wrote: Arc::default(),
             epoch: self.open_epoch(),
-            prefetch: rep.dom_data.map(|d| (Arc::new(d), data_epoch)),
+            prefetch: rep
+                .dom_data
+                .filter(|_| attr_lock != 0 && self.attr_lock(fid) == attr_lock)
+                .map(|d| Prefetch {
+                    bytes: Arc::new(d),
+                    epoch: data_epoch,
+                    lock: attr_lock,
+                }),
             layout_lock: Arc::new(AtomicU64::new(self.keep_layout_lock(rep.layout_lock))),
             own_lock: Arc::default(),
             data_token: rep.data_token,
@@ -214,7 +243,7 @@ impl Client {
         };
         if rep.open_lock != 0 {
             // The attributes lock held across the open, if the same one still is.
-            let attr_lock = if self.attr_lock(fid) == attr_lock {
+            let attr_lock = if attr_lock != 0 && self.attr_lock(fid) == attr_lock {
                 attr_lock
             } else {
                 0
@@ -601,9 +630,17 @@ impl Client {
     /// a mount may put in the kernel's page cache at open, as Lustre's read-on-open
     /// fills the client's pages.
     pub fn opened_contents(&self, fh: &FileHandle) -> Option<Arc<DomPrefetch>> {
-        let (p, at) = fh.prefetch.as_ref()?;
+        let p = self.prefetched(fh)?;
         let whole = p.eof && !p.data.is_empty() && p.data.len() as u64 == fh.attr.size;
-        (whole && *at == self.data_epoch.load(Ordering::Acquire)).then(|| p.clone())
+        whole.then(|| p.clone())
+    }
+
+    /// The handle's read-on-open bytes while they are still the file's (see
+    /// [`Prefetch`]).
+    fn prefetched<'a>(&self, fh: &'a FileHandle) -> Option<&'a Arc<DomPrefetch>> {
+        let p = fh.prefetch.as_ref()?;
+        (p.epoch == self.data_epoch.load(Ordering::Acquire) && self.attr_lock(fh.fid) == p.lock)
+            .then_some(&p.bytes)
     }
 
     /// Reads up to `len` bytes at `off`; short at end of file. The read is done again
@@ -616,14 +653,12 @@ impl Client {
             return Ok(Vec::new());
         }
         let len = len.min(lode_base::limits::BULK_MAX * 4);
-        if let Some((p, at)) = &fh.prefetch {
-            if *at == self.data_epoch.load(Ordering::Acquire) {
-                let have = p.data.len() as u64;
-                let end = off.saturating_add(len as u64);
-                if end <= have || p.eof {
-                    let from = off.min(have) as usize;
-                    return Ok(p.data[from..end.min(have) as usize].to_vec());
-                }
+        if let Some(p) = self.prefetched(fh) {
+            let have = p.data.len() as u64;
+            let end = off.saturating_add(len as u64);
+            if end <= have || p.eof {
+                let from = off.min(have) as usize;
+                return Ok(p.data[from..end.min(have) as usize].to_vec());
             }
         }
         for _ in 0..LAYOUT_RETRIES {

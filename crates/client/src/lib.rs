@@ -298,17 +298,22 @@ impl Client {
         // this point cannot be granted a lock the change would have to call back.
         let _changing = Changing::new(self, &req);
         let (cancels, forgot) = self.release_for_change(&req);
-        let flags = if matches!(
-            req,
+        let locks_wanted = match &req {
             Request::Getattr(_)
-                | Request::Lookup(_)
-                | Request::Create(_)
-                | Request::Unlink(_)
-                | Request::Setattr(_)
-                | Request::Readdir(lode_proto::ReaddirReq { plus: true, .. })
-        ) && self.callback_channel_up()
-            && !self.being_changed(&req)
-        {
+            | Request::Lookup(_)
+            | Request::Create(_)
+            | Request::Unlink(_)
+            | Request::Setattr(_)
+            | Request::Readdir(lode_proto::ReaddirReq { plus: true, .. }) => true,
+            // The attributes lock, unless held: it vouches for read-on-open bytes.
+            Request::Open(o) => {
+                o.flags as i32 & libc::O_ACCMODE == libc::O_RDONLY
+                    && o.flags as i32 & libc::O_TRUNC == 0
+                    && self.attr_lock(o.fid) == 0
+            }
+            _ => false,
+        };
+        let flags = if locks_wanted && self.callback_channel_up() && !self.being_changed(&req) {
             lode_proto::frame::FLAG_INTENT
         } else {
             0

@@ -48,6 +48,10 @@ pub enum Inval {
     },
     /// A name's binding in a directory.
     Name(Fid, Vec<u8>),
+    /// A regular file's cached pages: its attributes lock was called back, which the
+    /// first open for writing by another client and every truncate do, so its bytes
+    /// may be about to change under a reader that holds it open.
+    Data(Fid),
 }
 
 /// Called with what to forget and a `done` to call once it is forgotten.
@@ -360,7 +364,7 @@ impl InvalLog {
 /// The log's hash of what an invalidation forgets.
 fn inval_key(w: &Inval) -> u64 {
     match w {
-        Inval::Attr { fid, .. } => attr_key(*fid),
+        Inval::Attr { fid, .. } | Inval::Data(fid) => attr_key(*fid),
         Inval::Name(d, n) => name_key(*d, n),
     }
 }
@@ -1084,6 +1088,9 @@ impl Client {
                 }
                 let cached = match cache.forget_lock(*h) {
                     Some(i) => {
+                        if let Inval::Attr { fid, dir: false } = i {
+                            invals.push(Inval::Data(fid));
+                        }
                         invals.push(i);
                         true
                     }

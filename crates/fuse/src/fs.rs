@@ -700,11 +700,13 @@ impl Inner {
     fn notify(&self, n: &Notifier, w: &Inval) {
         let known = |f: &Fid| self.inodes.read().contains_key(&f.ino());
         let r = match w {
-            // A directory's listing goes with its attributes; a file's pages are not
-            // covered by metadata locks.
+            // A directory's listing goes with its attributes.
             Inval::Attr { fid, dir } if known(fid) => {
                 n.inval_inode(INodeNo(fid.ino()), if *dir { 0 } else { -1 }, 0)
             }
+            // Else a file held open would keep reading the pages it had cached before
+            // another client's write.
+            Inval::Data(fid) if known(fid) => n.inval_inode(INodeNo(fid.ino()), 0, 0),
             Inval::Name(d, name) if known(d) => n.inval_entry(INodeNo(d.ino()), name),
             _ => return,
         };

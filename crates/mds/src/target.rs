@@ -876,9 +876,19 @@ impl Mdt {
             }
             MdtRequest::Open(r) => {
                 check_cred(&r.cred)?;
+                // A read-only open with an intent: the attributes lock first, then the
+                // open's read of the inode and of its read-on-open bytes, which the
+                // lock then covers (the next open for writing calls it back).
+                let lock = if self.intent(inc, exp) && !crate::ns::wants_write(r.flags as i32) {
+                    self.grant_attrs(exp, r.fid)
+                } else {
+                    0
+                };
                 let (mut rep, t) = self
                     .ns
-                    .open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags, r.cached)?;
+                    .open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags, r.cached)
+                    .inspect_err(|_| self.ungrant(exp, lock))?;
+                rep.body.lock = lock;
                 self.grant_layout(exp, &mut rep);
                 if r.open_lock {
                     self.grant_open(exp, r.flags, &mut rep);
