@@ -30,15 +30,18 @@ const MIGRATE_BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis
 /// Read-on-open bytes and what keeps them current. The MDT sends them only while the
 /// file is not marked as being written, and the open for writing that marks it next
 /// calls back every attributes lock on it (as any truncate does). So the bytes answer
-/// reads while the attributes lock held before the open left still is, and this
-/// client wrote nothing since.
+/// reads if an attributes lock was held when the MDT read them (one held before the
+/// open left, or granted with it), nothing has made this client forget the file's
+/// attributes since (a callback, a lock given back unasked, an eviction), and this
+/// client wrote nothing since. A newer lock taking the place of that one (a getattr's)
+/// is no reason to forget.
 #[derive(Clone, Debug)]
 pub(crate) struct Prefetch {
     pub(crate) bytes: Arc<DomPrefetch>,
     /// `Client::data_epoch` before the open left.
     pub(crate) epoch: u64,
-    /// The attributes lock held before the open left.
-    pub(crate) lock: u64,
+    /// `Client::inval_seq` before the open left.
+    pub(crate) seq: u64,
 }
 
 /// An open file.
@@ -193,6 +196,7 @@ impl Client {
         // it is out may postdate the MDT's copy of the data, so the copy must not be
         // taken as current after it.
         let data_epoch = self.data_epoch.load(Ordering::Acquire);
+        let seq = self.inval_seq();
         let open_lock = plain && self.callback_channel_up() && self.opencache.wants_lock(fid);
         let attr_lock = self.attr_lock(fid);
         let req = Request::Open(lode_proto::OpenReq {
@@ -230,11 +234,15 @@ impl Client {
             epoch: self.open_epoch(),
             prefetch: rep
                 .dom_data
-                .filter(|_| attr_lock != 0 && self.attr_lock(fid) == attr_lock)
+                .filter(|_| {
+                    attr_lock != 0
+                        && self.attr_lock(fid) != 0
+                        && !self.forgotten_since(seq, None, fid)
+                })
                 .map(|d| Prefetch {
                     bytes: Arc::new(d),
                     epoch: data_epoch,
-                    lock: attr_lock,
+                    seq,
                 }),
             layout_lock: Arc::new(AtomicU64::new(self.keep_layout_lock(rep.layout_lock))),
             own_lock: Arc::default(),
@@ -639,8 +647,9 @@ impl Client {
     /// [`Prefetch`]).
     fn prefetched<'a>(&self, fh: &'a FileHandle) -> Option<&'a Arc<DomPrefetch>> {
         let p = fh.prefetch.as_ref()?;
-        (p.epoch == self.data_epoch.load(Ordering::Acquire) && self.attr_lock(fh.fid) == p.lock)
-            .then_some(&p.bytes)
+        (p.epoch == self.data_epoch.load(Ordering::Acquire)
+            && !self.forgotten_since(p.seq, None, fh.fid))
+        .then_some(&p.bytes)
     }
 
     /// Reads up to `len` bytes at `off`; short at end of file. The read is done again

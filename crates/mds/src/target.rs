@@ -888,7 +888,13 @@ impl Mdt {
                     .ns
                     .open_fid(&ctx, exp.slot, &r.cred, r.fid, r.flags, r.cached)
                     .inspect_err(|_| self.ungrant(exp, lock))?;
-                rep.body.lock = lock;
+                // Only a file's: a directory's, held by every client that lists it,
+                // would be called back by each create in it.
+                if lock != 0 && rep.body.attr.ftype() != lode_base::FileType::Regular {
+                    self.ungrant(exp, lock);
+                } else {
+                    rep.body.lock = lock;
+                }
                 self.grant_layout(exp, &mut rep);
                 if r.open_lock {
                     self.grant_open(exp, r.flags, &mut rep);
