@@ -17,6 +17,13 @@ pub fn plain_read(flags: i32) -> bool {
     flags & mask == libc::O_RDONLY
 }
 
+/// Whether `O_*` flags ask for write access (or truncation): an open that may change
+/// the file's bytes.
+pub fn wants_write(flags: i32) -> bool {
+    let acc = flags & libc::O_ACCMODE;
+    acc == libc::O_WRONLY || acc == libc::O_RDWR || flags & libc::O_TRUNC != 0
+}
+
 /// `generic_permission` of Linux without ACLs: may `cred` access `attr` for `want`
 /// (a mask of MAY_*)?
 pub fn may_access(attr: &Attr, cred: &Cred, want: u32) -> bool {

@@ -307,9 +307,7 @@ impl Client {
             | Request::Readdir(lode_proto::ReaddirReq { plus: true, .. }) => true,
             // The attributes lock, unless held: it vouches for read-on-open bytes.
             Request::Open(o) => {
-                o.flags as i32 & libc::O_ACCMODE == libc::O_RDONLY
-                    && o.flags as i32 & libc::O_TRUNC == 0
-                    && self.attr_lock(o.fid) == 0
+                !lode_base::perm::wants_write(o.flags as i32) && self.attr_lock(o.fid) == 0
             }
             _ => false,
         };

@@ -928,9 +928,7 @@ impl Client {
             Request::Setxattr(r) => vec![Key::Attr(r.fid)],
             Request::LayoutIntent(r) => vec![Key::Attr(r.fid)],
             Request::Open(r) => {
-                let acc = r.flags & libc::O_ACCMODE as u32;
-                let write = acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32;
-                if !write && r.flags & libc::O_TRUNC as u32 == 0 {
+                if !lode_base::perm::wants_write(r.flags as i32) {
                     return (
                         self.unused_cancels(lode_base::limits::LOCKS_PER_RPC_MAX),
                         Vec::new(),

@@ -390,7 +390,9 @@ impl Namespace {
             _ => None,
         };
         let now = now_ns();
-        let write = r.open_flags.is_some_and(|f| wants_write(f as i32));
+        let write = r
+            .open_flags
+            .is_some_and(|f| lode_base::perm::wants_write(f as i32));
         let rec = InodeRec {
             mode,
             uid: r.cred.uid,
@@ -551,7 +553,7 @@ impl Namespace {
             return Ok(());
         }
         self.inode(fid)?;
-        let mark = if wants_write(flags as i32) {
+        let mark = if lode_base::perm::wants_write(flags as i32) {
             DataMark::Writer
         } else {
             DataMark::Reader
@@ -623,7 +625,7 @@ impl Namespace {
         if acc == libc::O_RDONLY || acc == libc::O_RDWR {
             want |= MAY_READ;
         }
-        let write = wants_write(flags);
+        let write = lode_base::perm::wants_write(flags);
         if write {
             want |= MAY_WRITE;
         }
@@ -869,10 +871,4 @@ impl Namespace {
     pub(crate) fn remove_entry(b: &mut Batch, parent: Fid, name: &[u8]) {
         del_dirent(b, parent, name);
     }
-}
-
-/// True if `O_*` flags ask for write access (or truncation).
-pub(crate) fn wants_write(flags: i32) -> bool {
-    let acc = flags & libc::O_ACCMODE;
-    acc == libc::O_WRONLY || acc == libc::O_RDWR || flags & libc::O_TRUNC != 0
 }

@@ -879,7 +879,8 @@ impl Mdt {
                 // A read-only open with an intent: the attributes lock first, then the
                 // open's read of the inode and of its read-on-open bytes, which the
                 // lock then covers (the next open for writing calls it back).
-                let lock = if self.intent(inc, exp) && !crate::ns::wants_write(r.flags as i32) {
+                let lock = if self.intent(inc, exp) && !lode_base::perm::wants_write(r.flags as i32)
+                {
                     self.grant_attrs(exp, r.fid)
                 } else {
                     0
@@ -1719,7 +1720,7 @@ impl Mdt {
             // of a file just created for writing ends its creator's knowing it empty.
             MdtRequest::Open(r)
                 if r.flags & (libc::O_TRUNC as u32) != 0
-                    || (crate::ns::wants_write(r.flags as i32)
+                    || (lode_base::perm::wants_write(r.flags as i32)
                         && (self.ns.marked_clean(r.fid)
                             || self.ns.inode(r.fid).is_ok_and(|i| {
                                 i.flags & lode_store::records::INODE_DATA == 0
