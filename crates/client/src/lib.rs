@@ -305,9 +305,12 @@ impl Client {
             | Request::Unlink(_)
             | Request::Setattr(_)
             | Request::Readdir(lode_proto::ReaddirReq { plus: true, .. }) => true,
-            // The attributes lock, unless held: it vouches for read-on-open bytes.
+            // The attributes lock, unless held: it vouches for read-on-open bytes and
+            // for the pages read after. Asked again if the one held was granted while
+            // the file was open for writing (which it then did not vouch for), so a
+            // file read after its writers are gone is cached again.
             Request::Open(o) => {
-                !lode_base::perm::wants_write(o.flags as i32) && self.attr_lock(o.fid) == 0
+                !lode_base::perm::wants_write(o.flags as i32) && !self.pages_vouched(o.fid)
             }
             _ => false,
         };

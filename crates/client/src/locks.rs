@@ -48,10 +48,21 @@ pub enum Inval {
     },
     /// A name's binding in a directory.
     Name(Fid, Vec<u8>),
-    /// A regular file's cached pages: its attributes lock was called back, which the
-    /// first open for writing by another client and every truncate do, so its bytes
+    /// A regular file's cached pages: its attributes lock was called back, which
+    /// every open for writing by another client and every truncate do, so its bytes
     /// may be about to change under a reader that holds it open.
     Data(Fid),
+    /// Bytes of a regular file the layer above just read and may have cached: no lock
+    /// vouched for them (see [`Client::pages_vouched`]), so they are dropped again
+    /// once given, and the next read asks again.
+    Pages {
+        /// The file.
+        fid: Fid,
+        /// Where the bytes start.
+        offset: u64,
+        /// How many.
+        len: u64,
+    },
 }
 
 /// Called with what to forget and a `done` to call once it is forgotten.
@@ -364,7 +375,7 @@ impl InvalLog {
 /// The log's hash of what an invalidation forgets.
 fn inval_key(w: &Inval) -> u64 {
     match w {
-        Inval::Attr { fid, .. } | Inval::Data(fid) => attr_key(*fid),
+        Inval::Attr { fid, .. } | Inval::Data(fid) | Inval::Pages { fid, .. } => attr_key(*fid),
         Inval::Name(d, n) => name_key(*d, n),
     }
 }
@@ -675,6 +686,20 @@ impl Client {
         (name_ok, attr_ok)
     }
 
+    /// Whether a file's cached pages are vouched for now: this client holds its
+    /// attributes lock, granted while nobody held the file open for writing (every
+    /// open for writing calls such a lock back first). Bytes read without that may
+    /// change under a reader that holds the file open, with nothing to tell it (there
+    /// are no extent locks), so the layer above keeps them only as long as one read
+    /// takes. Checked before a read, with [`Client::forgotten_since`] after it.
+    pub fn pages_vouched(&self, fid: Fid) -> bool {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return false;
+        }
+        let c = self.locks.cache.lock();
+        c.attrs.get(&fid).is_some_and(|(b, _)| !b.written)
+    }
+
     /// The MDT's size of `fid` is exact again (a close took back its "data on OSTs"
     /// mark): cached attributes need no glimpse. Safe without a lock change: a copy
     /// that still glimpses only asks the OSTs for what the MDT has.
@@ -686,6 +711,9 @@ impl Client {
         if let Some((b, h)) = self.locks.cache.lock().attrs.get_mut(&fid) {
             if *h == handle {
                 b.glimpse = false;
+                // The close that made the size exact was the last writer's: the next
+                // open for writing calls this lock back.
+                b.written = false;
                 if let Some(a) = attr.filter(|a| a.fid == fid) {
                     b.attr = a;
                 }

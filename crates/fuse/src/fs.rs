@@ -696,6 +696,28 @@ impl Inner {
         }
     }
 
+    /// Drops the pages of `[offset, offset + len)` of `fid` that the kernel is being
+    /// given, unless a lock vouches for them now.
+    fn drop_unvouched(&self, fid: Fid, offset: u64, len: u64) {
+        if !self.client.pages_vouched(fid) {
+            self.drop_pages(fid, offset, len);
+        }
+    }
+
+    /// Drops the pages of `[offset, offset + len)` of `fid` once the kernel has them:
+    /// no lock vouched for them, so another client may change those bytes with
+    /// nothing to tell this mount (there are no extent locks), and a reader holding
+    /// the file open must read them again. By the notifier, because over io_uring an
+    /// answer reaches the kernel only at its thread's next submission. A writeback
+    /// mount's dirty pages would be written back by it, and a mount without locks
+    /// keeps pages until the next open (its timeouts say how stale it may be): both
+    /// keep what they cache.
+    fn drop_pages(&self, fid: Fid, offset: u64, len: u64) {
+        if len > 0 && !self.opts.writeback && self.client.callback_channel_up() {
+            self.invalidate(vec![Inval::Pages { fid, offset, len }], Box::new(|| {}));
+        }
+    }
+
     /// Tells the kernel to forget one thing, if it knows it.
     fn notify(&self, n: &Notifier, w: &Inval) {
         let known = |f: &Fid| self.inodes.read().contains_key(&f.ino());
@@ -707,6 +729,11 @@ impl Inner {
             // Else a file held open would keep reading the pages it had cached before
             // another client's write.
             Inval::Data(fid) if known(fid) => n.inval_inode(INodeNo(fid.ino()), 0, 0),
+            Inval::Pages { fid, offset, len } if known(fid) => n.inval_inode(
+                INodeNo(fid.ino()),
+                i64::try_from(*offset).unwrap_or(i64::MAX),
+                i64::try_from(*len).unwrap_or(0),
+            ),
             Inval::Name(d, name) if known(d) => n.inval_entry(INodeNo(d.ino()), name),
             _ => return,
         };
@@ -1082,12 +1109,23 @@ impl Filesystem for LodeFs {
         reply: ReplyData,
     ) {
         self.spawn(|i| async move {
+            let seq = i.client.inval_seq();
+            let mut vouched = false;
             let r = async {
                 let h = i.file(fh)?;
-                i.client.read(&h, offset, size as usize).await
+                vouched = i.client.pages_vouched(h.fid);
+                i.client
+                    .read(&h, offset, size as usize)
+                    .await
+                    .map(|d| (h.fid, d))
             };
             match r.await {
-                Ok(d) => reply.data(&d),
+                Ok((fid, d)) => {
+                    reply.data(&d);
+                    if !vouched || i.client.forgotten_since(seq, None, fid) {
+                        i.drop_pages(fid, offset, d.len() as u64);
+                    }
+                }
                 Err(e) => reply.error(ferr(e)),
             }
         });
@@ -1117,10 +1155,16 @@ impl Filesystem for LodeFs {
                     // Writeback cache flushes through any handle of the file.
                     h2.flags = (h2.flags & !libc::O_ACCMODE) | libc::O_RDWR;
                 }
-                i.client.write(&h2, offset, &data).await
+                i.client.write(&h2, offset, &data).await.map(|n| (h.fid, n))
             };
             match r.await {
-                Ok(n) => reply.written(n as u32),
+                Ok((fid, n)) => {
+                    reply.written(n as u32);
+                    // The kernel keeps the pages it wrote through; while another
+                    // client may write them too (no lock vouches for them), they go
+                    // like the pages a read brings (see `read`).
+                    i.drop_unvouched(fid, offset, n as u64);
+                }
                 Err(e) => reply.error(ferr(e)),
             }
         });

@@ -44,6 +44,7 @@ impl Namespace {
             attr: rec.attr(fid),
             layout: rec.layout.clone(),
             glimpse: !is_dir(rec.mode) && rec.flags & INODE_DATA != 0 && has_objects,
+            written: rec.mode & libc::S_IFMT == libc::S_IFREG && self.being_written(fid),
             symlink: rec.symlink.clone(),
             lock: 0,
             name_lock: 0,
@@ -438,8 +439,8 @@ impl Namespace {
             .map(|_| ctx.open_handle.unwrap_or_else(|| self.next_handle()));
         let mut body = self.body(r.fid, &rec);
         // Its creator, holding the only handle, knows it empty until it writes; any
-        // other writer's open calls its locks back first (see `marked_clean`). Others
-        // glimpse.
+        // other writer's open calls its locks back first (every open for writing
+        // does). Others glimpse.
         body.glimpse = false;
         let rep = CreateRep {
             body,
@@ -567,13 +568,6 @@ impl Namespace {
         Ok(())
     }
 
-    /// Whether the file's "data on OSTs" mark may still be taken back: its marking
-    /// handle's client may then hold its size as exact (0), and another writer's open
-    /// must call that client's locks back.
-    pub(crate) fn marked_clean(&self, fid: Fid) -> bool {
-        self.opens.lock().clean.contains_key(&fid)
-    }
-
     /// An explicit mtime was set: a writer's glimpse from before it must not be kept.
     pub(crate) fn times_changed(&self, fid: Fid) {
         self.opens.lock().not_alone(fid);
@@ -586,6 +580,11 @@ impl Namespace {
         o.clean.remove(&fid);
         o.not_alone(fid);
         o.break_migration(fid);
+    }
+
+    /// True if some client holds `fid` open for writing.
+    pub(crate) fn being_written(&self, fid: Fid) -> bool {
+        self.opens.lock().writers.contains_key(&fid)
     }
 
     /// True if some client holds `fid` open.

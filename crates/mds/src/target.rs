@@ -879,11 +879,20 @@ impl Mdt {
                 // A read-only open with an intent: the attributes lock first, then the
                 // open's read of the inode and of its read-on-open bytes, which the
                 // lock then covers (the next open for writing calls it back).
-                let lock = if self.intent(inc, exp) && !lode_base::perm::wants_write(r.flags as i32)
+                // Contention does not stop it while nobody writes the file: the lock
+                // then vouches for the pages its reader caches (see
+                // `MdtBody::written`), and only an open for writing calls it back.
+                let lock = if !self.intent(inc, exp) || lode_base::perm::wants_write(r.flags as i32)
                 {
+                    0
+                } else if self.ns.being_written(r.fid) {
                     self.grant_attrs(exp, r.fid)
                 } else {
-                    0
+                    self.grant_pr(
+                        exp,
+                        ResId::object(r.fid),
+                        ldlm::bits::UPDATE | ldlm::bits::PERM,
+                    )
                 };
                 let (mut rep, t) = self
                     .ns
@@ -1718,13 +1727,11 @@ impl Mdt {
             // A truncating open changes the size; the first open for write marks the
             // file as holding data (its size then comes from the OSTs); another writer
             // of a file just created for writing ends its creator's knowing it empty.
+            // And every open for writing ends what other clients' attributes locks
+            // vouch for: the pages they cached (see `MdtBody::written`).
             MdtRequest::Open(r)
                 if r.flags & (libc::O_TRUNC as u32) != 0
-                    || (lode_base::perm::wants_write(r.flags as i32)
-                        && (self.ns.marked_clean(r.fid)
-                            || self.ns.inode(r.fid).is_ok_and(|i| {
-                                i.flags & lode_store::records::INODE_DATA == 0
-                            }))) =>
+                    || lode_base::perm::wants_write(r.flags as i32) =>
             {
                 vec![obj(r.fid, UPDATE)]
             }
