@@ -731,6 +731,46 @@ fn two_writers_sharing_a_page_each_read_the_others_bytes() {
     }
 }
 
+/// A writer alone is not slowed by the rule above: its own open for writing leaves it
+/// a lock that vouches for its pages, so what it wrote and reads back through the
+/// same descriptor comes from the kernel's pages, not from the OSTs or the MDT.
+#[test]
+fn a_writer_alone_reads_back_what_it_wrote_from_its_pages() {
+    use std::os::unix::fs::FileExt;
+    let c = cluster(2);
+    let m = c.mount();
+    dom_dir(&c, &m.path().join("dom"));
+    let ost_reads = || {
+        c.get_param("osc.*.stats")
+            .lines()
+            .filter(|l| l.split_whitespace().next() == Some("ost_read"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    for name in ["ost", "dom/f"] {
+        let p = m.path().join(name);
+        fs::write(&p, [b'.'; 8192]).expect("write");
+        closed_but(&c, 0);
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .expect("open");
+        f.write_all_at(&[b'x'; 4096], 4096).expect("write");
+        let (ost, dom) = (ost_reads(), md_stat(&c, "dom_read"));
+        for _ in 0..3 {
+            let mut buf = [0u8; 4096];
+            f.read_exact_at(&mut buf, 4096).expect("read");
+            assert_eq!(buf, [b'x'; 4096], "{name}");
+        }
+        assert_eq!(
+            (ost_reads() - ost, md_stat(&c, "dom_read") - dom),
+            (0, 0),
+            "{name}: reads sent to the OSTs and the MDT"
+        );
+    }
+}
+
 /// Opens `/name` read-only through native client `s`.
 fn open_native(s: &lode_client::Session, name: &str) -> lode_client::FileHandle {
     let fid = s

@@ -306,12 +306,11 @@ impl Client {
             | Request::Setattr(_)
             | Request::Readdir(lode_proto::ReaddirReq { plus: true, .. }) => true,
             // The attributes lock, unless held: it vouches for read-on-open bytes and
-            // for the pages read after. Asked again if the one held was granted while
-            // the file was open for writing (which it then did not vouch for), so a
-            // file read after its writers are gone is cached again.
-            Request::Open(o) => {
-                !lode_base::perm::wants_write(o.flags as i32) && !self.pages_vouched(o.fid)
-            }
+            // for the pages read or written after. Asked again if the one held was
+            // granted while another client had the file open for writing (it then
+            // vouched for nothing), so a file is cached again once its writers are
+            // gone. An open for writing gave its own back (see `release_for_change`).
+            Request::Open(o) => !self.pages_vouched(o.fid),
             _ => false,
         };
         let flags = if locks_wanted && self.callback_channel_up() && !self.being_changed(&req) {

@@ -100,6 +100,8 @@ pub(crate) struct Opens {
     /// Per file with writers: how many write handles are open, and a count of write
     /// opens and truncates (memory only; gone with the last writer).
     writers: HashMap<Fid, (u32, u64)>,
+    /// Write handles per file and client slot: whether a writer is the only one.
+    write_slots: HashMap<(Fid, u32), u32>,
     /// Layout migrations under way, by file (see `migrate`).
     migrations: HashMap<Fid, migrate::Migration>,
     next: u64,

@@ -493,6 +493,7 @@ impl Namespace {
         let write = data != DataMark::Reader;
         let (alone, events) = if write {
             o.break_migration(fid);
+            *o.write_slots.entry((fid, slot)).or_insert(0) += 1;
             let w = o.writers.entry(fid).or_insert((0, 0));
             let alone = w.0 == 0;
             w.0 += 1;
@@ -585,6 +586,13 @@ impl Namespace {
     /// True if some client holds `fid` open for writing.
     pub(crate) fn being_written(&self, fid: Fid) -> bool {
         self.opens.lock().writers.contains_key(&fid)
+    }
+
+    /// True if a client other than the one of `slot` holds `fid` open for writing.
+    pub(crate) fn written_by_others(&self, fid: Fid, slot: u32) -> bool {
+        let o = self.opens.lock();
+        let all = o.writers.get(&fid).map_or(0, |w| w.0);
+        all > o.write_slots.get(&(fid, slot)).copied().unwrap_or(0)
     }
 
     /// True if some client holds `fid` open.
@@ -762,6 +770,12 @@ impl Namespace {
             // before closing is the file's size.
             let mut sole = false;
             if h.write {
+                if let Some(n) = o.write_slots.get_mut(&(fid, h.slot)) {
+                    *n -= 1;
+                    if *n == 0 {
+                        o.write_slots.remove(&(fid, h.slot));
+                    }
+                }
                 if let Some(w) = o.writers.get_mut(&fid) {
                     w.0 -= 1;
                     sole = h.alone && w.1 == h.events && w.0 == 0;

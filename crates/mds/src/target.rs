@@ -7,8 +7,8 @@ use crate::{Ctx, MdtConfig, Namespace, OpError, OpResult, OstState, Tunables};
 use lode_base::{Cred, Errno, Fid};
 use lode_proto::frame::{FLAG_REPLAY, FLAG_REPLAY_DONE};
 use lode_proto::{
-    ConnectRep, ConnectReq, Empty, LdlmCancelReq, LdlmEnqueueRep, MdtRequest, Opcode, ParentAttrs,
-    ReaddirRep, Reply, Request, SyncRep, UnlinkRep, CONNECT_SUPPORTED,
+    ConnectRep, ConnectReq, Empty, LdlmCancelReq, LdlmEnqueueRep, MdtBody, MdtRequest, Opcode,
+    ParentAttrs, ReaddirRep, Reply, Request, SyncRep, UnlinkRep, CONNECT_SUPPORTED,
 };
 use lode_rpc::recovery::{Next, RecState};
 use lode_rpc::server::Deferred;
@@ -484,6 +484,7 @@ impl Mdt {
             e.body = match body {
                 Ok(mut b) => {
                     (b.name_lock, b.lock) = (name_lock, lock);
+                    self.own_writes(exp, &mut b);
                     Some(Box::new(b))
                 }
                 Err(_) => {
@@ -819,6 +820,7 @@ impl Mdt {
                     .getattr(r.fid)
                     .inspect_err(|_| self.ungrant(exp, lock))?;
                 b.lock = lock;
+                self.own_writes(exp, &mut b);
                 (Reply::Getattr(b), 0)
             }
             MdtRequest::Lookup(r) => {
@@ -849,6 +851,7 @@ impl Mdt {
                     }
                 })?;
                 (b.lock, b.name_lock, b.dir_lock) = (lock, name_lock, dir_lock);
+                self.own_writes(exp, &mut b);
                 (Reply::Lookup(b), 0)
             }
             MdtRequest::Readdir(r) => {
@@ -904,6 +907,7 @@ impl Mdt {
                     self.ungrant(exp, lock);
                 } else {
                     rep.body.lock = lock;
+                    self.own_writes(exp, &mut rep.body);
                 }
                 self.grant_layout(exp, &mut rep);
                 if r.open_lock {
@@ -1823,6 +1827,12 @@ impl Mdt {
             MdtRequest::Setattr(r) if intent => Some(r.fid),
             _ => None,
         };
+        let write_open_intent = match &req {
+            MdtRequest::Open(r) if intent && lode_base::perm::wants_write(r.flags as i32) => {
+                Some(r.fid)
+            }
+            _ => None,
+        };
         // The directory a create or unlink changes, and its ctime before: handed back
         // after, so the client knows whether its copy was current.
         let parent_intent = match &req {
@@ -1859,6 +1869,8 @@ impl Mdt {
             (None, 0, Some(l)) => {
                 if let Some(fid) = setattr_intent {
                     self.grant_changed(exp, fid, l, &mut out);
+                } else if let Some(fid) = write_open_intent {
+                    self.grant_opened(exp, fid, l, &mut out);
                 }
             }
             _ => {}
@@ -1921,7 +1933,35 @@ impl Mdt {
         use ldlm::bits::{PERM, UPDATE};
         let want = (ResId::object(fid), LockMode::Pr, UPDATE | PERM);
         body.lock = self.ldlm.release_and_grant(locks, exp.slot, &[want])[0];
+        self.own_writes(exp, &mut body);
         out.body = Reply::Setattr(body).encode();
+    }
+
+    /// A body granted with a lock to the client of `exp`: its own write handles do
+    /// not keep that lock from vouching for its pages (another client's open for
+    /// writing calls it back first), only other clients' do (see
+    /// `MdtBody::written`).
+    fn own_writes(&self, exp: &Export, body: &mut MdtBody) {
+        if body.lock != 0 && body.written {
+            body.written = self.ns.written_by_others(body.attr.fid, exp.slot);
+        }
+    }
+
+    /// An open for writing with an intent: the open's lock on the object is handed
+    /// over to its client as the PR UPDATE|PERM lock a getattr would get. While no
+    /// other client writes the file it vouches for the writer's pages (the next open
+    /// for writing by anyone calls it back), so a writer reading back what it wrote
+    /// reads its pages.
+    fn grant_opened(&self, exp: &Export, fid: Fid, locks: MdtLocks, out: &mut Outgoing) {
+        let Ok(Reply::Open(mut rep)) = Reply::decode(Opcode::Open as u16, &out.body) else {
+            return;
+        };
+        use ldlm::bits::{PERM, UPDATE};
+        let want = (ResId::object(fid), LockMode::Pr, UPDATE | PERM);
+        rep.body.lock = self.ldlm.release_and_grant(locks, exp.slot, &[want])[0];
+        rep.body.written = true;
+        self.own_writes(exp, &mut rep.body);
+        out.body = Reply::Open(rep).encode();
     }
 
     /// A create with an intent: the change's own locks are handed over to the creator as
@@ -1954,6 +1994,9 @@ impl Mdt {
         ];
         let got = self.ldlm.release_and_grant(locks, exp.slot, &want);
         (rep.body.name_lock, rep.body.lock) = (got[1], got[2]);
+        // The creator's own open for writing does not stop its lock vouching for its
+        // pages; another client's does (see `Mdt::own_writes`).
+        self.own_writes(exp, &mut rep.body);
         // The directory's lock: on its attributes, sent along, or on its permissions.
         match parent_attrs {
             Some(mut p) if dir_want.2 & UPDATE != 0 => {
