@@ -449,6 +449,25 @@ enum Client {
     Native(Session, Fid),
 }
 
+/// Handles the clients keep open under OPEN locks (their open caches, as
+/// `opencache_stats` counts them): held by them as much as their held files are.
+fn kept_handles(c: &Cluster, clients: &[Client]) -> usize {
+    let count = |stats: &str| {
+        stats
+            .lines()
+            .filter_map(|l| l.strip_prefix("handles:")?.trim().parse::<usize>().ok())
+            .sum::<usize>()
+    };
+    let natives: usize = clients
+        .iter()
+        .map(|cl| match cl {
+            Client::Native(s, _) => count(&s.client.opencache_stats()),
+            Client::Mount(_) => 0,
+        })
+        .sum();
+    count(&c.get_param("llite.*.opencache_stats")) + natives
+}
+
 /// The file a client holds open for the whole run.
 enum Held {
     File(fs::File),
@@ -1498,23 +1517,26 @@ fn run(victim: Victim) {
     }
 
     // The held files: still open on the MDS, readable through their handles, closable.
+    // Beside them, the handles the clients keep under OPEN locks (their open caches).
     let mut open = String::new();
+    let mut held = 0;
     let all_open = (0..250).any(|_| {
         open = c.get_param("mdt.*.open_files");
+        held = clients.len() + kept_handles(&c, &clients);
         std::thread::sleep(Duration::from_millis(40));
-        open == clients.len().to_string()
+        open == held.to_string()
     });
     if !all_open {
         let why = match open.parse::<usize>() {
-            Ok(n) if n < clients.len() => "handles the clients hold were lost",
+            Ok(n) if n < held => "handles the clients hold were lost",
             Ok(_) => "handles no client holds were left open: closes lost in recovery",
             Err(_) => "no number",
         };
         problems.push(format!(
-            "open handles: the MDS has {open:?}, the clients hold {} (one held file \
+            "open handles: the MDS has {open:?}, the clients hold {held} (one held file \
              each, open since before the first crash, or the killed client's since its \
-             last start): {why}",
-            clients.len()
+             last start, and {} kept in open caches): {why}",
+            held - clients.len()
         ));
     }
     for (who, (client, held)) in clients.iter().zip(helds).enumerate() {
