@@ -44,7 +44,9 @@ impl Namespace {
             attr: rec.attr(fid),
             layout: rec.layout.clone(),
             glimpse: !is_dir(rec.mode) && rec.flags & INODE_DATA != 0 && has_objects,
-            written: rec.mode & libc::S_IFMT == libc::S_IFREG && self.being_written(fid),
+            // Set where a lock is granted with it (`Mdt::own_writes`): it matters only
+            // for what a lock covers, and depends on who asks.
+            written: false,
             symlink: rec.symlink.clone(),
             lock: 0,
             name_lock: 0,

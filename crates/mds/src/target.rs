@@ -1733,10 +1733,8 @@ impl Mdt {
             // of a file just created for writing ends its creator's knowing it empty.
             // And every open for writing ends what other clients' attributes locks
             // vouch for: the pages they cached (see `MdtBody::written`).
-            MdtRequest::Open(r)
-                if r.flags & (libc::O_TRUNC as u32) != 0
-                    || lode_base::perm::wants_write(r.flags as i32) =>
-            {
+            // (`wants_write` counts O_TRUNC.)
+            MdtRequest::Open(r) if lode_base::perm::wants_write(r.flags as i32) => {
                 vec![obj(r.fid, UPDATE)]
             }
             // The last close of an unlinked file destroys it.
@@ -1937,12 +1935,12 @@ impl Mdt {
         out.body = Reply::Setattr(body).encode();
     }
 
-    /// A body granted with a lock to the client of `exp`: its own write handles do
-    /// not keep that lock from vouching for its pages (another client's open for
-    /// writing calls it back first), only other clients' do (see
-    /// `MdtBody::written`).
+    /// Sets `MdtBody::written` of a body granted with a lock to the client of `exp`:
+    /// its own write handles do not keep that lock from vouching for its pages
+    /// (another client's open for writing calls it back first), only other
+    /// clients' do. Every grant of a file's attributes lock passes here.
     fn own_writes(&self, exp: &Export, body: &mut MdtBody) {
-        if body.lock != 0 && body.written {
+        if body.lock != 0 {
             body.written = self.ns.written_by_others(body.attr.fid, exp.slot);
         }
     }
@@ -1959,7 +1957,6 @@ impl Mdt {
         use ldlm::bits::{PERM, UPDATE};
         let want = (ResId::object(fid), LockMode::Pr, UPDATE | PERM);
         rep.body.lock = self.ldlm.release_and_grant(locks, exp.slot, &[want])[0];
-        rep.body.written = true;
         self.own_writes(exp, &mut rep.body);
         out.body = Reply::Open(rep).encode();
     }

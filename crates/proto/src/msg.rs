@@ -27,11 +27,11 @@ pub struct MdtBody {
     pub layout: Option<Layout>,
     /// True if OST objects may hold data, so the size needs a glimpse.
     pub glimpse: bool,
-    /// Another client held the file open for writing when this was read (any
-    /// client, in answers not granting a lock with an open or a create): `lock` does
-    /// not vouch for the file's bytes (there are no extent locks; an open for writing
-    /// calls back the attributes locks granted before it, not those granted while it
-    /// lasts), so the holder keeps no pages under it.
+    /// Another client held the file open for writing when `lock` was granted (false
+    /// without a lock): that lock does not vouch for the file's bytes (there are no
+    /// extent locks; an open for writing calls back the attributes locks granted
+    /// before it, not those granted while it lasts), so the holder keeps no pages
+    /// under it.
     pub written: bool,
     /// Symlink target (empty for other types).
     #[serde(with = "serde_bytes")]
