@@ -570,7 +570,15 @@ impl Inner {
     /// No handle of this mount writes `fid` (a shared writable mapping's pages may
     /// hold bytes not written yet), and the kernel's size of it is current.
     fn may_keep_pages(&self, fid: Fid) -> bool {
-        !self.opts.writeback && !self.files.lock().writing(fid) && self.client.covered(None, fid).1
+        !self.opts.writeback && !self.files.lock().writing(fid) && self.lock_keeps_pages(fid)
+    }
+
+    /// The attributes lock held on `fid` keeps the kernel's size current and vouches
+    /// for its pages (granted while no other client had the file open for writing:
+    /// else a reader holding it open would keep reading them after that client's
+    /// next write, which nothing tells this mount of).
+    fn lock_keeps_pages(&self, fid: Fid) -> bool {
+        self.client.covered(None, fid).1 && self.client.pages_vouched(fid)
     }
 
     /// Read-on-open into the kernel's page cache (Lustre's `ll_dom_finish_open`): a
@@ -579,7 +587,7 @@ impl Inner {
     /// if the kernel may keep its cache at this open (`FOPEN_KEEP_CACHE`, which every
     /// other open goes without): every byte of the file was just replaced, the
     /// kernel's size is the MDT's (this client holds the attributes lock, whose loss
-    /// makes the kernel forget them), no handle of this mount has the file open for
+    /// makes the kernel forget them) and that lock vouches for the pages, no handle of this mount has the file open for
     /// writing, and nothing was written through this mount meanwhile, checked again
     /// after the store (a local write racing it leaves the open to drop the pages, as
     /// any open does).
@@ -605,7 +613,7 @@ impl Inner {
         if self.files.lock().writing(h.fid) {
             return false;
         }
-        if !self.client.covered(None, h.fid).1 {
+        if !self.lock_keeps_pages(h.fid) {
             return false;
         }
         let Some(n) = self.pages.lock().clone() else {
@@ -617,7 +625,7 @@ impl Inner {
         }
         // Still current: no local write since, and the lock (which another client's
         // change calls back) still held.
-        self.client.opened_contents(h).is_some() && self.client.covered(None, h.fid).1
+        self.client.opened_contents(h).is_some() && self.lock_keeps_pages(h.fid)
     }
 
     /// With the writeback cache, the kernel writes a file's pages through whichever
