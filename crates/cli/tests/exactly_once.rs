@@ -103,7 +103,7 @@ fn a_resent_create_open_create_close_mkdir_mknod_or_symlink_returns_the_original
         "1",
         "read-only open: exactly one open handle, not one per execution"
     );
-    with_lost_reply(&c, "read-only close", || s.run(cl.close(&ro)))
+    with_lost_reply(&c, "read-only close", || s.run(cl.close_now(&ro)))
         .unwrap_or_else(|e| panic!("read-only close: resent close must succeed, got {e:?}"));
     assert_eq!(
         c.get_param("mdt.*.open_files"),

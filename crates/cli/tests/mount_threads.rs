@@ -92,7 +92,13 @@ fn requests_needing_no_server_are_not_held_by_calls_waiting_on_it(transport: &st
         .map(|i| {
             let p = d.join(format!("o{i}"));
             std::fs::write(&p, b"x").unwrap();
-            std::fs::File::open(&p).unwrap()
+            // Open for writing: a read-only close would ride ahead of a later
+            // request, with no RELEASE waiting for the MDT.
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&p)
+                .unwrap()
         })
         .collect();
     // Names this mount has not seen (another client makes them): looked up on the MDT.

@@ -368,10 +368,39 @@ impl Client {
     /// was the last writer of a Data-on-MDT file and nobody else wrote or truncated it
     /// since its open.
     pub async fn close_token(&self, fh: &FileHandle) -> Result<u64, Errno> {
-        if self.opencache.release(fh) {
+        if self.opencache.release(fh) || self.close_ahead(fh) {
             return Ok(0);
         }
         self.close_on_mdt(fh).await
+    }
+
+    /// [`Client::close`], the MDT's answer awaited: a read-only handle's close does not
+    /// ride ahead of a later request, so the file is closed on the MDT when this
+    /// returns (e.g. before another client unlinks it: no orphan is left to clean up).
+    pub async fn close_now(&self, fh: &FileHandle) -> Result<(), Errno> {
+        if self.opencache.release(fh) {
+            return Ok(());
+        }
+        self.close_on_mdt(fh).await.map(|_| ())
+    }
+
+    /// Closes a read-only handle with no round trip of its own: its close leaves
+    /// ahead of the next MDT request (see `Import::close_ahead`). Such a close
+    /// changes nothing this client must learn (the MDT's answer to it is about
+    /// writers' sizes). False for any other handle, which the caller closes by RPC.
+    fn close_ahead(&self, fh: &FileHandle) -> bool {
+        if fh.writable()
+            || fh.flags & libc::O_TRUNC != 0
+            || fh.wrote.load(Ordering::Acquire)
+            || fh.own_lock.load(Ordering::Acquire)
+            || self.check_live(fh).is_err()
+            || !self.mdc.close_ahead(fh.handle)
+        {
+            return false;
+        }
+        // The MDT gives back the layout lock granted with the open when it closes it.
+        self.forget_layout_lock(fh.layout_lock.swap(0, Ordering::AcqRel));
+        true
     }
 
     /// Closes `fh` on the MDT.
@@ -1142,8 +1171,9 @@ impl Client {
             return Err(Errno::EINVAL);
         }
         let out = self.migrate_open(cred, &fh, template).await;
-        // Before the swap, closing abandons the migration (its copy is destroyed).
-        let closed = self.close(&fh).await;
+        // Before the swap, closing abandons the migration (its copy is destroyed): a
+        // close that reaches the MDT before the answer.
+        let closed = self.close_on_mdt(&fh).await.map(|_| ());
         let layout = out?;
         closed?;
         Ok(layout)

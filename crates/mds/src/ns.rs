@@ -688,7 +688,7 @@ impl Namespace {
             Some(h) if h.slot == slot => {}
             _ => return Err(Errno::EBADF.into()),
         }
-        self.close_inner(ctx, r.handle, r.wrote, r.attrs)
+        self.close_inner(ctx, r.handle, r.wrote, r.attrs, false)
     }
 
     /// Remembers the layout lock granted with open `handle`.
@@ -715,7 +715,45 @@ impl Namespace {
     /// Closes a handle outside any request (client disconnect).
     pub(crate) fn close_handle(&self, handle: u64) -> OpResult<u64> {
         // What the client wrote is unknown: the mark stays.
-        Ok(self.close_inner(&Ctx::default(), handle, true, None)?.1)
+        Ok(self
+            .close_inner(&Ctx::default(), handle, true, None, false)?
+            .1)
+    }
+
+    /// Closes the read-only handles of the client in `slot` that a `CloseAhead` names
+    /// (nobody waits for its answer), with no lock taken and no reply record, since
+    /// such a close changes nothing its client must learn. Nor does it change an inode
+    /// another change could depend on: no reply record means no replay, and a later
+    /// change's replay would find the inode's version short of what it was made
+    /// against. Only an unlinked file's destruction at its last close (which no
+    /// change can depend on; a restart destroys it again) is written. A handle not
+    /// open, another client's, open for writing or migrating the file is skipped.
+    /// Returns the layout locks of the handles closed, and how many were skipped.
+    pub(crate) fn close_ahead(&self, slot: u32, handles: &[u64]) -> (Vec<u64>, usize) {
+        let (mut locks, mut skipped) = (Vec::new(), 0);
+        for &handle in handles {
+            let lock = {
+                let o = self.opens.lock();
+                match o.handles.get(&handle) {
+                    Some(h)
+                        if h.slot == slot
+                            && !h.write
+                            && o.migrations.get(&h.fid).is_none_or(|m| m.handle != handle) =>
+                    {
+                        h.layout_lock
+                    }
+                    _ => {
+                        skipped += 1;
+                        continue;
+                    }
+                }
+            };
+            match self.close_inner(&Ctx::default(), handle, false, None, true) {
+                Ok(_) => locks.push(lock),
+                Err(e) => tracing::warn!(handle, "closing a read-only handle: {e:?}"),
+            }
+        }
+        (locks, skipped)
     }
 
     /// Closes every handle of a client that disconnected on purpose.
@@ -741,6 +779,7 @@ impl Namespace {
         handle: u64,
         wrote: bool,
         attrs: Option<lode_proto::CloseAttrs>,
+        ahead: bool,
     ) -> OpResult<(CloseRep, u64)> {
         let Some(fid) = self.opens.lock().handles.get(&handle).map(|h| h.fid) else {
             return Err(Errno::EBADF.into());
@@ -805,6 +844,8 @@ impl Namespace {
                 if last && rec.nlink == 0 {
                     b.delete(Cf::Orphan, fid.to_bytes().to_vec());
                     self.drop_inode(&mut b, fid, &rec)?;
+                } else if ahead {
+                    // See `close_ahead`: the inode stays as it is.
                 } else if last
                     && rec.flags & INODE_DATA != 0
                     && rec
@@ -845,6 +886,15 @@ impl Namespace {
                     rep.exact_size = true;
                 }
             }
+        }
+        if ahead {
+            // No transno: nobody would replay it, and recovery would take the missing
+            // transno for a lost change (making every later replay check versions). If
+            // the destruction is lost in a crash, the orphan goes after recovery.
+            if !b.is_empty() {
+                self.store.apply_untracked(&b)?;
+            }
+            return Ok((rep, 0));
         }
         if b.is_empty() && ctx.slot.is_none() {
             return Ok((rep, 0));

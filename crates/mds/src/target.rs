@@ -1031,6 +1031,19 @@ impl Mdt {
                 }
                 (Reply::LdlmCancel(Empty {}), 0)
             }
+            MdtRequest::CloseAhead(r) => {
+                if r.handles.len() > lode_base::limits::CLOSES_AHEAD_MAX {
+                    return Err(Errno::EPROTO.into());
+                }
+                let (locks, skipped) = self.ns.close_ahead(exp.slot, &r.handles);
+                for lock in locks {
+                    self.ungrant(exp, lock);
+                }
+                if skipped > 0 {
+                    debug!(client = %exp.uuid, skipped, "close ahead of handles not open for reading: ignored");
+                }
+                (Reply::CloseAhead(Empty {}), 0)
+            }
             MdtRequest::Connect(_) => return Err(Errno::EALREADY.into()),
         })
     }
@@ -1427,10 +1440,12 @@ impl Service for Mdt {
             warn!(peer = %inc.peer, client = %exp.uuid, opcode = inc.header.opcode, "tag on a request that modifies nothing: refused");
             return self.error_out(Errno::EPROTO.into());
         }
-        let early_cancel = matches!(req, MdtRequest::LdlmCancel(_)) && inc.header.xid == 0;
+        let ahead = matches!(req, MdtRequest::LdlmCancel(_) | MdtRequest::CloseAhead(_))
+            && inc.header.xid == 0;
         let out = self.run(inc, &exp, req);
-        if early_cancel {
-            // An early cancel riding ahead of a change: nobody waits for its reply.
+        if ahead {
+            // An early cancel or a close riding ahead of a request: nobody waits for
+            // its reply.
             return Outgoing {
                 drop: true,
                 ..Default::default()

@@ -183,6 +183,14 @@ pub struct LdlmCancelReq {
     pub handles: Vec<u64>,
 }
 
+/// Read-only open handles the client has closed, told to the MDT ahead of another
+/// request in the same write (at most [`lode_base::limits::CLOSES_AHEAD_MAX`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloseAheadReq {
+    /// The handles.
+    pub handles: Vec<u64>,
+}
+
 /// A file lock request (Lustre's LDLM_FLOCK): POSIX `fcntl` and BSD `flock` locks,
 /// whole-file or byte-range, kept by the MDT for every client of the file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1044,6 +1052,10 @@ messages! {
     LdlmEnqueue = 101, Mdt, false: LdlmEnqueueReq => LdlmEnqueueRep,
     /// Give locks back (LDLM_CANCEL).
     LdlmCancel = 103, Mdt, false: LdlmCancelReq => Empty,
+    /// Close read-only handles (lode's): a frame nobody answers, sent just before
+    /// another request on the same connection, so a read-only close costs no round
+    /// trip of its own. Idempotent: a handle that is not open is skipped.
+    CloseAhead = 110, Mdt, false: CloseAheadReq => Empty,
     /// From the MDT to a client on its callback channel: give these locks back
     /// (LDLM_BL_CALLBACK).
     LdlmBlCallback = 104, Client, false: LdlmCancelReq => Empty,
@@ -1103,6 +1115,7 @@ service_requests! {
     MdtRequest, Mdt: Connect, Disconnect, Ping, Statfs, SeqAlloc, Getattr, Lookup, Readdir,
     Batch, BatchModify, Create, Open, Close, Unlink, Rename, Link, Setattr, Getxattr, Setxattr,
     Listxattr, DomRead, DomWrite, LayoutIntent, Migrate, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel, Flock,
+    CloseAhead,
 }
 
 service_requests! {

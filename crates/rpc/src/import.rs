@@ -18,6 +18,7 @@
 
 use crate::auth::{Opener, Sealer, NONCE_LEN};
 use crate::wire::{open_rest, read_frame, read_raw, read_sealed, FrameSink};
+use lode_base::limits::{CLOSES_AHEAD_MAX, CLOSE_AHEAD_WAIT_MS};
 use lode_base::Errno;
 use lode_proto::frame::{
     check_len, FLAG_INTENT, FLAG_REPLAY, FLAG_REPLAY_DONE, FLAG_REPLY, FLAG_RESENT,
@@ -421,6 +422,25 @@ pub struct Import {
     /// The highest `last_committed` the two lists above were pruned to: most replies
     /// repeat it, and then neither list is locked.
     pruned: AtomicU64,
+    /// Read-only handles the caller closed, whose CLOSE rides ahead of the next request
+    /// (see [`Import::close_ahead`]).
+    ahead: Mutex<AheadCloses>,
+}
+
+/// What goes with a request besides its body.
+struct Extra<'a> {
+    /// Frames sent just before it, in the same write, answered by nobody.
+    ahead: &'a [(Opcode, Vec<u8>)],
+    /// An open's credentials and flags, for holding it for replay.
+    open: Option<(lode_base::Cred, u32)>,
+}
+
+/// Closes waiting for a request to ride ahead of.
+#[derive(Default)]
+struct AheadCloses {
+    handles: Vec<u64>,
+    /// A PING is due to carry them if no request does first.
+    armed: bool,
 }
 
 /// The changes kept for replay, by transno, and their size.
@@ -495,8 +515,13 @@ struct HeldOpen {
     tag: u16,
     /// An OPEN of the file by FID, sent if the open itself was committed.
     reopen: Arc<Vec<u8>>,
-    /// The transno of its close, until that commits (0: still open).
+    /// The transno of its close, until that commits (0: still open); for one closed
+    /// ahead, its own transno.
     closing: u64,
+    /// Closed ahead of a request (see [`Import::close_ahead`]) before its open was
+    /// committed: its open is replayed after a restart, lest its transno be taken
+    /// for a lost change, and it is then closed ahead again.
+    ahead: bool,
 }
 
 /// A change to replay if the target restarts before committing it.
@@ -689,6 +714,7 @@ impl Import {
             opens: Mutex::new(HeldOpens::default()),
             lock_replay: Mutex::new(None),
             pruned: AtomicU64::new(0),
+            ahead: Mutex::new(AheadCloses::default()),
             cfg,
         });
         let weak = Arc::downgrade(&imp);
@@ -993,15 +1019,30 @@ impl Import {
         };
         let body = Arc::new(req.encode());
         let sent = std::time::Instant::now();
-        let cancel = (!cancels.is_empty()).then(|| {
-            Request::LdlmCancel(lode_proto::LdlmCancelReq {
+        let mut ahead = Vec::new();
+        if !cancels.is_empty() {
+            let c = Request::LdlmCancel(lode_proto::LdlmCancelReq {
                 handles: cancels.to_vec(),
-            })
-            .encode()
-        });
+            });
+            ahead.push((Opcode::LdlmCancel, c.encode()));
+        }
+        let closes = self.take_ahead();
+        if !closes.is_empty() {
+            let c = Request::CloseAhead(lode_proto::CloseAheadReq {
+                handles: closes.clone(),
+            });
+            ahead.push((Opcode::CloseAhead, c.encode()));
+        }
+        let mut on = None;
+        let extra = Extra {
+            ahead: &ahead,
+            open,
+        };
         let frame = self
-            .wait(op as u16, tag_guard, body, flags, cancel, open)
-            .await?;
+            .wait(op as u16, tag_guard, body, flags, extra, &mut on)
+            .await;
+        self.ahead_done(closes, on, frame.as_ref().ok().map(|f| f.header.conn_cnt));
+        let frame = frame?;
         self.stats.record(
             op,
             u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX),
@@ -1046,15 +1087,16 @@ impl Import {
     }
 
     /// Sends the request and waits for its reply: reading the socket itself when it
-    /// may and nobody else does, else woken by whoever reads.
+    /// may and nobody else does, else woken by whoever reads. `on` is set to the
+    /// `conn_cnt` of the connection the request first went out on.
     async fn wait(
         self: &Arc<Self>,
         op: u16,
         tag_guard: Option<TagGuard>,
         body: Arc<Vec<u8>>,
         flags: u16,
-        cancel: Option<Vec<u8>>,
-        open: Option<(lode_base::Cred, u32)>,
+        Extra { ahead, open }: Extra<'_>,
+        on: &mut Option<u32>,
     ) -> Result<Frame, Errno> {
         let tag = tag_guard.as_ref().map_or(0, |t| t.tag);
         let (tx, mut rx) = oneshot::channel();
@@ -1096,7 +1138,7 @@ impl Import {
                 tokio::time::sleep(d).await;
             }
         }
-        self.send_first(xid, op, tag, &body, flags, cancel.as_deref());
+        *on = self.send_first(xid, op, tag, &body, flags, ahead);
         // Let calls joined with this one send theirs before deciding who may read.
         YieldOnce(false).await;
         let active = may_lead();
@@ -1439,6 +1481,7 @@ impl Import {
                 tag,
                 reopen: Arc::new(reopen),
                 closing: 0,
+                ahead: false,
             },
         );
         handle
@@ -1456,6 +1499,121 @@ impl Import {
                 o.closing.insert(transno, c.handle);
             }
         }
+    }
+
+    /// Closes the read-only `handle` without a round trip of its own: its CLOSE
+    /// (`CloseAhead`, answered by nothing) leaves in the same write as the next request
+    /// to the target, or with a PING within [`CLOSE_AHEAD_WAIT_MS`] if none comes. The
+    /// target runs a connection's frames in order, so the reply to that request, come
+    /// back on the same connection, shows the close done; only then is the handle no
+    /// longer opened again in a recovery. A close that may not have arrived (the
+    /// connection changed) is sent again: closing a closed handle does nothing. Returns
+    /// false (the caller closes it with an RPC) if [`CLOSES_AHEAD_MAX`] wait already.
+    ///
+    /// Only for handles whose close changes nothing the client must know: the MDT
+    /// closes them as it closes a departed client's handles.
+    pub fn close_ahead(self: &Arc<Self>, handle: u64) -> bool {
+        let mut a = self.ahead.lock();
+        if a.handles.len() >= CLOSES_AHEAD_MAX {
+            return false;
+        }
+        a.handles.push(handle);
+        self.md_stats.record(Opcode::Close);
+        self.arm_ahead(&mut a);
+        true
+    }
+
+    /// Read-only closes waiting to ride ahead of a request.
+    pub fn closes_ahead(&self) -> usize {
+        self.ahead.lock().handles.len()
+    }
+
+    /// Starts the wait after which a PING carries the waiting closes.
+    fn arm_ahead(self: &Arc<Self>, a: &mut AheadCloses) {
+        if a.armed || a.handles.is_empty() {
+            return;
+        }
+        a.armed = true;
+        let me = Arc::downgrade(self);
+        self.rt.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(CLOSE_AHEAD_WAIT_MS)).await;
+            let Some(me) = me.upgrade() else { return };
+            let waiting = {
+                let mut a = me.ahead.lock();
+                a.armed = false;
+                !a.handles.is_empty()
+            };
+            if waiting {
+                let _ = me.call(Request::Ping(Empty {})).await;
+            }
+        });
+    }
+
+    /// The closes to send ahead of a request now.
+    fn take_ahead(&self) -> Vec<u64> {
+        if !self.is_mdc() {
+            return Vec::new();
+        }
+        std::mem::take(&mut self.ahead.lock().handles)
+    }
+
+    /// After the request `closes` rode ahead of: done if its reply came back on the
+    /// connection they were sent on (`sent`: its `conn_cnt`), else waiting again.
+    fn ahead_done(self: &Arc<Self>, closes: Vec<u64>, sent: Option<u32>, reply: Option<u32>) {
+        if closes.is_empty() {
+            return;
+        }
+        if sent.is_some() && sent == reply {
+            for h in closes {
+                self.closed_ahead(h);
+            }
+            return;
+        }
+        let mut a = self.ahead.lock();
+        a.handles.extend(closes);
+        self.arm_ahead(&mut a);
+    }
+
+    /// The MDT closed `handle` ahead of a request: nothing to open again once its open
+    /// is committed. Until then the open is replayed after a restart (a close ahead
+    /// has no transno to be replayed at) and closed ahead again.
+    fn closed_ahead(&self, handle: u64) {
+        let committed = self.pruned.load(Ordering::Acquire);
+        let mut o = self.opens.lock();
+        let Some(h) = o.held.get_mut(&handle) else {
+            return;
+        };
+        if h.closing != 0 {
+            // Closed ahead before and opened again in a recovery: kept as it was.
+            return;
+        }
+        if h.transno <= committed {
+            o.held.remove(&handle);
+            return;
+        }
+        h.ahead = true;
+        h.closing = h.transno;
+        let t = h.transno;
+        o.closing.insert(t, handle);
+    }
+
+    /// After a replay: the handles closed ahead whose opens were replayed are closed
+    /// ahead again.
+    fn close_ahead_again(self: &Arc<Self>) {
+        let again: Vec<u64> = self
+            .opens
+            .lock()
+            .held
+            .iter()
+            .filter(|(_, h)| h.ahead)
+            .map(|(k, _)| *k)
+            .collect();
+        if again.is_empty() {
+            return;
+        }
+        let mut a = self.ahead.lock();
+        a.handles.extend(again);
+        self.arm_ahead(&mut a);
     }
 
     /// The caller is done with the file open under `handle`: unless its close awaits
@@ -1783,11 +1941,12 @@ impl Import {
     }
 
     fn send(self: &Arc<Self>, xid: u64, opcode: u16, tag: u16, body: &[u8], flags: u16) {
-        self.send_first(xid, opcode, tag, body, flags, None);
+        self.send_first(xid, opcode, tag, body, flags, &[]);
     }
 
-    /// Sends a request, after `cancel` (an LDLM_CANCEL body, xid 0: its reply is not
-    /// waited for) in the same write.
+    /// Sends a request, after the `ahead` frames (opcode and body, xid 0: nobody
+    /// answers them) in the same write. Returns the `conn_cnt` of the connection it
+    /// went out on (`None`: not sent; a reconnect sends it, without `ahead`).
     fn send_first(
         self: &Arc<Self>,
         xid: u64,
@@ -1795,15 +1954,15 @@ impl Import {
         tag: u16,
         body: &[u8],
         flags: u16,
-        cancel: Option<&[u8]>,
-    ) {
+        ahead: &[(Opcode, Vec<u8>)],
+    ) -> Option<u32> {
         let mut st = self.state.lock();
         let Some(conn) = st.tx.clone() else {
             if let Some(e) = st.refused {
                 drop(st);
                 // Fail fast: the target refused us and will keep refusing.
                 self.fail_pending(e);
-                return;
+                return None;
             }
             if !st.connecting {
                 st.connecting = true;
@@ -1811,7 +1970,7 @@ impl Import {
                 let me = self.clone();
                 self.rt.spawn(me.reconnect());
             }
-            return;
+            return None;
         };
         let header = Header {
             opcode,
@@ -1829,18 +1988,19 @@ impl Import {
             ..header
         };
         let mut bytes = Vec::new();
-        if let Some(c) = cancel {
+        for (op, b) in ahead {
             let ch = Header {
-                opcode: Opcode::LdlmCancel as u16,
+                opcode: *op as u16,
                 flags: 0,
                 tag: 0,
                 xid: 0,
                 ..header
             };
-            bytes = Frame::encode(&ch, c);
+            bytes.extend_from_slice(&Frame::encode(&ch, b));
         }
         bytes.extend_from_slice(&Frame::encode(&header, body));
         conn.sink.send(bytes);
+        Some(header.conn_cnt)
     }
 
     fn fail_pending(&self, _e: Errno) {
@@ -2027,7 +2187,12 @@ impl Import {
         if rep.max_mod_rpcs < self.tags.limit() {
             self.tags.set_limit(rep.max_mod_rpcs);
         }
+        let replayed = rep.recovering;
         st.granted = Some(rep);
+        drop(st);
+        if replayed {
+            self.close_ahead_again();
+        }
         if reconnect {
             info!(target = %self.cfg.target, %addr, "reconnected");
         }

@@ -1,0 +1,220 @@
+//! Read-only closes that ride ahead of the next request (`CloseAhead`): no round trip
+//! of their own, yet every handle is closed on the MDT soon after, through an idle
+//! spell, an MDS restart and another client's unlink, and a client can close only its
+//! own read-only handles that way.
+
+mod common;
+
+use common::*;
+use lode_base::limits::CLOSES_AHEAD_MAX;
+use lode_base::{Errno, Fid};
+use lode_client::Session;
+use lode_proto::{CloseAheadReq, Request};
+use lode_testkit::{wait_for, Cluster};
+use std::time::Duration;
+
+fn open_files(c: &Cluster) -> u64 {
+    c.get_param("mdt.*.open_files").parse().expect("a count")
+}
+
+/// A file of `bytes` bytes named `name` in the root, written and closed (by RPC).
+fn made(s: &Session, name: &str, bytes: usize) -> Fid {
+    let cl = &s.client;
+    let fh = s
+        .run(cl.create_open(
+            &root(),
+            Fid::ROOT,
+            name.as_bytes(),
+            0o644,
+            libc::O_RDWR,
+            None,
+        ))
+        .expect("create");
+    s.run(cl.write(&fh, 0, &vec![7u8; bytes])).expect("write");
+    s.run(cl.close_now(&fh)).expect("close");
+    fh.fid
+}
+
+#[test]
+fn a_read_only_close_rides_ahead_of_the_next_request() {
+    let c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let f = made(&s, "f", 4096);
+    assert_eq!(open_files(&c), 0);
+    let (closes, ahead) = (mdt_stat(&c, "mds_close"), mdt_stat(&c, "mds_close_ahead"));
+    let fh = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
+    assert_eq!(s.run(cl.read(&fh, 0, 4096)).expect("read").len(), 4096);
+    s.run(cl.close(&fh)).expect("close");
+    // Whatever goes next carries it (or the PING an idle moment sends).
+    s.run(cl.statfs()).expect("statfs");
+    assert_eq!(open_files(&c), 0, "closed on the MDT");
+    assert_eq!(mdt_stat(&c, "mds_close"), closes, "no CLOSE RPC");
+    assert_eq!(mdt_stat(&c, "mds_close_ahead"), ahead + 1);
+}
+
+#[test]
+fn an_idle_clients_read_only_closes_reach_the_mdt_by_themselves() {
+    let c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let f = made(&s, "f", 100);
+    let closes = mdt_stat(&c, "mds_close");
+    // Fewer opens than `opencache_threshold_count`: none is kept under an OPEN lock.
+    for _ in 0..3 {
+        let fh = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
+        s.run(cl.close(&fh)).expect("close");
+    }
+    wait_for(
+        "the closes, with nothing else sent",
+        Duration::from_secs(5),
+        || open_files(&c) == 0,
+    );
+    assert_eq!(mdt_stat(&c, "mds_close"), closes, "no CLOSE RPC");
+    assert_eq!(cl.mdc().closes_ahead(), 0);
+}
+
+#[test]
+fn a_close_made_while_the_mds_is_down_is_done_once_it_has_recovered() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let f = made(&s, "f", 100);
+    let fh = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
+    // The recovery then waits for nobody else.
+    wait_for("only the test's client", Duration::from_secs(10), || {
+        c.get_param("mdt.*.num_exports") == "1"
+    });
+    c.kill9("mdt0");
+    // Nothing can carry it now: it waits, and the handle is opened again in the
+    // recovery (it is still the client's until the MDT has closed it).
+    s.run(cl.close(&fh)).expect("close");
+    c.start_target("mdt0");
+    let status = wait_recovered(&c);
+    assert_eq!(
+        status_field(&status, "completed_clients"),
+        "1/1",
+        "{status}"
+    );
+    // Stats start again with the restart: the close came after it, ahead of a PING.
+    wait_for(
+        "the close after the recovery",
+        Duration::from_secs(10),
+        || open_files(&c) == 0 && mdt_stat(&c, "mds_close_ahead") == 1,
+    );
+    let again = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
+    assert_eq!(s.run(cl.read(&again, 0, 200)).expect("read").len(), 100);
+    s.run(cl.close(&again)).expect("close");
+}
+
+#[test]
+fn the_last_close_of_an_unlinked_file_ahead_of_a_request_destroys_it() {
+    let c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    let f = made(&a, "f", 65536);
+    let destroyed = || {
+        c.get_param("mdt.*.destroys")
+            .lines()
+            .find_map(|l| l.strip_prefix("destroyed: "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("destroyed: in destroys")
+    };
+    let before = destroyed();
+    let fh = a
+        .run(a.client.open(&root(), f, libc::O_RDONLY))
+        .expect("open");
+    b.run(b.client.unlink(&root(), Fid::ROOT, b"f"))
+        .expect("unlink by another client");
+    assert_eq!(
+        a.run(a.client.read(&fh, 0, 65536))
+            .expect("still readable")
+            .len(),
+        65536
+    );
+    a.run(a.client.close(&fh)).expect("close");
+    wait_for("the orphan destroyed", Duration::from_secs(20), || {
+        open_files(&c) == 0 && destroyed() > before
+    });
+}
+
+#[test]
+fn a_client_closes_ahead_only_its_own_read_only_handles() {
+    let c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    let f = made(&a, "f", 10);
+    let w = a
+        .run(a.client.open(&root(), f, libc::O_RDWR))
+        .expect("open for writing");
+    let r = a
+        .run(a.client.open(&root(), f, libc::O_RDONLY))
+        .expect("open for reading");
+    assert_eq!(open_files(&c), 2);
+    let close_ahead = |s: &Session, handles: Vec<u64>| {
+        s.run(
+            s.client
+                .mdc()
+                .call(Request::CloseAhead(CloseAheadReq { handles })),
+        )
+        .map(|_| ())
+    };
+    // Another client's handles, a writer's own, and one that is not open: ignored.
+    close_ahead(&b, vec![w.handle, r.handle]).expect("answered");
+    close_ahead(&a, vec![w.handle, 12345]).expect("answered");
+    assert_eq!(open_files(&c), 2, "nothing closed");
+    assert_eq!(
+        close_ahead(&a, vec![r.handle; CLOSES_AHEAD_MAX + 1]),
+        Err(Errno::EPROTO),
+        "too many handles in one frame"
+    );
+    assert_eq!(open_files(&c), 2);
+    a.run(a.client.write(&w, 0, b"x"))
+        .expect("the writer still writes");
+    a.run(a.client.close(&w)).expect("close by RPC");
+    a.run(a.client.close(&r)).expect("close ahead");
+    a.run(a.client.statfs()).expect("statfs");
+    assert_eq!(open_files(&c), 0);
+}
+
+#[test]
+fn an_uncommitted_open_closed_ahead_is_replayed_so_recovery_finds_no_gap() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let f = made(&s, "f", 100);
+    // Only this client, everything so far committed, and no commit for a minute.
+    wait_for("only the test's client", Duration::from_secs(10), || {
+        c.get_param("mdt.*.num_exports") == "1"
+    });
+    let n = |p: &str| c.get_param(p).parse::<u64>().expect("a number");
+    wait_for("everything committed", Duration::from_secs(10), || {
+        n("mdt.*.last_transno") == n("mdt.*.last_committed")
+    });
+    c.set_param("mdt.*.commit_interval_ms=60000");
+    std::thread::sleep(Duration::from_millis(300));
+    // The open takes a transno (kept in memory only); its close has none.
+    let fh = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
+    s.run(cl.close(&fh)).expect("close");
+    s.run(cl.statfs()).expect("statfs");
+    assert_eq!(open_files(&c), 0);
+    let g = s
+        .run(cl.create(&root(), Fid::ROOT, b"g", 0o644, None))
+        .expect("a change after it")
+        .attr
+        .fid;
+    c.kill9("mdt0");
+    c.start_target("mdt0");
+    let status = wait_recovered(&c);
+    // Without the open's replay its transno would be a gap, and every later replay
+    // would have to pass a version check.
+    assert_eq!(status_field(&status, "vbr_gaps"), "0", "{status}");
+    assert_eq!(status_field(&status, "vbr_refused"), "0", "{status}");
+    wait_for("the handle closed again", Duration::from_secs(10), || {
+        open_files(&c) == 0
+    });
+    assert_eq!(
+        s.run(cl.lookup(&root(), Fid::ROOT, b"g"))
+            .map(|b| b.attr.fid),
+        Ok(g),
+        "the later change was replayed"
+    );
+}
