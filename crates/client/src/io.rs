@@ -389,8 +389,8 @@ impl Client {
     /// changes nothing this client must learn (the MDT's answer to it is about
     /// writers' sizes). False for any other handle, which the caller closes by RPC.
     fn close_ahead(&self, fh: &FileHandle) -> bool {
-        if fh.writable()
-            || fh.flags & libc::O_TRUNC != 0
+        // `wants_write` as the MDT decides a write handle, which it would not close.
+        if lode_base::perm::wants_write(fh.flags)
             || fh.wrote.load(Ordering::Acquire)
             || fh.own_lock.load(Ordering::Acquire)
             || self.check_live(fh).is_err()

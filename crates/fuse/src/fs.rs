@@ -587,10 +587,10 @@ impl Inner {
     /// if the kernel may keep its cache at this open (`FOPEN_KEEP_CACHE`, which every
     /// other open goes without): every byte of the file was just replaced, the
     /// kernel's size is the MDT's (this client holds the attributes lock, whose loss
-    /// makes the kernel forget them) and that lock vouches for the pages, no handle of this mount has the file open for
-    /// writing, and nothing was written through this mount meanwhile, checked again
-    /// after the store (a local write racing it leaves the open to drop the pages, as
-    /// any open does).
+    /// makes the kernel forget them) and that lock vouches for the pages, no handle of
+    /// this mount has the file open for writing, and nothing was written through this
+    /// mount meanwhile, checked again after the store (a local write racing it leaves
+    /// the open to drop the pages, as any open does).
     ///
     /// Only on a FUSE thread running the OPEN inline, with another thread of its kind
     /// (its ring queue's, or a `/dev/fuse` reader) free: the store waits for any

@@ -1549,29 +1549,31 @@ impl Import {
         });
     }
 
-    /// The closes to send ahead of a request now.
+    /// The closes to send ahead of a request now (only an MDC import has any).
     fn take_ahead(&self) -> Vec<u64> {
-        if !self.is_mdc() {
-            return Vec::new();
-        }
         std::mem::take(&mut self.ahead.lock().handles)
+    }
+
+    /// `handles` wait again for a request to ride ahead of.
+    fn ahead_again(self: &Arc<Self>, handles: Vec<u64>) {
+        if handles.is_empty() {
+            return;
+        }
+        let mut a = self.ahead.lock();
+        a.handles.extend(handles);
+        self.arm_ahead(&mut a);
     }
 
     /// After the request `closes` rode ahead of: done if its reply came back on the
     /// connection they were sent on (`sent`: its `conn_cnt`), else waiting again.
     fn ahead_done(self: &Arc<Self>, closes: Vec<u64>, sent: Option<u32>, reply: Option<u32>) {
-        if closes.is_empty() {
-            return;
-        }
         if sent.is_some() && sent == reply {
             for h in closes {
                 self.closed_ahead(h);
             }
             return;
         }
-        let mut a = self.ahead.lock();
-        a.handles.extend(closes);
-        self.arm_ahead(&mut a);
+        self.ahead_again(closes);
     }
 
     /// The MDT closed `handle` ahead of a request: nothing to open again once its open
@@ -1608,12 +1610,7 @@ impl Import {
             .filter(|(_, h)| h.ahead)
             .map(|(k, _)| *k)
             .collect();
-        if again.is_empty() {
-            return;
-        }
-        let mut a = self.ahead.lock();
-        a.handles.extend(again);
-        self.arm_ahead(&mut a);
+        self.ahead_again(again);
     }
 
     /// The caller is done with the file open under `handle`: unless its close awaits
