@@ -10,7 +10,7 @@
 mod common;
 
 use common::*;
-use lode_base::{Errno, Fid, SetAttr};
+use lode_base::{Component, Errno, Fid, Layout, Pattern, SetAttr};
 use lode_client::Session;
 use lode_testkit::{wait_for, Cluster};
 use std::time::Duration;
@@ -731,4 +731,60 @@ fn a_handle_open_across_an_mds_restart_keeps_no_size_at_close_that_misses_anothe
         .run(other.client.getattr(&r, fh.fid))
         .expect("getattr");
     assert_eq!(at.size, (1 << 20) + 4, "b's bytes count");
+}
+
+#[test]
+fn a_close_made_by_an_eviction_leaves_no_gap_for_later_replays_to_fall_into() {
+    let mut c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    let r = root();
+    let dom = Layout {
+        gen: 0,
+        components: vec![Component {
+            id: 1,
+            start: 0,
+            end: 1 << 20,
+            pattern: Pattern::Mdt,
+        }],
+    };
+    // a writes a file whose bytes are all on the MDT, and keeps it open.
+    let fh = a
+        .run(
+            a.client
+                .create_open(&r, Fid::ROOT, b"f", 0o644, libc::O_RDWR, Some(dom)),
+        )
+        .expect("create_open");
+    assert_eq!(a.run(a.client.write(&fh, 0, b"aaaa")), Ok(4));
+    hold_commits(&c, 2);
+    // The MDT closes a's handle as it evicts a: the file's last writer is gone, and
+    // the close may note that its size is now exact.
+    c.set_param(&format!("mdt.*.evict_client={}", a.client.uuid()));
+    assert_eq!(c.get_param("mdt.*.open_files"), "0");
+    // b changes the file after that close, and is answered.
+    let sa = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    b.run(b.client.setattr(&r, fh.fid, sa)).expect("chmod");
+    // Both are lost with the MDS. No client replays the eviction's close, so it must
+    // not be a change that b's replay depends on (b's chmod would be refused).
+    c.kill9("mdt0");
+    drop(a);
+    c.start_target("mdt0");
+    wait_for("the MDS to answer", Duration::from_secs(30), || {
+        !c.get_param("mdt.*.recovery_time_soft").is_empty()
+    });
+    c.set_param("mdt.*.recovery_time_soft=3");
+    let status = wait_recovered(&c);
+    assert_eq!(status_field(&status, "vbr_refused"), "0", "{status}");
+    let at = b.run(b.client.getattr(&r, fh.fid)).expect("getattr");
+    assert_eq!(at.mode & 0o7777, 0o600, "b's chmod was replayed");
+    assert_eq!(at.size, 4);
+    let fb = b
+        .run(b.client.open(&r, fh.fid, libc::O_RDONLY))
+        .expect("open");
+    assert_eq!(
+        b.run(b.client.read(&fb, 0, 16)).as_deref(),
+        Ok(&b"aaaa"[..])
+    );
 }

@@ -712,12 +712,16 @@ impl Namespace {
         self.opens.lock().handles.get(&handle).map(|h| h.fid)
     }
 
-    /// Closes a handle outside any request (client disconnect).
-    pub(crate) fn close_handle(&self, handle: u64) -> OpResult<u64> {
-        // What the client wrote is unknown: the mark stays.
-        Ok(self
-            .close_inner(&Ctx::default(), handle, true, None, false)?
-            .1)
+    /// Closes a handle outside any request (a client's goodbye, its eviction). Like
+    /// a close ahead, it takes no transno and changes no inode but an unlinked
+    /// file's: no client replays it, so a crash that loses it would leave a gap in
+    /// the transnos, and every later replay would be version-checked against the
+    /// inode it changed (a chmod made after it refused, for one). What the client
+    /// wrote is unknown, so the file's size marks stay; its next writer's close
+    /// settles them.
+    pub(crate) fn close_handle(&self, handle: u64) -> OpResult<()> {
+        self.close_inner(&Ctx::default(), handle, true, None, true)
+            .map(drop)
     }
 
     /// Closes the read-only handles of the client in `slot` that a `CloseAhead` names
@@ -773,13 +777,16 @@ impl Namespace {
         }
     }
 
+    /// Closes `handle`. An `untracked` close (one no client waits for: see
+    /// `close_ahead` and `close_handle`) is written with no transno and leaves the
+    /// inode as it is, unless the file goes with it.
     fn close_inner(
         &self,
         ctx: &Ctx,
         handle: u64,
         wrote: bool,
         attrs: Option<lode_proto::CloseAttrs>,
-        ahead: bool,
+        untracked: bool,
     ) -> OpResult<(CloseRep, u64)> {
         let Some(fid) = self.opens.lock().handles.get(&handle).map(|h| h.fid) else {
             return Err(Errno::EBADF.into());
@@ -844,7 +851,7 @@ impl Namespace {
                 if last && rec.nlink == 0 {
                     b.delete(Cf::Orphan, fid.to_bytes().to_vec());
                     self.drop_inode(&mut b, fid, &rec)?;
-                } else if ahead {
+                } else if untracked {
                     // See `close_ahead`: the inode stays as it is.
                 } else if last
                     && rec.flags & INODE_DATA != 0
@@ -887,10 +894,11 @@ impl Namespace {
                 }
             }
         }
-        if ahead {
+        if untracked {
             // No transno: nobody would replay it, and recovery would take the missing
             // transno for a lost change (making every later replay check versions). If
-            // the destruction is lost in a crash, the orphan goes after recovery.
+            // a crash loses the orphan's destruction or the abandoned migration, both
+            // are cleaned after recovery.
             if !b.is_empty() {
                 self.store.apply_untracked(&b)?;
             }
