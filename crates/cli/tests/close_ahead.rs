@@ -218,3 +218,88 @@ fn an_uncommitted_open_closed_ahead_is_replayed_so_recovery_finds_no_gap() {
         "the later change was replayed"
     );
 }
+
+#[test]
+fn a_close_ahead_replayed_in_a_long_recovery_is_sent_again_after_its_open_commits() {
+    let mut c = cluster(1);
+    let (s, other) = (c.client(), c.client());
+    let cl = &s.client;
+    let f = made(&s, "f", 100);
+    // Only these clients, everything so far committed, and no commit for a minute.
+    wait_for("only the test's clients", Duration::from_secs(10), || {
+        c.get_param("mdt.*.num_exports") == "2"
+    });
+    let n = |p: &str| c.get_param(p).parse::<u64>().expect("a number");
+    wait_for("everything committed", Duration::from_secs(10), || {
+        n("mdt.*.last_transno") == n("mdt.*.last_committed")
+    });
+    c.set_param("mdt.*.commit_interval_ms=60000");
+    std::thread::sleep(Duration::from_millis(300));
+    let fh = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
+    s.run(cl.close(&fh)).expect("close");
+    s.run(cl.statfs()).expect("statfs");
+    assert_eq!(open_files(&c), 0);
+    // The other client goes with the MDS: recovery waits for it (3 s), long enough
+    // for the restarted MDT to commit the replayed open before it ends. The replay's
+    // last answer then says the open committed, which must not make the client
+    // forget to close it again.
+    c.kill9("mdt0");
+    drop(other);
+    c.start_target("mdt0");
+    wait_for("the MDS to answer", Duration::from_secs(30), || {
+        !c.get_param("mdt.*.recovery_time_soft").is_empty()
+    });
+    c.set_param("mdt.*.recovery_time_soft=3");
+    s.run(cl.statfs()).expect("statfs after recovery");
+    let status = wait_recovered(&c);
+    assert_eq!(
+        status_field(&status, "completed_clients"),
+        "1/2",
+        "{status}"
+    );
+    assert_eq!(status_field(&status, "vbr_refused"), "0", "{status}");
+    wait_for("the handle closed again", Duration::from_secs(10), || {
+        open_files(&c) == 0
+    });
+}
+
+#[test]
+fn more_closes_than_one_frame_takes_waiting_through_an_mds_restart_are_all_done() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    // One file each: repeated opens of one file would be kept by the open cache.
+    let n = CLOSES_AHEAD_MAX + CLOSES_AHEAD_MAX / 2;
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let f = made(&s, &format!("f{i}"), 10);
+            s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open")
+        })
+        .collect();
+    assert_eq!(open_files(&c), n as u64);
+    wait_for("only the test's client", Duration::from_secs(10), || {
+        c.get_param("mdt.*.num_exports") == "1"
+    });
+    c.kill9("mdt0");
+    // A frame's worth, which a PING takes and cannot deliver; then more, queued
+    // while it waits. Once it fails they wait together, more than one frame holds.
+    for h in &handles[..CLOSES_AHEAD_MAX] {
+        s.run(cl.close(h)).expect("close");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    for h in &handles[CLOSES_AHEAD_MAX..] {
+        s.run(cl.close(h)).expect("close");
+    }
+    c.start_target("mdt0");
+    let status = wait_recovered(&c);
+    assert_eq!(
+        status_field(&status, "completed_clients"),
+        "1/1",
+        "{status}"
+    );
+    s.run(cl.statfs()).expect("statfs");
+    wait_for("every handle closed", Duration::from_secs(10), || {
+        open_files(&c) == 0
+    });
+    assert_eq!(mdt_stat(&c, "mds_close_ahead"), 2, "two frames");
+}

@@ -443,6 +443,35 @@ struct AheadCloses {
     armed: bool,
 }
 
+/// Closes taken to ride ahead of one request. Dropped before [`AheadTaken::done`]
+/// (the call's future dropped, say), they wait for the next request again: the
+/// MDT may have closed them already, and closing a closed handle does nothing.
+struct AheadTaken<'a> {
+    imp: &'a Arc<Import>,
+    closes: Vec<u64>,
+}
+
+impl AheadTaken<'_> {
+    /// The request they rode ahead of is over: done if its reply came back on the
+    /// connection they were sent on (`sent`: its `conn_cnt`), else waiting again.
+    fn done(mut self, sent: Option<u32>, reply: Option<u32>) {
+        let closes = std::mem::take(&mut self.closes);
+        if sent.is_some() && sent == reply {
+            for h in closes {
+                self.imp.closed_ahead(h);
+            }
+        } else {
+            self.imp.ahead_again(closes);
+        }
+    }
+}
+
+impl Drop for AheadTaken<'_> {
+    fn drop(&mut self) {
+        self.imp.ahead_again(std::mem::take(&mut self.closes));
+    }
+}
+
 /// The changes kept for replay, by transno, and their size.
 #[derive(Default)]
 struct ReplayList {
@@ -1027,9 +1056,9 @@ impl Import {
             ahead.push((Opcode::LdlmCancel, c.encode()));
         }
         let closes = self.take_ahead();
-        if !closes.is_empty() {
+        if !closes.closes.is_empty() {
             let c = Request::CloseAhead(lode_proto::CloseAheadReq {
-                handles: closes.clone(),
+                handles: closes.closes.clone(),
             });
             ahead.push((Opcode::CloseAhead, c.encode()));
         }
@@ -1041,7 +1070,7 @@ impl Import {
         let frame = self
             .wait(op as u16, tag_guard, body, flags, extra, &mut on)
             .await;
-        self.ahead_done(closes, on, frame.as_ref().ok().map(|f| f.header.conn_cnt));
+        closes.done(on, frame.as_ref().ok().map(|f| f.header.conn_cnt));
         let frame = frame?;
         self.stats.record(
             op,
@@ -1549,9 +1578,16 @@ impl Import {
         });
     }
 
-    /// The closes to send ahead of a request now (only an MDC import has any).
-    fn take_ahead(&self) -> Vec<u64> {
-        std::mem::take(&mut self.ahead.lock().handles)
+    /// The closes to send ahead of a request now (only an MDC import has any): at
+    /// most `CLOSES_AHEAD_MAX`, the most the MDT takes in one frame (the queue can
+    /// hold more after closes come back from a failed request); the rest wait for
+    /// the next request, or the PING armed for them.
+    fn take_ahead(self: &Arc<Self>) -> AheadTaken<'_> {
+        let mut a = self.ahead.lock();
+        let n = a.handles.len().min(CLOSES_AHEAD_MAX);
+        let closes = a.handles.drain(..n).collect();
+        self.arm_ahead(&mut a);
+        AheadTaken { imp: self, closes }
     }
 
     /// `handles` wait again for a request to ride ahead of.
@@ -1562,18 +1598,6 @@ impl Import {
         let mut a = self.ahead.lock();
         a.handles.extend(handles);
         self.arm_ahead(&mut a);
-    }
-
-    /// After the request `closes` rode ahead of: done if its reply came back on the
-    /// connection they were sent on (`sent`: its `conn_cnt`), else waiting again.
-    fn ahead_done(self: &Arc<Self>, closes: Vec<u64>, sent: Option<u32>, reply: Option<u32>) {
-        if sent.is_some() && sent == reply {
-            for h in closes {
-                self.closed_ahead(h);
-            }
-            return;
-        }
-        self.ahead_again(closes);
     }
 
     /// The MDT closed `handle` ahead of a request: nothing to open again once its open
@@ -1597,20 +1621,6 @@ impl Import {
         h.closing = h.transno;
         let t = h.transno;
         o.closing.insert(t, handle);
-    }
-
-    /// After a replay: the handles closed ahead whose opens were replayed are closed
-    /// ahead again.
-    fn close_ahead_again(self: &Arc<Self>) {
-        let again: Vec<u64> = self
-            .opens
-            .lock()
-            .held
-            .iter()
-            .filter(|(_, h)| h.ahead)
-            .map(|(k, _)| *k)
-            .collect();
-        self.ahead_again(again);
     }
 
     /// The caller is done with the file open under `handle`: unless its close awaits
@@ -1717,7 +1727,7 @@ impl Import {
         rep: &ConnectRep,
         conn_cnt: u32,
         session: Option<&mut (Sealer, Opener)>,
-    ) -> Result<(), Option<Errno>> {
+    ) -> Result<Vec<u64>, Option<Errno>> {
         let (mut sealer, mut opener) = match session {
             Some((s, o)) => (Some(s), Some(o)),
             None => (None, None),
@@ -1749,7 +1759,14 @@ impl Import {
             .collect();
         let changes = frames.len();
         let change_bytes: u64 = frames.values().map(|(_, b)| b.len() as u64).sum();
+        // Opens closed ahead before they committed are opened again here, and are
+        // closed ahead again once connected. Listed now: the replies to come may
+        // commit them, which drops them from `held`.
+        let mut again = Vec::new();
         for (handle, o) in self.opens.lock().held.iter() {
+            if o.ahead {
+                again.push(*handle);
+            }
             let f = frames.entry(o.transno).or_insert_with(|| {
                 let h = Header {
                     opcode: Opcode::Open as u16,
@@ -1868,7 +1885,7 @@ impl Import {
                 if !frames.is_empty() || !locks.is_empty() {
                     info!(target = %self.cfg.target, "replay done");
                 }
-                Ok(())
+                Ok(again)
             }
             _ => Err(None),
         }
@@ -2133,8 +2150,10 @@ impl Import {
                 .is_some_and(|g| g.instance != rep.instance);
             (restarted, st.conn_cnt.wrapping_add(1))
         };
+        let mut again = Vec::new();
         if rep.recovering {
-            self.replay_all(&mut sock, &rep, conn_cnt, session.as_mut())
+            again = self
+                .replay_all(&mut sock, &rep, conn_cnt, session.as_mut())
                 .await?;
         } else if restarted {
             let gone = self.replay.lock().take();
@@ -2184,12 +2203,9 @@ impl Import {
         if rep.max_mod_rpcs < self.tags.limit() {
             self.tags.set_limit(rep.max_mod_rpcs);
         }
-        let replayed = rep.recovering;
         st.granted = Some(rep);
         drop(st);
-        if replayed {
-            self.close_ahead_again();
-        }
+        self.ahead_again(again);
         if reconnect {
             info!(target = %self.cfg.target, %addr, "reconnected");
         }
