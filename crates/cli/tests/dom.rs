@@ -936,3 +936,57 @@ fn a_dom_files_pages_are_kept_across_opens_until_its_bytes_change() {
     });
     assert_eq!(std::fs::read(&f).unwrap(), body(3));
 }
+
+#[test]
+fn a_dom_file_is_read_with_its_open_after_a_writer_that_a_reader_outlived_and_a_truncate() {
+    let c = cluster(1);
+    let (w, r, other) = (c.client(), c.client(), c.client());
+    let cred = root();
+    let only_mdt = Layout {
+        gen: 0,
+        components: vec![Component {
+            id: 1,
+            start: 0,
+            end: 1 << 20,
+            pattern: Pattern::Mdt,
+        }],
+    };
+    let fh = w
+        .run(
+            w.client
+                .create_open(&cred, Fid::ROOT, b"f", 0o644, libc::O_RDWR, Some(only_mdt)),
+        )
+        .expect("create");
+    assert_eq!(w.run(w.client.write(&fh, 0, b"hello world")), Ok(11));
+    // A reader holds the file open past its writer's close, and closes last.
+    let rh = r
+        .run(r.client.open(&cred, fh.fid, libc::O_RDONLY))
+        .expect("open");
+    w.run(w.client.close(&fh)).expect("close");
+    r.run(r.client.close(&rh)).expect("close");
+    let read_fresh = |want: &[u8]| {
+        let reads = mdt_stat(&c, "dom_read");
+        let h = other
+            .run(other.client.open(&cred, fh.fid, libc::O_RDONLY))
+            .expect("open");
+        assert_eq!(
+            other.run(other.client.read(&h, 0, 100)).as_deref(),
+            Ok(want)
+        );
+        other.run(other.client.close_now(&h)).expect("close");
+        assert_eq!(
+            mdt_stat(&c, "dom_read"),
+            reads,
+            "the bytes came with the open: no writer left, the size is exact"
+        );
+    };
+    read_fresh(b"hello world");
+    // A truncate with no writer open leaves the size exact too.
+    let sa = lode_base::SetAttr {
+        size: Some(5),
+        ..Default::default()
+    };
+    r.run(r.client.setattr(&cred, fh.fid, sa))
+        .expect("truncate");
+    read_fresh(b"hello");
+}

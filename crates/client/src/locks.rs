@@ -700,6 +700,21 @@ impl Client {
         c.attrs.get(&fid).is_some_and(|(b, _)| !b.written)
     }
 
+    /// [`Client::covered`]'s attributes half and [`Client::pages_vouched`] at once: the
+    /// attributes lock held on `fid` keeps the kernel's size current (no glimpse
+    /// needed) and vouches for its pages (granted while no other client had the file
+    /// open for writing: else a reader holding it open would keep reading them after
+    /// that client's next write, which nothing tells it of).
+    pub fn keeps_pages(&self, fid: Fid) -> bool {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return false;
+        }
+        let c = self.locks.cache.lock();
+        c.attrs
+            .get(&fid)
+            .is_some_and(|(b, _)| !b.glimpse && !b.written)
+    }
+
     /// The MDT's size of `fid` is exact again (a close took back its "data on OSTs"
     /// mark): cached attributes need no glimpse. Safe without a lock change: a copy
     /// that still glimpses only asks the OSTs for what the MDT has.

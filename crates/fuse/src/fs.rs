@@ -570,15 +570,7 @@ impl Inner {
     /// No handle of this mount writes `fid` (a shared writable mapping's pages may
     /// hold bytes not written yet), and the kernel's size of it is current.
     fn may_keep_pages(&self, fid: Fid) -> bool {
-        !self.opts.writeback && !self.files.lock().writing(fid) && self.lock_keeps_pages(fid)
-    }
-
-    /// The attributes lock held on `fid` keeps the kernel's size current and vouches
-    /// for its pages (granted while no other client had the file open for writing:
-    /// else a reader holding it open would keep reading them after that client's
-    /// next write, which nothing tells this mount of).
-    fn lock_keeps_pages(&self, fid: Fid) -> bool {
-        self.client.covered(None, fid).1 && self.client.pages_vouched(fid)
+        !self.opts.writeback && !self.files.lock().writing(fid) && self.client.keeps_pages(fid)
     }
 
     /// Read-on-open into the kernel's page cache (Lustre's `ll_dom_finish_open`): a
@@ -613,7 +605,7 @@ impl Inner {
         if self.files.lock().writing(h.fid) {
             return false;
         }
-        if !self.lock_keeps_pages(h.fid) {
+        if !self.client.keeps_pages(h.fid) {
             return false;
         }
         let Some(n) = self.pages.lock().clone() else {
@@ -625,7 +617,7 @@ impl Inner {
         }
         // Still current: no local write since, and the lock (which another client's
         // change calls back) still held.
-        self.client.opened_contents(h).is_some() && self.lock_keeps_pages(h.fid)
+        self.client.opened_contents(h).is_some() && self.client.keeps_pages(h.fid)
     }
 
     /// With the writeback cache, the kernel writes a file's pages through whichever

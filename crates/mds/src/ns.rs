@@ -1,7 +1,8 @@
 //! Namespace reads (getattr, lookup, readdir) and create / open / close.
 
 use crate::inode::{
-    check_name, check_new_name, del_dirent, dtype_of, is_dir, now_ns, put_dirent, put_inode,
+    all_here, check_name, check_new_name, del_dirent, dtype_of, is_dir, now_ns, put_dirent,
+    put_inode,
 };
 use crate::pdo::Mode;
 use crate::{Ctx, Namespace, OpError, OpResult, OpenHandle};
@@ -817,6 +818,7 @@ impl Namespace {
             // The only writer since its open, and the last one out: what it glimpsed
             // before closing is the file's size.
             let mut sole = false;
+            let mut last_writer = false;
             if h.write {
                 if let Some(n) = o.write_slots.get_mut(&(fid, h.slot)) {
                     *n -= 1;
@@ -829,6 +831,7 @@ impl Namespace {
                     sole = h.alone && w.1 == h.events && w.0 == 0;
                     if w.0 == 0 {
                         o.writers.remove(&fid);
+                        last_writer = true;
                     }
                 }
             }
@@ -836,9 +839,9 @@ impl Namespace {
             if migrating {
                 o.migrations.remove(&fid);
             }
-            (last, marked && !wrote, sole, migrating)
+            (last, last_writer, marked && !wrote, sole, migrating)
         };
-        let (last, unmark, sole, migrating) = last;
+        let (last, last_writer, unmark, sole, migrating) = last;
         let lazy = attrs.filter(|_| sole);
         let mut b = Batch::new();
         if migrating {
@@ -846,24 +849,20 @@ impl Namespace {
             self.migrate_abandon(&mut b, fid)?;
         }
         let mut rep = CloseRep::default();
-        if last || unmark || lazy.is_some() {
+        if last || last_writer || unmark || lazy.is_some() {
             if let Ok(mut rec) = self.inode(fid) {
                 if last && rec.nlink == 0 {
                     b.delete(Cf::Orphan, fid.to_bytes().to_vec());
                     self.drop_inode(&mut b, fid, &rec)?;
                 } else if untracked {
                     // See `close_ahead`: the inode stays as it is.
-                } else if last
-                    && rec.flags & INODE_DATA != 0
-                    && rec
-                        .layout
-                        .as_ref()
-                        .is_some_and(|l| l.dom_end() > 0 && !l.has_objects())
-                {
+                } else if (last || last_writer) && rec.flags & INODE_DATA != 0 && all_here(&rec) {
                     // Every byte is on this MDT: with no writer left, its size is
                     // exact here (Lustre's strict size on MDT for DoM-only files): no
                     // copy needs a glimpse, and the closer's (which may predate its
-                    // own writes) gets the attributes as they are now.
+                    // own writes) gets the attributes as they are now. Readers still
+                    // open do not matter (their closes may ride ahead, which changes
+                    // no inode).
                     rec.flags &= !INODE_DATA;
                     put_inode(&mut b, fid, &rec);
                     rep.exact_size = true;

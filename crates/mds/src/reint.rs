@@ -1,6 +1,8 @@
 //! Namespace changes: unlink/rmdir, rename, link, setattr.
 
-use crate::inode::{check_name, check_new_name, dtype_of, is_dir, now_ns, put_dirent, put_inode};
+use crate::inode::{
+    all_here, check_name, check_new_name, dtype_of, is_dir, now_ns, put_dirent, put_inode,
+};
 use crate::pdo::Mode;
 use crate::{Ctx, Namespace, OpResult};
 use lode_base::hash::name_hash;
@@ -411,7 +413,12 @@ impl Namespace {
                 rec.mtime = now;
             }
             rec.size = size;
-            rec.flags |= INODE_DATA;
+            if !all_here(&rec) {
+                // OST objects may hold bytes past the new size for a while: the size
+                // needs a glimpse until a writer's close settles it. A file whose
+                // bytes are all here has its size exact as it is cut.
+                rec.flags |= INODE_DATA;
+            }
             self.data_changed(fid);
             if !root {
                 rec.mode &= !libc::S_ISUID;
