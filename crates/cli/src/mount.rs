@@ -190,6 +190,13 @@ pub fn run(a: MountArgs) -> Result<()> {
     let client = rt
         .block_on(Client::connect(cfg))
         .map_err(|e| anyhow!("mount: {e}"))?;
+    // Until the MDT can call this client back, nothing is cached under locks and the
+    // kernel gets short timeouts: a mount that served at once would answer its first
+    // calls that way (and count more round trips than it needs). The channel is up
+    // within a round trip or two; a mount whose channel is slow serves anyway.
+    if opts.locks && !rt.block_on(client.wait_callback_channel(CALLBACK_CHANNEL_WAIT)) {
+        tracing::warn!("mount: the MDT cannot call this client back yet: caching with short timeouts until it can");
+    }
     // Whoever started this mount (`lode up`) learns who it is, to evict it from
     // recovery if the mount dies with the servers.
     if let Some(f) = std::env::var_os(UUID_FILE_ENV) {
@@ -274,6 +281,9 @@ pub fn run(a: MountArgs) -> Result<()> {
     drop(rt);
     Ok(())
 }
+
+/// How long a mount waits for its callback channel before it serves anyway.
+const CALLBACK_CHANNEL_WAIT: Duration = Duration::from_secs(5);
 
 /// The kernel's switch for FUSE over io_uring (off by default).
 pub const URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";

@@ -641,6 +641,19 @@ impl Client {
         self.locks.up.load(Ordering::Acquire)
     }
 
+    /// Waits up to `within` for the callback channel (see
+    /// [`Client::callback_channel_up`]); false if it is not up by then.
+    pub async fn wait_callback_channel(&self, within: Duration) -> bool {
+        let until = tokio::time::Instant::now() + within;
+        while !self.callback_channel_up() {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        true
+    }
+
     /// Installs the layer above that caches what locks cover (the FUSE mount): it is
     /// told what to forget whenever a lock is called back, given back or lost.
     pub fn set_invalidator(&self, f: Invalidator) {
