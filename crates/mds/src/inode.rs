@@ -118,7 +118,6 @@ pub(crate) fn decode_dirent(b: &[u8]) -> Result<DirentRec, lode_store::StoreErro
     }
 }
 
-/// Adds an inode put to a batch, one version on from the record it was read as.
 /// Every byte of the file is on this MDT (a Data-on-MDT component, no OST object
 /// yet), so its size here is exact whenever no writer has it open.
 pub(crate) fn all_here(rec: &InodeRec) -> bool {
@@ -127,6 +126,7 @@ pub(crate) fn all_here(rec: &InodeRec) -> bool {
         .is_some_and(|l| l.dom_end() > 0 && !l.has_objects())
 }
 
+/// Adds an inode put to a batch, one version on from the record it was read as.
 pub(crate) fn put_inode(b: &mut Batch, fid: Fid, rec: &InodeRec) {
     let rec = InodeRec {
         version: rec.version.wrapping_add(1),

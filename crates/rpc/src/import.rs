@@ -1590,13 +1590,18 @@ impl Import {
         AheadTaken { imp: self, closes }
     }
 
-    /// `handles` wait again for a request to ride ahead of.
+    /// `handles` wait again for a request to ride ahead of (once each: a reconnect
+    /// that failed after its replay queued them may queue them again).
     fn ahead_again(self: &Arc<Self>, handles: Vec<u64>) {
         if handles.is_empty() {
             return;
         }
         let mut a = self.ahead.lock();
-        a.handles.extend(handles);
+        for h in handles {
+            if !a.handles.contains(&h) {
+                a.handles.push(h);
+            }
+        }
         self.arm_ahead(&mut a);
     }
 
@@ -1722,12 +1727,12 @@ impl Import {
     }
 
     async fn replay_all(
-        &self,
+        self: &Arc<Self>,
         sock: &mut TcpStream,
         rep: &ConnectRep,
         conn_cnt: u32,
         session: Option<&mut (Sealer, Opener)>,
-    ) -> Result<Vec<u64>, Option<Errno>> {
+    ) -> Result<(), Option<Errno>> {
         let (mut sealer, mut opener) = match session {
             Some((s, o)) => (Some(s), Some(o)),
             None => (None, None),
@@ -1760,8 +1765,9 @@ impl Import {
         let changes = frames.len();
         let change_bytes: u64 = frames.values().map(|(_, b)| b.len() as u64).sum();
         // Opens closed ahead before they committed are opened again here, and are
-        // closed ahead again once connected. Listed now: the replies to come may
-        // commit them, which drops them from `held`.
+        // closed ahead again once connected (a close leaves only on a connection
+        // that is up, so after these reopens). Queued now, whatever happens next: the
+        // replies to come may commit them, which drops them from `held`.
         let mut again = Vec::new();
         for (handle, o) in self.opens.lock().held.iter() {
             if o.ahead {
@@ -1782,6 +1788,7 @@ impl Import {
             });
             f.0.last_xid = *handle;
         }
+        self.ahead_again(again);
         let mut out = Vec::new();
         for (h, body) in frames.values() {
             out.extend_from_slice(&Frame::encode(h, body));
@@ -1885,7 +1892,7 @@ impl Import {
                 if !frames.is_empty() || !locks.is_empty() {
                     info!(target = %self.cfg.target, "replay done");
                 }
-                Ok(again)
+                Ok(())
             }
             _ => Err(None),
         }
@@ -2150,10 +2157,8 @@ impl Import {
                 .is_some_and(|g| g.instance != rep.instance);
             (restarted, st.conn_cnt.wrapping_add(1))
         };
-        let mut again = Vec::new();
         if rep.recovering {
-            again = self
-                .replay_all(&mut sock, &rep, conn_cnt, session.as_mut())
+            self.replay_all(&mut sock, &rep, conn_cnt, session.as_mut())
                 .await?;
         } else if restarted {
             let gone = self.replay.lock().take();
@@ -2205,7 +2210,6 @@ impl Import {
         }
         st.granted = Some(rep);
         drop(st);
-        self.ahead_again(again);
         if reconnect {
             info!(target = %self.cfg.target, %addr, "reconnected");
         }
