@@ -181,16 +181,7 @@ fn an_uncommitted_open_closed_ahead_is_replayed_so_recovery_finds_no_gap() {
     let s = c.client();
     let cl = &s.client;
     let f = made(&s, "f", 100);
-    // Only this client, everything so far committed, and no commit for a minute.
-    wait_for("only the test's client", Duration::from_secs(10), || {
-        c.get_param("mdt.*.num_exports") == "1"
-    });
-    let n = |p: &str| c.get_param(p).parse::<u64>().expect("a number");
-    wait_for("everything committed", Duration::from_secs(10), || {
-        n("mdt.*.last_transno") == n("mdt.*.last_committed")
-    });
-    c.set_param("mdt.*.commit_interval_ms=60000");
-    std::thread::sleep(Duration::from_millis(300));
+    hold_commits(&c, 1);
     // The open takes a transno (kept in memory only); its close has none.
     let fh = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
     s.run(cl.close(&fh)).expect("close");
@@ -225,16 +216,7 @@ fn a_close_ahead_replayed_in_a_long_recovery_is_sent_again_after_its_open_commit
     let (s, other) = (c.client(), c.client());
     let cl = &s.client;
     let f = made(&s, "f", 100);
-    // Only these clients, everything so far committed, and no commit for a minute.
-    wait_for("only the test's clients", Duration::from_secs(10), || {
-        c.get_param("mdt.*.num_exports") == "2"
-    });
-    let n = |p: &str| c.get_param(p).parse::<u64>().expect("a number");
-    wait_for("everything committed", Duration::from_secs(10), || {
-        n("mdt.*.last_transno") == n("mdt.*.last_committed")
-    });
-    c.set_param("mdt.*.commit_interval_ms=60000");
-    std::thread::sleep(Duration::from_millis(300));
+    hold_commits(&c, 2);
     let fh = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
     s.run(cl.close(&fh)).expect("close");
     s.run(cl.statfs()).expect("statfs");
@@ -243,20 +225,8 @@ fn a_close_ahead_replayed_in_a_long_recovery_is_sent_again_after_its_open_commit
     // for the restarted MDT to commit the replayed open before it ends. The replay's
     // last answer then says the open committed, which must not make the client
     // forget to close it again.
-    c.kill9("mdt0");
-    drop(other);
-    c.start_target("mdt0");
-    wait_for("the MDS to answer", Duration::from_secs(30), || {
-        !c.get_param("mdt.*.recovery_time_soft").is_empty()
-    });
-    c.set_param("mdt.*.recovery_time_soft=3");
+    let status = power_cut_without(&mut c, other);
     s.run(cl.statfs()).expect("statfs after recovery");
-    let status = wait_recovered(&c);
-    assert_eq!(
-        status_field(&status, "completed_clients"),
-        "1/2",
-        "{status}"
-    );
     assert_eq!(status_field(&status, "vbr_refused"), "0", "{status}");
     wait_for("the handle closed again", Duration::from_secs(10), || {
         open_files(&c) == 0

@@ -1,10 +1,10 @@
 //! Shared helpers for the integration tests.
 #![allow(dead_code)]
 
-use lode_base::{Cred, Errno, Fid};
+use lode_base::{Component, Cred, Errno, Fid, Layout, Pattern};
 use lode_client::{Client, Session};
 use lode_proto::{ConnectRep, Empty, Frame, FrameError, Header, Reply, Request, CONNECT_SUPPORTED};
-use lode_testkit::Cluster;
+use lode_testkit::{wait_for, Cluster};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -325,6 +325,63 @@ impl Prng {
     /// `n` random lowercase letters.
     pub fn letters(&mut self, n: u64) -> Vec<u8> {
         (0..n).map(|_| b'a' + self.below(26) as u8).collect()
+    }
+}
+
+/// Holds commits back for a minute: whatever the tests do next is uncommitted. First
+/// waits until only the test's `clients` are connected (the cluster's own start-up
+/// client has gone) and that is on disk, so the restart waits for nobody else.
+pub fn hold_commits(c: &Cluster, clients: usize) {
+    wait_for("only the test's clients", Duration::from_secs(10), || {
+        c.get_param("mdt.*.num_exports") == clients.to_string()
+    });
+    wait_for(
+        "everything so far to commit",
+        Duration::from_secs(10),
+        || {
+            let (last, committed) = transnos(c);
+            last == committed
+        },
+    );
+    c.set_param("mdt.*.commit_interval_ms=60000");
+    // The commit thread may be in the last short wait: let it pass.
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+pub fn transnos(c: &Cluster) -> (u64, u64) {
+    let n = |p: &str| c.get_param(p).trim().parse::<u64>().expect("a number");
+    (n("mdt.*.last_transno"), n("mdt.*.last_committed"))
+}
+
+/// Kills the MDS, and client `gone` with it, and restarts the MDS: recovery waits 3 s
+/// for `gone`, evicts it, and ends without it. Returns the `recovery_status`.
+pub fn power_cut_without(c: &mut Cluster, gone: Session) -> String {
+    c.kill9("mdt0");
+    drop(gone);
+    c.start_target("mdt0");
+    wait_for("the MDS to answer", Duration::from_secs(30), || {
+        !c.get_param("mdt.*.recovery_time_soft").is_empty()
+    });
+    c.set_param("mdt.*.recovery_time_soft=3");
+    let status = wait_recovered(c);
+    assert_eq!(
+        status_field(&status, "completed_clients"),
+        "1/2",
+        "{status}"
+    );
+    status
+}
+
+/// A layout whose one component, the first MiB, is on the MDT.
+pub fn dom_only_layout() -> Layout {
+    Layout {
+        gen: 0,
+        components: vec![Component {
+            id: 1,
+            start: 0,
+            end: 1 << 20,
+            pattern: Pattern::Mdt,
+        }],
     }
 }
 

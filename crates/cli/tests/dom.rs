@@ -548,33 +548,21 @@ fn dom_data_matches_a_model_through_the_mount_and_natively() {
     );
 }
 
-/// Waits until every change so far is committed, then holds commits back.
-fn hold_commits(c: &Cluster) {
-    let n = |p: &str| c.get_param(p).trim().parse::<u64>().expect("a number");
-    wait_for("everything to commit", Duration::from_secs(10), || {
-        n("mdt.*.last_transno") == n("mdt.*.last_committed")
-    });
-    c.set_param("mdt.*.commit_interval_ms=60000");
-    std::thread::sleep(Duration::from_millis(300));
-}
-
 #[test]
 fn dom_data_survives_an_mds_crash_committed_or_replayed() {
     let mut c = cluster(1);
     let sess = c.client();
     let cl = &sess.client;
     let r = root();
-    let only_dom = Layout {
-        gen: 0,
-        components: vec![Component {
-            id: 1,
-            start: 0,
-            end: 1 << 20,
-            pattern: Pattern::Mdt,
-        }],
-    };
     let fh = sess
-        .run(cl.create_open(&r, Fid::ROOT, b"d", 0o644, libc::O_RDWR, Some(only_dom)))
+        .run(cl.create_open(
+            &r,
+            Fid::ROOT,
+            b"d",
+            0o644,
+            libc::O_RDWR,
+            Some(dom_only_layout()),
+        ))
         .unwrap();
     let a: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     assert_eq!(sess.run(cl.write(&fh, 0, &a)), Ok(a.len()));
@@ -590,7 +578,7 @@ fn dom_data_survives_an_mds_crash_committed_or_replayed() {
     );
 
     // Answered, not committed: the client replays it.
-    hold_commits(&c);
+    hold_commits(&c, 1);
     let b = vec![0xb5u8; 70_000];
     assert_eq!(sess.run(cl.write(&fh, 200_000, &b)), Ok(b.len()));
     c.kill9("mdt0");
@@ -942,20 +930,15 @@ fn a_dom_file_is_read_with_its_open_after_a_writer_that_a_reader_outlived_and_a_
     let c = cluster(1);
     let (w, r, other) = (c.client(), c.client(), c.client());
     let cred = root();
-    let only_mdt = Layout {
-        gen: 0,
-        components: vec![Component {
-            id: 1,
-            start: 0,
-            end: 1 << 20,
-            pattern: Pattern::Mdt,
-        }],
-    };
     let fh = w
-        .run(
-            w.client
-                .create_open(&cred, Fid::ROOT, b"f", 0o644, libc::O_RDWR, Some(only_mdt)),
-        )
+        .run(w.client.create_open(
+            &cred,
+            Fid::ROOT,
+            b"f",
+            0o644,
+            libc::O_RDWR,
+            Some(dom_only_layout()),
+        ))
         .expect("create");
     assert_eq!(w.run(w.client.write(&fh, 0, b"hello world")), Ok(11));
     // A reader holds the file open past its writer's close, and closes last.

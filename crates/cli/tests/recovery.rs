@@ -10,35 +10,10 @@
 mod common;
 
 use common::*;
-use lode_base::{Component, Errno, Fid, Layout, Pattern, SetAttr};
+use lode_base::{Errno, Fid, SetAttr};
 use lode_client::Session;
 use lode_testkit::{wait_for, Cluster};
 use std::time::Duration;
-
-/// Holds commits back for a minute: whatever the tests do next is uncommitted. First
-/// waits until only the test's `clients` are connected (the cluster's own start-up
-/// client has gone) and that is on disk, so the restart waits for nobody else.
-fn hold_commits(c: &Cluster, clients: usize) {
-    wait_for("only the test's clients", Duration::from_secs(10), || {
-        c.get_param("mdt.*.num_exports") == clients.to_string()
-    });
-    wait_for(
-        "everything so far to commit",
-        Duration::from_secs(10),
-        || {
-            let (last, committed) = transnos(c);
-            last == committed
-        },
-    );
-    c.set_param("mdt.*.commit_interval_ms=60000");
-    // The commit thread may be in the last short wait: let it pass.
-    std::thread::sleep(Duration::from_millis(300));
-}
-
-fn transnos(c: &Cluster) -> (u64, u64) {
-    let n = |p: &str| c.get_param(p).trim().parse::<u64>().expect("a number");
-    (n("mdt.*.last_transno"), n("mdt.*.last_committed"))
-}
 
 /// Kills the MDS (`kill -9`, losing what it had not committed) and starts it again.
 fn power_cut_mds(c: &mut Cluster) {
@@ -55,25 +30,6 @@ fn power_cut_mds_with(c: &mut Cluster, args: &[&str]) {
     c.set_server_args("mdt0", args);
     c.kill9("mdt0");
     c.start_target("mdt0");
-}
-
-/// Kills the MDS, and client `gone` with it, and restarts the MDS: recovery waits 3 s
-/// for `gone`, evicts it, and ends without it. Returns the `recovery_status`.
-fn power_cut_without(c: &mut Cluster, gone: Session) -> String {
-    c.kill9("mdt0");
-    drop(gone);
-    c.start_target("mdt0");
-    wait_for("the MDS to answer", Duration::from_secs(30), || {
-        !c.get_param("mdt.*.recovery_time_soft").is_empty()
-    });
-    c.set_param("mdt.*.recovery_time_soft=3");
-    let status = wait_recovered(c);
-    assert_eq!(
-        status_field(&status, "completed_clients"),
-        "1/2",
-        "{status}"
-    );
-    status
 }
 
 fn lookup(s: &Session, dir: Fid, name: &str) -> Result<lode_client::MdtBody, Errno> {
@@ -738,21 +694,16 @@ fn a_close_made_by_an_eviction_leaves_no_gap_for_later_replays_to_fall_into() {
     let mut c = cluster(1);
     let (a, b) = (c.client(), c.client());
     let r = root();
-    let dom = Layout {
-        gen: 0,
-        components: vec![Component {
-            id: 1,
-            start: 0,
-            end: 1 << 20,
-            pattern: Pattern::Mdt,
-        }],
-    };
     // a writes a file whose bytes are all on the MDT, and keeps it open.
     let fh = a
-        .run(
-            a.client
-                .create_open(&r, Fid::ROOT, b"f", 0o644, libc::O_RDWR, Some(dom)),
-        )
+        .run(a.client.create_open(
+            &r,
+            Fid::ROOT,
+            b"f",
+            0o644,
+            libc::O_RDWR,
+            Some(dom_only_layout()),
+        ))
         .expect("create_open");
     assert_eq!(a.run(a.client.write(&fh, 0, b"aaaa")), Ok(4));
     hold_commits(&c, 2);
@@ -768,14 +719,7 @@ fn a_close_made_by_an_eviction_leaves_no_gap_for_later_replays_to_fall_into() {
     b.run(b.client.setattr(&r, fh.fid, sa)).expect("chmod");
     // Both are lost with the MDS. No client replays the eviction's close, so it must
     // not be a change that b's replay depends on (b's chmod would be refused).
-    c.kill9("mdt0");
-    drop(a);
-    c.start_target("mdt0");
-    wait_for("the MDS to answer", Duration::from_secs(30), || {
-        !c.get_param("mdt.*.recovery_time_soft").is_empty()
-    });
-    c.set_param("mdt.*.recovery_time_soft=3");
-    let status = wait_recovered(&c);
+    let status = power_cut_without(&mut c, a);
     assert_eq!(status_field(&status, "vbr_refused"), "0", "{status}");
     let at = b.run(b.client.getattr(&r, fh.fid)).expect("getattr");
     assert_eq!(at.mode & 0o7777, 0o600, "b's chmod was replayed");
