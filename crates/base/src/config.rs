@@ -229,8 +229,40 @@ pub fn write_durable(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()
     f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
-    if let Some(d) = path.parent() {
-        std::fs::File::open(d)?.sync_all()?;
+    sync_dir(path.parent().unwrap_or(Path::new("")))
+}
+
+/// Syncs the directory `dir`, so that the entries made, renamed or removed in it so far
+/// survive a power cut (syncing a file makes its bytes durable, not its name).
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    let d = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    std::fs::File::open(d)?.sync_all()
+}
+
+/// Creates the directory `path` and any missing parents, like `create_dir_all`, and
+/// syncs the directory above each one it made: once it returns, a power cut cannot
+/// take them away. A no-op for a directory that exists.
+pub fn create_dir_durable(path: &Path) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut p = path;
+    while !p.as_os_str().is_empty() {
+        match std::fs::symlink_metadata(p) {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                missing.push(p);
+                p = p.parent().unwrap_or(Path::new(""));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    std::fs::create_dir_all(path)?;
+    // Top down, so that each sync finds its directory's own entry already durable.
+    for d in missing.iter().rev() {
+        sync_dir(d.parent().unwrap_or(Path::new("")))?;
     }
     Ok(())
 }
@@ -254,6 +286,18 @@ pub fn check_fsname(s: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durable_directories_are_made_with_their_parents_and_refused_over_a_file() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let deep = d.path().join("a/b/c");
+        create_dir_durable(&deep).expect("create");
+        assert!(deep.is_dir());
+        create_dir_durable(&deep).expect("again: a no-op");
+        std::fs::write(d.path().join("f"), b"x").expect("write");
+        assert!(create_dir_durable(&d.path().join("f/g")).is_err());
+        sync_dir(&d.path().join("a")).expect("sync");
+    }
 
     #[test]
     fn secrets_are_written_0600_and_a_key_others_can_read_is_refused() {

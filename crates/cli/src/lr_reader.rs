@@ -33,7 +33,7 @@ pub fn run(a: LrArgs) -> Result<()> {
 
 fn render(a: &LrArgs) -> Result<String> {
     let cfg = TargetConfig::load(&a.dir, Role::Mdt).map_err(|e| anyhow!("lr-reader: {e}"))?;
-    let db = a.dir.join("db");
+    let db = a.dir.join(lode_store::MDT_DB_DIR);
     let e = RocksEngine::open_read_only(&db)
         .map_err(|e| anyhow!("lr-reader: {}: {e}", db.display()))?;
     let last = e

@@ -135,7 +135,8 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
             bail!("mkfs: {d}: not empty, refusing to format");
         }
     }
-    std::fs::create_dir_all(&a.dir).with_context(|| format!("mkfs: {d}: cannot create"))?;
+    lode_base::config::create_dir_durable(&a.dir)
+        .with_context(|| format!("mkfs: {d}: cannot create"))?;
     let key_hex = match &a.key_file {
         Some(f) => {
             let k =
@@ -163,6 +164,12 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
         key_hex,
         secret_hex,
     };
+    if role == Role::Mdt {
+        // The store is made now, before the configuration that says the target is
+        // formatted: a server then never makes one, and refuses to start without it.
+        lode_store::rocks::RocksEngine::open(&a.dir.join(lode_store::MDT_DB_DIR), 8)
+            .map_err(|e| anyhow::anyhow!("mkfs: {d}: {e}"))?;
+    }
     // 0600: it holds secrets.
     lode_base::config::write_secret(&a.dir.join(CONFIG_FILE), c.render().as_bytes())
         .with_context(|| format!("mkfs: {d}"))?;

@@ -239,7 +239,7 @@ fn start_mdt(
     listen: &str,
     rt: &tokio::runtime::Handle,
 ) -> Result<(Arc<dyn Service>, Arc<dyn Params>)> {
-    let engine = RocksEngine::open(&a.dir.join("db"), a.cache_mb)
+    let engine = RocksEngine::open_existing(&a.dir.join(lode_store::MDT_DB_DIR), a.cache_mb)
         .map_err(|e| anyhow!("{}: {e}", cfg.name()))?;
     let engine = Arc::new(Faulty::new(engine, Arc::new(FailLocInjector)));
     let store = MdtStore::open(engine).map_err(|e| anyhow!("{}: {e}", cfg.name()))?;

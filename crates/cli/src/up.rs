@@ -283,7 +283,8 @@ pub fn up(a: UpArgs) -> Result<()> {
     if let Some(f) = &a.fsname {
         lode_base::config::check_fsname(f).map_err(|e| anyhow!("up: {e}"))?;
     }
-    std::fs::create_dir_all(&a.dir).with_context(|| format!("up: {}", a.dir.display()))?;
+    lode_base::config::create_dir_durable(&a.dir)
+        .with_context(|| format!("up: {}", a.dir.display()))?;
     let dir = std::fs::canonicalize(&a.dir)?;
     let recorded = UpConf::load(&dir).map_err(|e| anyhow!("up: {e}"))?;
     // Options given now win over what was recorded.

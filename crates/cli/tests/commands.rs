@@ -104,6 +104,28 @@ fn servers_refuse_unformatted_foreign_and_busy_directories() {
 }
 
 #[test]
+fn an_mdt_whose_store_is_gone_refuses_to_start_rather_than_come_up_empty() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("mdt");
+    assert!(lode()
+        .args(["mkfs", "--mdt", "--fsname", "fs"])
+        .arg(&d)
+        .status()
+        .unwrap()
+        .success());
+    assert!(d.join("db/CURRENT").is_file(), "mkfs makes the store");
+    std::fs::remove_dir_all(d.join("db")).unwrap();
+    fails_with(
+        lode()
+            .env("LODE_RUN_DIR", t.path().join("run"))
+            .args(["mds", "--listen", "127.0.0.1:0"])
+            .arg(&d),
+        "no store here",
+    );
+    assert!(!d.join("db").exists(), "nothing made in its place");
+}
+
+#[test]
 fn a_second_server_on_a_running_target_or_a_busy_port_is_refused() {
     let c = cluster(1);
     fails_with(

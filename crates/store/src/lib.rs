@@ -12,3 +12,6 @@ pub use engine::{Batch, Cf, Engine, StoreError};
 pub use fault::{FaultPoint, Faulty, Injector};
 pub use mdt::{MdtStore, ReplyRecord};
 pub use rocks::RocksEngine;
+
+/// The MDT's store, a directory inside the target's (made by `mkfs`).
+pub const MDT_DB_DIR: &str = "db";

@@ -25,9 +25,26 @@ impl RocksEngine {
     /// Opens (creating if needed) the store at `path`, with `cache_mb` of block cache
     /// for metadata (index and filter blocks pinned).
     pub fn open(path: &Path, cache_mb: usize) -> Result<RocksEngine, StoreError> {
+        Self::open_with(path, cache_mb, true)
+    }
+
+    /// Opens the store at `path`, which must exist: a formatted target whose store is
+    /// gone (a power cut that took the directory's entry, a mistaken `rm`) must not come
+    /// up as a new, empty file system over the OSTs' objects.
+    pub fn open_existing(path: &Path, cache_mb: usize) -> Result<RocksEngine, StoreError> {
+        if !path.join("CURRENT").is_file() {
+            return Err(StoreError::Engine(format!(
+                "{}: no store here (formatted targets have one): refusing to start empty",
+                path.display()
+            )));
+        }
+        Self::open_with(path, cache_mb, false)
+    }
+
+    fn open_with(path: &Path, cache_mb: usize, create: bool) -> Result<RocksEngine, StoreError> {
         let cache = Cache::new_lru_cache(cache_mb.max(8) << 20);
         let mut db_opts = Options::default();
-        db_opts.create_if_missing(true);
+        db_opts.create_if_missing(create);
         db_opts.create_missing_column_families(true);
         db_opts.set_max_background_jobs(2);
         db_opts.set_keep_log_file_num(4);
@@ -74,6 +91,12 @@ impl RocksEngine {
             ColumnFamilyDescriptor::new(cf.name(), o)
         });
         let db = Db::open_cf_descriptors(&db_opts, path, cfs).map_err(err)?;
+        // RocksDB syncs the store's directory, not the one holding it: the store's own
+        // entry is durable only once that one is synced too.
+        if let Some(parent) = path.parent() {
+            lode_base::config::sync_dir(parent)
+                .map_err(|e| StoreError::Engine(format!("{}: sync: {e}", parent.display())))?;
+        }
         Ok(RocksEngine {
             db,
             cache: Some((cache, db_opts)),
