@@ -220,20 +220,26 @@ impl Commit {
             )
         };
         let pooled = self.pool.as_ref().map(|p| (p, p.to_sync()));
-        if let Some((pool, (files, pending, dir))) = pooled {
-            // New pool files become usable once empty durably; a taken one's name
-            // leaves the pool's directory durably.
-            let r = files
+        if let Some((pool, t)) = pooled {
+            // New pool files become usable once empty durably and once the names they
+            // had as objects are gone durably; a taken one's name leaves the pool's
+            // directory durably.
+            let r = t
+                .origins
                 .iter()
-                .try_for_each(|f| pool.sync_empty(f))
-                .and_then(|()| match dir {
-                    true => File::open(pool.dir()).and_then(|d| d.sync_all()),
+                .try_for_each(|d| match lode_base::config::sync_dir(d) {
+                    Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+                    r => r,
+                })
+                .and_then(|()| t.files.iter().try_for_each(|f| pool.sync_empty(f)))
+                .and_then(|()| match t.dir {
+                    true => lode_base::config::sync_dir(pool.dir()),
                     false => Ok(()),
                 });
             if let Err(e) = &r {
                 tracing::error!("OST commit: syncing the object pool failed: {e}");
             }
-            pool.synced(pending, r.is_ok(), r.is_ok() && dir);
+            pool.synced(t, r.is_ok());
         }
         if last <= self.last_committed() && objs.is_empty() {
             return Ok(last);
@@ -317,6 +323,9 @@ impl Ost {
             .create(true)
             .truncate(false)
             .open(cfg.dir.join(LAST_COMMITTED_FILE))?;
+        // Made on the first start: its name must outlive a power cut, or the next start
+        // would count transnos from 0 again below what clients were told is committed.
+        File::open(&cfg.dir)?.sync_all()?;
         let commit = Commit::start(objects.clone(), record, undo, pool, clients.clone())?;
         let st = lode_rpc::recovery::RecState::new(
             expected,

@@ -50,8 +50,9 @@ impl ObjLocks {
 /// The files of the pool, by number.
 #[derive(Default)]
 struct Files {
-    /// Truncated, not yet synced: usable after the next commit.
-    pending: Vec<u64>,
+    /// Truncated, not yet synced: usable after the next commit. Each with the
+    /// directory its object's name left, which that commit syncs too.
+    pending: Vec<(u64, PathBuf)>,
     /// Synced empty: usable.
     ready: Vec<u64>,
     next: u64,
@@ -59,6 +60,19 @@ struct Files {
     taken: bool,
     /// Objects made from pool files.
     reused: u64,
+}
+
+/// What a commit syncs before files that entered the pool may be used.
+pub struct ToSync {
+    /// The files: each synced empty.
+    pub files: Vec<PathBuf>,
+    /// The directories their objects' names left: a pool file reused while the name it
+    /// had as an object could come back in a power cut would be one inode under two
+    /// names, and a destroy sent again after the restart would empty the new object.
+    pub origins: Vec<PathBuf>,
+    /// Whether the pool's directory needs a sync (files entered or left it).
+    pub dir: bool,
+    entries: Vec<(u64, PathBuf)>,
 }
 
 /// Empty object files for reuse (see the module's documentation).
@@ -128,7 +142,8 @@ impl Pool {
         drop(file);
         match std::fs::rename(p, self.path(n)) {
             Ok(()) => {
-                self.files.lock().pending.push(n);
+                let from = p.parent().unwrap_or(Path::new("")).to_path_buf();
+                self.files.lock().pending.push((n, from));
                 Ok(())
             }
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
@@ -173,18 +188,21 @@ impl Pool {
         }
     }
 
-    /// For a commit: the files that became pool files since the last one, and whether
-    /// the pool's directory needs a sync. What the commit syncs it then hands to
-    /// [`Pool::synced`].
-    pub fn to_sync(&self) -> (Vec<PathBuf>, Vec<u64>, bool) {
+    /// For a commit: what to sync before the files that became pool files since the
+    /// last one may be used. The commit hands it back to [`Pool::synced`].
+    pub fn to_sync(&self) -> ToSync {
         let mut f = self.files.lock();
-        let pending = std::mem::take(&mut f.pending);
-        let dir = !pending.is_empty() || std::mem::take(&mut f.taken);
-        (
-            pending.iter().map(|n| self.path(*n)).collect(),
-            pending,
+        let entries = std::mem::take(&mut f.pending);
+        let dir = !entries.is_empty() || std::mem::take(&mut f.taken);
+        let mut origins: Vec<PathBuf> = entries.iter().map(|(_, d)| d.clone()).collect();
+        origins.sort_unstable();
+        origins.dedup();
+        ToSync {
+            files: entries.iter().map(|(n, _)| self.path(*n)).collect(),
+            origins,
             dir,
-        )
+            entries,
+        }
     }
 
     /// The pool's directory.
@@ -212,7 +230,7 @@ impl Pool {
         let names = {
             let mut f = self.files.lock();
             let mut names = std::mem::take(&mut f.ready);
-            names.append(&mut f.pending);
+            names.extend(f.pending.drain(..).map(|(n, _)| n));
             names
         };
         for n in names {
@@ -223,15 +241,15 @@ impl Pool {
             .map_err(|e| io(&e))
     }
 
-    /// After a commit synced `pending` (empty, durably): usable. If the commit failed,
-    /// they wait for the next one.
-    pub fn synced(&self, pending: Vec<u64>, ok: bool, dir_synced: bool) {
+    /// After a commit synced all of `t` (`ok`): its files are usable. If the commit
+    /// failed, they wait for the next one.
+    pub fn synced(&self, t: ToSync, ok: bool) {
         let mut f = self.files.lock();
         if ok {
-            f.ready.extend(pending);
+            f.ready.extend(t.entries.into_iter().map(|(n, _)| n));
         } else {
-            f.pending.extend(pending);
-            f.taken |= !dir_synced;
+            f.pending.extend(t.entries);
+            f.taken |= t.dir;
         }
     }
 
@@ -281,9 +299,19 @@ mod tests {
         // Not synced yet: not to be used.
         let b = objs.join("b");
         assert!(!pool.take(&b).unwrap());
-        let (files, pending, dir) = pool.to_sync();
-        assert_eq!((files.len(), pending.len(), dir), (1, 1, true));
-        pool.synced(pending, true, true);
+        let s = pool.to_sync();
+        assert_eq!((s.files.len(), s.dir), (1, true));
+        assert_eq!(
+            s.origins,
+            vec![objs.clone()],
+            "the directory it left is synced"
+        );
+        // A failed commit: still not to be used.
+        pool.synced(s, false);
+        assert!(!pool.take(&b).unwrap());
+        let s = pool.to_sync();
+        assert_eq!((s.files.len(), s.dir), (1, true));
+        pool.synced(s, true);
         // An existing object is never replaced.
         std::fs::write(&b, b"keep").unwrap();
         assert!(!pool.take(&b).unwrap());
@@ -293,7 +321,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&c).unwrap().len(), 0);
         assert!(pool.render().contains("reused: 1"));
         // The take left the pool's directory: the next commit syncs it.
-        assert!(pool.to_sync().2);
+        assert!(pool.to_sync().dir);
         // Destroying what is not there is fine.
         pool.destroy(&objs.join("never")).unwrap();
         // A clean stop empties the pool, and the next start finds nothing to set aside.

@@ -164,6 +164,10 @@ pub fn restore(ost_dir: &Path, objects: &Path) -> std::io::Result<usize> {
                 }
                 continue;
             }
+            // A real power cut may also have taken the object's directory.
+            if let Some(d) = obj.parent() {
+                std::fs::create_dir_all(d)?;
+            }
             let f = OpenOptions::new()
                 .write(true)
                 .create(true)
