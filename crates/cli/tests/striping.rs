@@ -242,3 +242,38 @@ fn objects_made_from_destroyed_ones_hold_only_their_own_bytes_also_after_an_oss_
     assert_eq!(pool_field(&c, "ready"), 0);
     check();
 }
+
+#[test]
+fn the_mdt_counts_objects_destroyed_only_once_their_ost_committed_the_destruction() {
+    let c = cluster(1);
+    let m = c.mount();
+    let f = m.path().join("f");
+    std::fs::write(&f, vec![7u8; 100_000]).unwrap();
+    let s = c.client();
+    s.run(s.client.sync()).expect("sync");
+    drop(s);
+    // No periodic OST commit from now on (the current wait ends first).
+    c.set_param("obdfilter.*.commit_interval_ms=60000");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let field = |param: &str, name: &str| -> u64 {
+        let text = c.get_param(param);
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    let commits = field("obdfilter.*.commits", "commits");
+    std::fs::remove_file(&f).unwrap();
+    lode_testkit::wait_for(
+        "the MDT to destroy the objects",
+        std::time::Duration::from_secs(30),
+        || field("mdt.*.destroys", "destroyed") >= 1,
+    );
+    // A destroy lost in a power cut before the OST's commit is never sent again once
+    // the MDT has dropped its record: the MDT asks for that commit first.
+    assert!(
+        field("obdfilter.*.commits", "commits") > commits,
+        "{}",
+        c.get_param("obdfilter.*.commits")
+    );
+}

@@ -278,7 +278,21 @@ impl Namespace {
                         }
                     }
                 }
-                (ost, done, true)
+                // The records go once the OST has committed the destroys: one lost to
+                // a power cut there would not be sent again (destroys are not replayed),
+                // and its object would stay on the OST for good.
+                let req = Request::OstSync(ObjsReq { objs: Vec::new() });
+                match tokio::time::timeout(DESTROY_TIMEOUT, imp.call(req)).await {
+                    Ok(Ok(_)) => (ost, done, true),
+                    Ok(Err(e)) => {
+                        debug!(ost, "commit after destroy failed, will retry: {e}");
+                        (ost, done, false)
+                    }
+                    Err(_) => {
+                        debug!(ost, "commit after destroy timed out, will retry");
+                        (ost, done, false)
+                    }
+                }
             }
         });
         let mut ok: HashMap<u32, bool> = HashMap::new();
