@@ -144,15 +144,17 @@ impl Mgs {
             }
             _ => {}
         }
-        match st.targets.iter_mut().find(|o| o.name == t.name) {
+        let changed = match st.targets.iter_mut().find(|o| o.name == t.name) {
             Some(o) if o.uuid != t.uuid => {
                 warn!(target = %t.name, "refusing registration: already registered with another UUID");
                 return Err(Errno::EEXIST);
             }
-            Some(o) if *o == t => return Ok(()),
+            Some(o) if *o == t && (known.is_some() || r.proof.is_empty()) => return Ok(()),
+            Some(o) if *o == t => false,
             Some(o) => {
                 info!(target = %t.name, addr = %t.addr, "target moved");
                 *o = t;
+                true
             }
             None => {
                 if st.targets.len() >= TARGETS_MAX {
@@ -160,10 +162,11 @@ impl Mgs {
                 }
                 info!(target = %t.name, addr = %t.addr, "target registered");
                 st.targets.push(t);
+                true
             }
-        }
-        st.targets.sort_by(|a, b| a.name.cmp(&b.name));
-        self.save(&st).map_err(|e| Errno::from_io(&e))?;
+        };
+        // The secret first: a crash between the two writes must not leave a target on
+        // record without it (its next registration would then be taken on its word).
         if !r.proof.is_empty() {
             match known {
                 Some(i) => secrets[i].last_stamp = r.stamp,
@@ -176,6 +179,10 @@ impl Mgs {
             let bytes = postcard::to_stdvec(&*secrets).map_err(|_| Errno::EIO)?;
             lode_base::config::write_secret(&self.dir.join(SECRETS_FILE), &bytes)
                 .map_err(|e| Errno::from_io(&e))?;
+        }
+        if changed {
+            st.targets.sort_by(|a, b| a.name.cmp(&b.name));
+            self.save(&st).map_err(|e| Errno::from_io(&e))?;
         }
         Ok(())
     }
