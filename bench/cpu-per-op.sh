@@ -13,7 +13,7 @@ TCK=$(getconf CLK_TCK)
 snap() { local p=$1; local t; t=$(awk '{print $14+$15}' /proc/$p/stat); local c; c=$(cat /proc/$p/task/*/status | awk '/ctxt_switches/ {s+=$2} END {print s}'); echo "$t $c"; }
 echo "$NAME mds=$MDS mount=$MNT"
 a=$(snap $MDS)
-$B bench md --native 127.0.0.1:$PB:/lode --threads 8 --items $ITEMS --unique-dir > $D/native8.txt 2>&1
+LODE_KEY_FILE=$D/key $B bench md --native 127.0.0.1:$PB:/lode --threads 8 --items $ITEMS --unique-dir > $D/native8.txt 2>&1
 b=$(snap $MDS)
 echo "native8 MDS cpu_ticks,ctxsw before: $a after: $b"
 a=$(snap $MDS); m=$(snap $MNT)
