@@ -973,3 +973,38 @@ fn a_dom_file_is_read_with_its_open_after_a_writer_that_a_reader_outlived_and_a_
         .expect("truncate");
     read_fresh(b"hello");
 }
+
+#[test]
+fn a_dom_file_whose_last_writer_was_evicted_is_read_with_its_open() {
+    let c = cluster(1);
+    let (w, other) = (c.client(), c.client());
+    let cred = root();
+    let fh = w
+        .run(w.client.create_open(
+            &cred,
+            Fid::ROOT,
+            b"f",
+            0o644,
+            libc::O_RDWR,
+            Some(dom_only_layout()),
+        ))
+        .expect("create");
+    assert_eq!(w.run(w.client.write(&fh, 0, b"hello world")), Ok(11));
+    // The writer goes without closing: the MDT closes its handle as it evicts it.
+    c.set_param(&format!("mdt.*.evict_client={}", w.client.uuid()));
+    assert_eq!(c.get_param("mdt.*.open_files"), "0");
+    let reads = mdt_stat(&c, "dom_read");
+    let h = other
+        .run(other.client.open(&cred, fh.fid, libc::O_RDONLY))
+        .expect("open");
+    assert_eq!(
+        other.run(other.client.read(&h, 0, 100)).as_deref(),
+        Ok(&b"hello world"[..])
+    );
+    other.run(other.client.close_now(&h)).expect("close");
+    assert_eq!(
+        mdt_stat(&c, "dom_read"),
+        reads,
+        "no writer left: the size is exact and the bytes came with the open"
+    );
+}

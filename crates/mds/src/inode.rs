@@ -135,6 +135,12 @@ pub(crate) fn put_inode(b: &mut Batch, fid: Fid, rec: &InodeRec) {
     b.put(Cf::Inode, fid.to_bytes().to_vec(), records::encode(&rec));
 }
 
+/// Adds an inode put to a batch at the version it was read as: only for a change no
+/// replay depends on and no reader's copy of the bytes can see (see `close_inner`).
+pub(crate) fn put_inode_unversioned(b: &mut Batch, fid: Fid, rec: &InodeRec) {
+    b.put(Cf::Inode, fid.to_bytes().to_vec(), records::encode(rec));
+}
+
 /// Version-based recovery (Lustre's VBR), per service thread. Every inode a change
 /// reads is folded, with its version, into a digest; the digest at the change's commit
 /// goes to the client with the reply and comes back with the change's replay. A

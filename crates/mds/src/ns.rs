@@ -2,7 +2,7 @@
 
 use crate::inode::{
     all_here, check_name, check_new_name, del_dirent, dtype_of, is_dir, now_ns, put_dirent,
-    put_inode,
+    put_inode, put_inode_unversioned,
 };
 use crate::pdo::Mode;
 use crate::{Ctx, Namespace, OpError, OpResult, OpenHandle};
@@ -855,7 +855,16 @@ impl Namespace {
                     b.delete(Cf::Orphan, fid.to_bytes().to_vec());
                     self.drop_inode(&mut b, fid, &rec)?;
                 } else if untracked {
-                    // See `close_ahead`: the inode stays as it is.
+                    // See `close_ahead`: the inode stays as it is, but for the mark a
+                    // departed or evicted last writer of a DoM-only file would leave
+                    // (no read-on-open until the next writer's close). It goes at the
+                    // same version: the bytes, which the version names, did not change,
+                    // so neither a replay's version check nor a reader's data token
+                    // can tell; a crash that loses it only leaves the mark.
+                    if (last || last_writer) && rec.flags & INODE_DATA != 0 && all_here(&rec) {
+                        rec.flags &= !INODE_DATA;
+                        put_inode_unversioned(&mut b, fid, &rec);
+                    }
                 } else if (last || last_writer) && rec.flags & INODE_DATA != 0 && all_here(&rec) {
                     // Every byte is on this MDT: with no writer left, its size is
                     // exact here (Lustre's strict size on MDT for DoM-only files): no
