@@ -718,8 +718,9 @@ impl Namespace {
     /// file's: no client replays it, so a crash that loses it would leave a gap in
     /// the transnos, and every later replay would be version-checked against the
     /// inode it changed (a chmod made after it refused, for one). What the client
-    /// wrote is unknown, so the file's size marks stay; its next writer's close
-    /// settles them.
+    /// wrote is unknown, so an OST file's size marks stay (its next writer's close
+    /// settles them); a DoM-only file's, whose bytes are all here, is cleared (see
+    /// `close_inner`).
     pub(crate) fn close_handle(&self, handle: u64) -> OpResult<()> {
         self.close_inner(&Ctx::default(), handle, true, None, true)
             .map(drop)
@@ -780,7 +781,8 @@ impl Namespace {
 
     /// Closes `handle`. An `untracked` close (one no client waits for: see
     /// `close_ahead` and `close_handle`) is written with no transno and leaves the
-    /// inode as it is, unless the file goes with it.
+    /// inode as it is, unless the file goes with it or it was a DoM-only file's last
+    /// writer (its size mark cleared at the same version, and synced).
     fn close_inner(
         &self,
         ctx: &Ctx,
@@ -849,6 +851,7 @@ impl Namespace {
             self.migrate_abandon(&mut b, fid)?;
         }
         let mut rep = CloseRep::default();
+        let mut settled = false;
         if last || last_writer || unmark || lazy.is_some() {
             if let Ok(mut rec) = self.inode(fid) {
                 if last && rec.nlink == 0 {
@@ -860,10 +863,14 @@ impl Namespace {
                     // (no read-on-open until the next writer's close). It goes at the
                     // same version: the bytes, which the version names, did not change,
                     // so neither a replay's version check nor a reader's data token
-                    // can tell; a crash that loses it only leaves the mark.
-                    if (last || last_writer) && rec.flags & INODE_DATA != 0 && all_here(&rec) {
+                    // can tell. It is synced before the inode is let go (below): a
+                    // later change that saw the mark gone (a writer's open skips
+                    // setting it, and moves the version) must never be replayed over
+                    // an inode that has it again.
+                    if last_writer && rec.flags & INODE_DATA != 0 && all_here(&rec) {
                         rec.flags &= !INODE_DATA;
                         put_inode_unversioned(&mut b, fid, &rec);
+                        settled = true;
                     }
                 } else if (last || last_writer) && rec.flags & INODE_DATA != 0 && all_here(&rec) {
                     // Every byte is on this MDT: with no writer left, its size is
@@ -909,6 +916,10 @@ impl Namespace {
             // are cleaned after recovery.
             if !b.is_empty() {
                 self.store.apply_untracked(&b)?;
+            }
+            if settled {
+                // Rare (an evicted or departed writer): one sync, under the inode lock.
+                self.store.sync()?;
             }
             return Ok((rep, 0));
         }
