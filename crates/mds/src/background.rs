@@ -24,6 +24,9 @@ const DESTROY_BATCH: usize = 4096;
 const DESTROY_OBJS: usize = 1024;
 /// How long one DESTROY may take before its OST is skipped for the round.
 const DESTROY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the OST's commit after a round's destroys may take (a full commit of a
+/// busy OST takes longer than a destroy).
+const DESTROY_COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Cached "is the disk nearly full" answer, refreshed at most every 500 ms.
 #[derive(Default)]
@@ -261,6 +264,13 @@ impl Namespace {
                 let Some(imp) = imp.filter(|_| up) else {
                     return (ost, 0, false);
                 };
+                // The OST instance the destroys go to: if it restarts before the commit
+                // below, the commit is another instance's, and the destroys are sent
+                // again.
+                let instance = match tokio::time::timeout(DESTROY_TIMEOUT, imp.connect()).await {
+                    Ok(Ok(g)) => (g.instance, imp.forgotten()),
+                    _ => return (ost, 0, false),
+                };
                 let mut done = 0;
                 for chunk in objs.chunks(DESTROY_OBJS) {
                     let req = Request::Destroy(ObjsReq {
@@ -282,8 +292,17 @@ impl Namespace {
                 // a power cut there would not be sent again (destroys are not replayed),
                 // and its object would stay on the OST for good.
                 let req = Request::OstSync(ObjsReq { objs: Vec::new() });
-                match tokio::time::timeout(DESTROY_TIMEOUT, imp.call(req)).await {
-                    Ok(Ok(_)) => (ost, done, true),
+                match tokio::time::timeout(DESTROY_COMMIT_TIMEOUT, imp.call(req)).await {
+                    Ok(Ok(_))
+                        if imp.granted().map(|g| g.instance) == Some(instance.0)
+                            && imp.forgotten() == instance.1 =>
+                    {
+                        (ost, done, true)
+                    }
+                    Ok(Ok(_)) => {
+                        debug!(ost, "the OST restarted during destroys: sending them again");
+                        (ost, done, false)
+                    }
                     Ok(Err(e)) => {
                         debug!(ost, "commit after destroy failed, will retry: {e}");
                         (ost, done, false)
@@ -297,7 +316,10 @@ impl Namespace {
         });
         let mut ok: HashMap<u32, bool> = HashMap::new();
         for (ost, done, all) in futures::future::join_all(calls).await {
-            self.destroyed.fetch_add(done, Ordering::Relaxed);
+            // Counted once committed (a round that fails is sent and counted again).
+            if all {
+                self.destroyed.fetch_add(done, Ordering::Relaxed);
+            }
             ok.insert(ost, all);
         }
         let mut b = Batch::new();

@@ -178,7 +178,7 @@ static MDT: [Param<Mdt>; 29] = {
         },
         Param {
             name: "destroys",
-            help: "OST objects of unlinked files: destroyed since start, and files whose objects await destruction (estimate)",
+            help: "OST objects of unlinked files: destroyed since start (counted once their OST committed it), and files whose objects await destruction (estimate)",
             get: |m| {
                 let ns = m.ns();
                 format!(
