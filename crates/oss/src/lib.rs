@@ -11,11 +11,11 @@ use lode_proto::{
 use lode_rpc::server::Offload;
 use lode_rpc::{Incoming, OpStats, Outgoing, Service};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tracing::{info, warn};
@@ -220,28 +220,10 @@ impl Commit {
             )
         };
         let pooled = self.pool.as_ref().map(|p| (p, p.to_sync()));
-        if let Some((pool, t)) = pooled {
-            // New pool files become usable once empty durably and once the names they
-            // had as objects are gone durably; a taken one's name leaves the pool's
-            // directory durably.
-            let r = t
-                .origins
-                .iter()
-                .try_for_each(|d| match lode_base::config::sync_dir(d) {
-                    Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-                    r => r,
-                })
-                .and_then(|()| t.files.iter().try_for_each(|f| pool.sync_empty(f)))
-                .and_then(|()| match t.dir {
-                    true => lode_base::config::sync_dir(pool.dir()),
-                    false => Ok(()),
-                });
-            if let Err(e) = &r {
-                tracing::error!("OST commit: syncing the object pool failed: {e}");
-            }
-            pool.synced(t, r.is_ok());
-        }
         if last <= self.last_committed() && objs.is_empty() {
+            if let Some((pool, t)) = pooled {
+                self.pool_synced(pool, t, &BTreeSet::new());
+            }
             return Ok(last);
         }
         let n = objs.len() as u64;
@@ -260,8 +242,19 @@ impl Commit {
             if let Err(e) = r {
                 // Not durable: tried again at the next commit.
                 self.dirty.lock().objs.extend(objs);
+                if let Some((pool, t)) = pooled {
+                    pool.synced(t, false);
+                }
                 return Err(e);
             }
+        }
+        if let Some((pool, t)) = pooled {
+            // The directories the objects' syncs covered need no second sync.
+            let done: BTreeSet<PathBuf> = objs
+                .iter()
+                .filter_map(|o| object_path_in(root, o).parent().map(Path::to_path_buf))
+                .collect();
+            self.pool_synced(pool, t, &done);
         }
         // After the objects' list was taken: every object in it was made in a
         // directory already listed here (or synced by an earlier call).
@@ -275,6 +268,30 @@ impl Commit {
         self.synced.fetch_add(n, Ordering::Relaxed);
         self.clients.committed(last);
         Ok(last)
+    }
+
+    /// The pool's part of a commit: files that entered the pool become usable once
+    /// empty durably and once the names they had as objects are gone durably (the
+    /// directories in `done` were synced by this commit already); a taken one's name
+    /// leaves the pool's directory durably.
+    fn pool_synced(&self, pool: &pool::Pool, t: pool::ToSync, done: &BTreeSet<PathBuf>) {
+        let r = t
+            .origins
+            .iter()
+            .filter(|d| !done.contains(*d))
+            .try_for_each(|d| match lode_base::config::sync_dir(d) {
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+                r => r,
+            })
+            .and_then(|()| t.files.iter().try_for_each(|f| pool.sync_empty(f)))
+            .and_then(|()| match t.dir {
+                true => lode_base::config::sync_dir(pool.dir()),
+                false => Ok(()),
+            });
+        if let Err(e) = &r {
+            tracing::error!("OST commit: syncing the object pool failed: {e}");
+        }
+        pool.synced(t, r.is_ok());
     }
 }
 
@@ -368,6 +385,9 @@ impl Ost {
     pub fn stop_cleanly(&self) -> Result<(), Errno> {
         self.commit.run(&self.objects)?;
         if let Some(p) = &self.commit.pool {
+            // No periodic commit meanwhile: one that took files before the drain would
+            // make them usable after it, left for the next start to set aside.
+            let _one = self.commit.running.lock();
             p.drain()?;
         }
         Ok(())

@@ -166,7 +166,7 @@ pub fn restore(ost_dir: &Path, objects: &Path) -> std::io::Result<usize> {
             }
             // A real power cut may also have taken the object's directory.
             if let Some(d) = obj.parent() {
-                std::fs::create_dir_all(d)?;
+                lode_base::config::create_dir_durable(d)?;
             }
             let f = OpenOptions::new()
                 .write(true)

@@ -32,11 +32,15 @@ impl RocksEngine {
     /// gone (a power cut that took the directory's entry, a mistaken `rm`) must not come
     /// up as a new, empty file system over the OSTs' objects.
     pub fn open_existing(path: &Path, cache_mb: usize) -> Result<RocksEngine, StoreError> {
-        if !path.join("CURRENT").is_file() {
-            return Err(StoreError::Engine(format!(
-                "{}: no store here (formatted targets have one): refusing to start empty",
-                path.display()
-            )));
+        match std::fs::metadata(path.join("CURRENT")) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StoreError::Engine(format!(
+                    "{}: no store here (formatted targets have one): refusing to start empty",
+                    path.display()
+                )))
+            }
+            Err(e) => return Err(StoreError::Engine(format!("{}: {e}", path.display()))),
         }
         Self::open_with(path, cache_mb, false)
     }
