@@ -29,7 +29,7 @@ struct TargetSecret {
     last_stamp: u64,
 }
 
-#[derive(Default, Serialize, Deserialize)]
+#[derive(Clone, Default, Serialize, Deserialize)]
 struct State {
     targets: Vec<TargetInfo>,
     params: Vec<(String, String)>,
@@ -144,7 +144,10 @@ impl Mgs {
             }
             _ => {}
         }
-        let changed = match st.targets.iter_mut().find(|o| o.name == t.name) {
+        // Changes go to copies, which replace the state once on disk: a failed write
+        // leaves nothing in memory that the files do not hold.
+        let mut next = st.clone();
+        let changed = match next.targets.iter_mut().find(|o| o.name == t.name) {
             Some(o) if o.uuid != t.uuid => {
                 warn!(target = %t.name, "refusing registration: already registered with another UUID");
                 return Err(Errno::EEXIST);
@@ -157,32 +160,35 @@ impl Mgs {
                 true
             }
             None => {
-                if st.targets.len() >= TARGETS_MAX {
+                if next.targets.len() >= TARGETS_MAX {
                     return Err(Errno::ENOSPC);
                 }
                 info!(target = %t.name, addr = %t.addr, "target registered");
-                st.targets.push(t);
+                next.targets.push(t);
                 true
             }
         };
         // The secret first: a crash between the two writes must not leave a target on
         // record without it (its next registration would then be taken on its word).
         if !r.proof.is_empty() {
+            let mut with = secrets.clone();
             match known {
-                Some(i) => secrets[i].last_stamp = r.stamp,
-                None => secrets.push(TargetSecret {
+                Some(i) => with[i].last_stamp = r.stamp,
+                None => with.push(TargetSecret {
                     name: r.target.name.clone(),
                     secret: r.secret,
                     last_stamp: r.stamp,
                 }),
             }
-            let bytes = postcard::to_stdvec(&*secrets).map_err(|_| Errno::EIO)?;
+            let bytes = postcard::to_stdvec(&with).map_err(|_| Errno::EIO)?;
             lode_base::config::write_secret(&self.dir.join(SECRETS_FILE), &bytes)
                 .map_err(|e| Errno::from_io(&e))?;
+            *secrets = with;
         }
         if changed {
-            st.targets.sort_by(|a, b| a.name.cmp(&b.name));
-            self.save(&st).map_err(|e| Errno::from_io(&e))?;
+            next.targets.sort_by(|a, b| a.name.cmp(&b.name));
+            self.save(&next).map_err(|e| Errno::from_io(&e))?;
+            *st = next;
         }
         Ok(())
     }
