@@ -279,13 +279,14 @@ impl Commit {
             .origins
             .iter()
             .filter(|d| !done.contains(*d))
-            .try_for_each(|d| match lode_base::config::sync_dir(d) {
-                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-                r => r,
+            .try_for_each(|d| sync_dir_if_there(d))
+            .and_then(|()| {
+                t.files
+                    .iter()
+                    .try_for_each(|f| pool.sync_empty(f).map_err(|e| io_errno(&e)))
             })
-            .and_then(|()| t.files.iter().try_for_each(|f| pool.sync_empty(f)))
             .and_then(|()| match t.dir {
-                true => lode_base::config::sync_dir(pool.dir()),
+                true => sync_dir(pool.dir()),
                 false => Ok(()),
             });
         if let Err(e) = &r {
@@ -342,7 +343,7 @@ impl Ost {
             .open(cfg.dir.join(LAST_COMMITTED_FILE))?;
         // Made on the first start: its name must outlive a power cut, or the next start
         // would count transnos from 0 again below what clients were told is committed.
-        File::open(&cfg.dir)?.sync_all()?;
+        lode_base::config::sync_dir(&cfg.dir)?;
         let commit = Commit::start(objects.clone(), record, undo, pool, clients.clone())?;
         let st = lode_rpc::recovery::RecState::new(
             expected,
@@ -814,9 +815,7 @@ fn open_object(
 
 /// fsyncs a directory, so the entries made in it survive a power cut.
 fn sync_dir(dir: &std::path::Path) -> Result<(), Errno> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_errno(&e))
+    lode_base::config::sync_dir(dir).map_err(|e| io_errno(&e))
 }
 
 /// [`sync_dir`] of a directory that may be gone (nothing left to make durable then).
