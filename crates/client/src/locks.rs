@@ -706,11 +706,7 @@ impl Client {
     /// are no extent locks), so the layer above keeps them only as long as one read
     /// takes. Checked before a read, with [`Client::forgotten_since`] after it.
     pub fn pages_vouched(&self, fid: Fid) -> bool {
-        if !self.locks.up.load(Ordering::Acquire) {
-            return false;
-        }
-        let c = self.locks.cache.lock();
-        c.attrs.get(&fid).is_some_and(|(b, _)| !b.written)
+        self.held_attrs(fid, |b| !b.written)
     }
 
     /// [`Client::covered`]'s attributes half and [`Client::pages_vouched`] at once: the
@@ -719,13 +715,17 @@ impl Client {
     /// open for writing: else a reader holding it open would keep reading them after
     /// that client's next write, which nothing tells it of).
     pub fn keeps_pages(&self, fid: Fid) -> bool {
+        self.held_attrs(fid, |b| !b.glimpse && !b.written)
+    }
+
+    /// Whether attributes of `fid` are kept under a lock (the callback channel up)
+    /// and the copy kept passes `ok`.
+    fn held_attrs(&self, fid: Fid, ok: impl FnOnce(&MdtBody) -> bool) -> bool {
         if !self.locks.up.load(Ordering::Acquire) {
             return false;
         }
         let c = self.locks.cache.lock();
-        c.attrs
-            .get(&fid)
-            .is_some_and(|(b, _)| !b.glimpse && !b.written)
+        c.attrs.get(&fid).is_some_and(|(b, _)| ok(b))
     }
 
     /// The MDT's size of `fid` is exact again (a close took back its "data on OSTs"
