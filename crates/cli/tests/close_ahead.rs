@@ -17,6 +17,16 @@ fn open_files(c: &Cluster) -> u64 {
     c.get_param("mdt.*.open_files").parse().expect("a count")
 }
 
+/// `s` opens `f` read-only and closes it: the close rides ahead of the next request
+/// (a STATFS here), after which the MDT holds no handle open.
+fn open_and_close_ahead(c: &Cluster, s: &Session, f: Fid) {
+    let cl = &s.client;
+    let fh = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
+    s.run(cl.close(&fh)).expect("close");
+    s.run(cl.statfs()).expect("statfs");
+    assert_eq!(open_files(c), 0);
+}
+
 /// A file of `bytes` bytes named `name` in the root, written and closed (by RPC).
 fn made(s: &Session, name: &str, bytes: usize) -> Fid {
     let cl = &s.client;
@@ -183,10 +193,7 @@ fn an_uncommitted_open_closed_ahead_is_replayed_so_recovery_finds_no_gap() {
     let f = made(&s, "f", 100);
     hold_commits(&c, 1);
     // The open takes a transno (kept in memory only); its close has none.
-    let fh = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
-    s.run(cl.close(&fh)).expect("close");
-    s.run(cl.statfs()).expect("statfs");
-    assert_eq!(open_files(&c), 0);
+    open_and_close_ahead(&c, &s, f);
     let g = s
         .run(cl.create(&root(), Fid::ROOT, b"g", 0o644, None))
         .expect("a change after it")
@@ -217,10 +224,7 @@ fn a_close_ahead_replayed_in_a_long_recovery_is_sent_again_after_its_open_commit
     let cl = &s.client;
     let f = made(&s, "f", 100);
     hold_commits(&c, 2);
-    let fh = s.run(cl.open(&root(), f, libc::O_RDONLY)).expect("open");
-    s.run(cl.close(&fh)).expect("close");
-    s.run(cl.statfs()).expect("statfs");
-    assert_eq!(open_files(&c), 0);
+    open_and_close_ahead(&c, &s, f);
     // The other client goes with the MDS: recovery waits for it (3 s), long enough
     // for the restarted MDT to commit the replayed open before it ends. The replay's
     // last answer then says the open committed, which must not make the client

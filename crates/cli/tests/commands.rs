@@ -27,6 +27,17 @@ fn fails_with(cmd: &mut Command, words: &str) {
     );
 }
 
+/// Runs `lode mkfs ARGS DIR`, which must succeed.
+fn mkfs_ok(args: &[&str], dir: &Path) {
+    let st = lode()
+        .arg("mkfs")
+        .args(args)
+        .arg(dir)
+        .status()
+        .expect("run lode");
+    assert!(st.success(), "mkfs {args:?} {}", dir.display());
+}
+
 #[test]
 fn mkfs_refuses_bad_input_and_non_empty_directories() {
     let t = tempfile::tempdir().unwrap();
@@ -48,12 +59,7 @@ fn mkfs_refuses_bad_input_and_non_empty_directories() {
         "not empty, refusing to format",
     );
     let ok = t.path().join("ok");
-    assert!(lode()
-        .args(["mkfs", "--mdt", "--fsname", "fs"])
-        .arg(&ok)
-        .status()
-        .unwrap()
-        .success());
+    mkfs_ok(&["--mdt", "--fsname", "fs"], &ok);
     fails_with(
         lode().args(["mkfs", "--mdt", "--fsname", "fs"]).arg(&ok),
         "already formatted",
@@ -74,12 +80,7 @@ fn servers_refuse_unformatted_foreign_and_busy_directories() {
         "not formatted",
     );
     let ost = t.path().join("ost");
-    assert!(lode()
-        .args(["mkfs", "--ost", "--fsname", "fs"])
-        .arg(&ost)
-        .status()
-        .unwrap()
-        .success());
+    mkfs_ok(&["--ost", "--fsname", "fs"], &ost);
     fails_with(
         lode()
             .env("LODE_RUN_DIR", &run)
@@ -107,12 +108,7 @@ fn servers_refuse_unformatted_foreign_and_busy_directories() {
 fn an_mdt_whose_store_is_gone_refuses_to_start_rather_than_come_up_empty() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path().join("mdt");
-    assert!(lode()
-        .args(["mkfs", "--mdt", "--fsname", "fs"])
-        .arg(&d)
-        .status()
-        .unwrap()
-        .success());
+    mkfs_ok(&["--mdt", "--fsname", "fs"], &d);
     assert!(d.join("db/CURRENT").is_file(), "mkfs makes the store");
     std::fs::remove_dir_all(d.join("db")).unwrap();
     fails_with(
@@ -136,12 +132,7 @@ fn a_second_server_on_a_running_target_or_a_busy_port_is_refused() {
     );
     let t = tempfile::tempdir().unwrap();
     let d = t.path().join("ost9");
-    assert!(lode()
-        .args(["mkfs", "--ost", "--fsname", "testfs", "--index", "9"])
-        .arg(&d)
-        .status()
-        .unwrap()
-        .success());
+    mkfs_ok(&["--ost", "--fsname", "testfs", "--index", "9"], &d);
     fails_with(
         c.lode().args(["oss", "--listen", &c.addr("mdt0")]).arg(&d),
         "cannot listen on",
@@ -227,12 +218,7 @@ fn get_param_and_set_param_speak_lctl() {
 fn metrics_endpoint_serves_prometheus_text() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path().join("mgs");
-    assert!(lode()
-        .args(["mkfs", "--mgs", "--fsname", "fs"])
-        .arg(&d)
-        .status()
-        .unwrap()
-        .success());
+    mkfs_ok(&["--mgs", "--fsname", "fs"], &d);
     let port = lode_testkit::free_port();
     let mport = lode_testkit::free_port();
     let mut child = lode()

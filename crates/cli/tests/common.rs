@@ -385,6 +385,23 @@ pub fn dom_only_layout() -> Layout {
     }
 }
 
+/// `name` in the root, made by `s` as root with [`dom_only_layout`], open read-write
+/// with `bytes` written at 0.
+pub fn dom_file_written(s: &Session, name: &[u8], bytes: &[u8]) -> lode_client::FileHandle {
+    let fh = s
+        .run(s.client.create_open(
+            &root(),
+            Fid::ROOT,
+            name,
+            0o644,
+            libc::O_RDWR,
+            Some(dom_only_layout()),
+        ))
+        .expect("create_open");
+    assert_eq!(s.run(s.client.write(&fh, 0, bytes)), Ok(bytes.len()));
+    fh
+}
+
 /// Waits until the MDT's recovery is over and returns its `recovery_status`.
 pub fn wait_recovered(c: &Cluster) -> String {
     let mut status = String::new();

@@ -930,40 +930,14 @@ fn a_dom_file_is_read_with_its_open_after_a_writer_that_a_reader_outlived_and_a_
     let c = cluster(1);
     let (w, r, other) = (c.client(), c.client(), c.client());
     let cred = root();
-    let fh = w
-        .run(w.client.create_open(
-            &cred,
-            Fid::ROOT,
-            b"f",
-            0o644,
-            libc::O_RDWR,
-            Some(dom_only_layout()),
-        ))
-        .expect("create");
-    assert_eq!(w.run(w.client.write(&fh, 0, b"hello world")), Ok(11));
+    let fh = dom_file_written(&w, b"f", b"hello world");
     // A reader holds the file open past its writer's close, and closes last.
     let rh = r
         .run(r.client.open(&cred, fh.fid, libc::O_RDONLY))
         .expect("open");
     w.run(w.client.close(&fh)).expect("close");
     r.run(r.client.close(&rh)).expect("close");
-    let read_fresh = |want: &[u8]| {
-        let reads = mdt_stat(&c, "dom_read");
-        let h = other
-            .run(other.client.open(&cred, fh.fid, libc::O_RDONLY))
-            .expect("open");
-        assert_eq!(
-            other.run(other.client.read(&h, 0, 100)).as_deref(),
-            Ok(want)
-        );
-        other.run(other.client.close_now(&h)).expect("close");
-        assert_eq!(
-            mdt_stat(&c, "dom_read"),
-            reads,
-            "the bytes came with the open: no writer left, the size is exact"
-        );
-    };
-    read_fresh(b"hello world");
+    read_with_its_open(&c, &other, fh.fid, b"hello world");
     // A truncate with no writer open leaves the size exact too.
     let sa = lode_base::SetAttr {
         size: Some(5),
@@ -971,40 +945,35 @@ fn a_dom_file_is_read_with_its_open_after_a_writer_that_a_reader_outlived_and_a_
     };
     r.run(r.client.setattr(&cred, fh.fid, sa))
         .expect("truncate");
-    read_fresh(b"hello");
+    read_with_its_open(&c, &other, fh.fid, b"hello");
+}
+
+/// `reader` opens `fid` for reading and reads `want`, with no DOM_READ: no writer
+/// left, the size is exact, and the bytes came with the open.
+fn read_with_its_open(c: &Cluster, reader: &lode_client::Session, fid: Fid, want: &[u8]) {
+    let reads = mdt_stat(c, "dom_read");
+    let h = reader
+        .run(reader.client.open(&root(), fid, libc::O_RDONLY))
+        .expect("open");
+    assert_eq!(
+        reader.run(reader.client.read(&h, 0, 100)).as_deref(),
+        Ok(want)
+    );
+    reader.run(reader.client.close_now(&h)).expect("close");
+    assert_eq!(
+        mdt_stat(c, "dom_read"),
+        reads,
+        "the bytes came with the open: no writer left, the size is exact"
+    );
 }
 
 #[test]
 fn a_dom_file_whose_last_writer_was_evicted_is_read_with_its_open() {
     let c = cluster(1);
     let (w, other) = (c.client(), c.client());
-    let cred = root();
-    let fh = w
-        .run(w.client.create_open(
-            &cred,
-            Fid::ROOT,
-            b"f",
-            0o644,
-            libc::O_RDWR,
-            Some(dom_only_layout()),
-        ))
-        .expect("create");
-    assert_eq!(w.run(w.client.write(&fh, 0, b"hello world")), Ok(11));
+    let fh = dom_file_written(&w, b"f", b"hello world");
     // The writer goes without closing: the MDT closes its handle as it evicts it.
     c.set_param(&format!("mdt.*.evict_client={}", w.client.uuid()));
     assert_eq!(c.get_param("mdt.*.open_files"), "0");
-    let reads = mdt_stat(&c, "dom_read");
-    let h = other
-        .run(other.client.open(&cred, fh.fid, libc::O_RDONLY))
-        .expect("open");
-    assert_eq!(
-        other.run(other.client.read(&h, 0, 100)).as_deref(),
-        Ok(&b"hello world"[..])
-    );
-    other.run(other.client.close_now(&h)).expect("close");
-    assert_eq!(
-        mdt_stat(&c, "dom_read"),
-        reads,
-        "no writer left: the size is exact and the bytes came with the open"
-    );
+    read_with_its_open(&c, &other, fh.fid, b"hello world");
 }

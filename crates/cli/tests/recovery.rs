@@ -695,17 +695,7 @@ fn a_close_made_by_an_eviction_leaves_no_gap_for_later_replays_to_fall_into() {
     let (a, b) = (c.client(), c.client());
     let r = root();
     // a writes a file whose bytes are all on the MDT, and keeps it open.
-    let fh = a
-        .run(a.client.create_open(
-            &r,
-            Fid::ROOT,
-            b"f",
-            0o644,
-            libc::O_RDWR,
-            Some(dom_only_layout()),
-        ))
-        .expect("create_open");
-    assert_eq!(a.run(a.client.write(&fh, 0, b"aaaa")), Ok(4));
+    let fh = dom_file_written(&a, b"f", b"aaaa");
     hold_commits(&c, 2);
     // The MDT closes a's handle as it evicts a: the file's last writer is gone, and
     // the close may note that its size is now exact.
