@@ -2,6 +2,7 @@
 //! layouts. Everything here is plain data and pure functions; every other crate builds
 //! on it and nothing here does I/O.
 
+pub mod acl;
 pub mod attr;
 pub mod config;
 pub mod errno;

@@ -59,7 +59,7 @@ pub fn is_owner_or_root(attr: &Attr, cred: &Cred) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::Fid;
 
@@ -76,7 +76,8 @@ mod tests {
         assert!(!plain_read(libc::O_RDONLY | libc::O_APPEND));
     }
 
-    fn attr(mode: u32, uid: u32, gid: u32) -> Attr {
+    /// Attributes with this mode and owner, the rest zero (tests of permission rules).
+    pub(crate) fn attr(mode: u32, uid: u32, gid: u32) -> Attr {
         Attr {
             fid: Fid::ROOT,
             mode,

@@ -25,7 +25,8 @@ pub struct MountArgs {
     /// default, or with every page), seclabel (store SELinux labels even where this
     /// machine does not run SELinux; see [`lode_fuse::MountOptions::seclabel`]),
     /// io_uring (the default: the kernel hands requests over io_uring, with one queue
-    /// per CPU, where it can; see [`URING_PARAM`]) or noio_uring (over `/dev/fuse`).
+    /// per CPU, where it can; see [`URING_PARAM`]) or noio_uring (over `/dev/fuse`),
+    /// acl (the default: POSIX ACLs, as on Lustre) or noacl.
     #[arg(short = 'o')]
     pub options: Option<String>,
     /// Stay in the foreground instead of daemonizing once mounted.
@@ -57,6 +58,8 @@ struct Opts {
     /// Requests over io_uring where the kernel can (`io_uring`, the default), or over
     /// `/dev/fuse` only (`noio_uring`).
     io_uring: bool,
+    /// POSIX ACLs (`acl`, the default) or none (`noacl`).
+    acl: bool,
     /// mount(8)'s generic options given (suid, nodev, noexec, ro, ...), for the kernel.
     kernel: Vec<MountOption>,
 }
@@ -85,6 +88,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         readdirplus_always: false,
         seclabel: std::path::Path::new(lode_fuse::SELINUX_FS).exists(),
         io_uring: true,
+        acl: true,
         kernel: Vec::new(),
     };
     for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {
@@ -100,6 +104,8 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
             "seclabel" => o.seclabel = true,
             "io_uring" => o.io_uring = true,
             "noio_uring" => o.io_uring = false,
+            "acl" => o.acl = true,
+            "noacl" => o.acl = false,
             "readdirplus" => {
                 o.readdirplus_always = match v {
                     "always" => true,
@@ -220,6 +226,7 @@ pub fn run(a: MountArgs) -> Result<()> {
             cluster_locks: opts.cluster_locks,
             readdirplus_always: opts.readdirplus_always,
             seclabel: opts.seclabel,
+            acl: opts.acl,
         },
         rt.handle().clone(),
     );

@@ -37,6 +37,7 @@ fn create(s: &Session, parent: Fid, name: &str) -> Request {
         name: name.as_bytes().to_vec(),
         fid,
         mode: libc::S_IFREG | 0o644,
+        umask: 0,
         rdev: 0,
         target: Vec::new(),
         layout: None,

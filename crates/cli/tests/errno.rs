@@ -559,10 +559,15 @@ fn xattr_errnos() {
             err(cl.setxattr(&u, f, b"trusted.k", Some(b"v"), 0).await),
             Errno::EPERM
         );
+        // A malformed ACL; another system.* name.
         assert_eq!(
             err(cl
                 .setxattr(&u, f, b"system.posix_acl_access", Some(b"v"), 0)
                 .await),
+            Errno::EINVAL
+        );
+        assert_eq!(
+            err(cl.setxattr(&u, f, b"system.other", Some(b"v"), 0).await),
             Errno::EOPNOTSUPP
         );
         cl.setxattr(&r, f, b"trusted.k", Some(b"t"), 0)

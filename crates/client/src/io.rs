@@ -278,6 +278,23 @@ impl Client {
         flags: i32,
         layout: Option<Layout>,
     ) -> Result<FileHandle, Errno> {
+        self.create_open_umask(cred, parent, name, mode, 0, flags, layout)
+            .await
+    }
+
+    /// [`Client::create_open`] with the caller's umask left to the MDT (see
+    /// [`Client::mkdir_umask`]).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_open_umask(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        layout: Option<Layout>,
+    ) -> Result<FileHandle, Errno> {
         let fid = self.alloc_fid().await?;
         let rep = match self
             .md(Request::Create(lode_proto::CreateReq {
@@ -286,6 +303,7 @@ impl Client {
                 name: name.to_vec(),
                 fid,
                 mode: libc::S_IFREG | (mode & 0o7777),
+                umask,
                 rdev: 0,
                 target: Vec::new(),
                 layout,

@@ -266,6 +266,7 @@ impl Client {
         parent: Fid,
         name: &[u8],
         mode: u32,
+        umask: u32,
         rdev: u64,
         target: &[u8],
         layout: Option<Layout>,
@@ -280,6 +281,7 @@ impl Client {
             name: name.to_vec(),
             fid,
             mode,
+            umask,
             rdev,
             target: target.to_vec(),
             layout,
@@ -307,11 +309,28 @@ impl Client {
         mode: u32,
         default_layout: Option<Layout>,
     ) -> Result<MdtBody, Errno> {
+        self.mkdir_umask(cred, parent, name, mode, 0, default_layout)
+            .await
+    }
+
+    /// [`Client::mkdir`] with the caller's umask left to the MDT, which applies it
+    /// unless the parent has a default ACL (a mount's kernel leaves it to the file
+    /// system when ACLs are on).
+    pub async fn mkdir_umask(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        default_layout: Option<Layout>,
+    ) -> Result<MdtBody, Errno> {
         self.create_node(
             cred,
             parent,
             name,
             libc::S_IFDIR | (mode & 0o7777),
+            umask,
             0,
             &[],
             default_layout,
@@ -334,6 +353,7 @@ impl Client {
             name,
             libc::S_IFREG | (mode & 0o7777),
             0,
+            0,
             &[],
             layout,
         )
@@ -349,12 +369,26 @@ impl Client {
         mode: u32,
         rdev: u64,
     ) -> Result<MdtBody, Errno> {
+        self.mknod_umask(cred, parent, name, mode, 0, rdev).await
+    }
+
+    /// [`Client::mknod`] with the caller's umask left to the MDT (see
+    /// [`Client::mkdir_umask`]).
+    pub async fn mknod_umask(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u64,
+    ) -> Result<MdtBody, Errno> {
         if FileType::from_mode(mode)
             .is_none_or(|t| t == FileType::Directory || t == FileType::Symlink)
         {
             return Err(Errno::EINVAL);
         }
-        self.create_node(cred, parent, name, mode, rdev, &[], None)
+        self.create_node(cred, parent, name, mode, umask, rdev, &[], None)
             .await
     }
 
@@ -366,8 +400,17 @@ impl Client {
         name: &[u8],
         target: &[u8],
     ) -> Result<MdtBody, Errno> {
-        self.create_node(cred, parent, name, libc::S_IFLNK | 0o777, 0, target, None)
-            .await
+        self.create_node(
+            cred,
+            parent,
+            name,
+            libc::S_IFLNK | 0o777,
+            0,
+            0,
+            target,
+            None,
+        )
+        .await
     }
 
     /// The target of a symlink.
@@ -604,6 +647,30 @@ impl Client {
         }
     }
 
+    /// May `cred` access the inode `b` describes for `want` (MAY_* bits)? Its mode
+    /// bits, and its access ACL if it has one (read from the MDT then: a client
+    /// decides this only where it answers without the MDT).
+    pub async fn may_access(&self, cred: &Cred, b: &MdtBody, want: u32) -> Result<bool, Errno> {
+        use lode_base::acl;
+        if !b.acl || cred.uid == 0 || cred.uid == b.attr.uid {
+            return Ok(lode_base::perm::may_access(&b.attr, cred, want));
+        }
+        let a = match self
+            .getxattr(
+                cred,
+                b.attr.fid,
+                acl::ACCESS,
+                acl::ENTRIES_MAX as u32 * 8 + 4,
+            )
+            .await
+        {
+            Ok((v, _)) => acl::Acl::parse(&v)?,
+            Err(Errno::ENODATA) => None,
+            Err(e) => return Err(e),
+        };
+        Ok(acl::may_access(&b.attr, a.as_ref(), cred, want))
+    }
+
     /// The answer to looking up an xattr the inode cannot have: its attributes, under a
     /// lock, say it has no stored xattr (`ls -l` asks for `security.selinux` of every
     /// file). `None`: ask the MDT (virtual names, bad names, no lock).
@@ -613,7 +680,8 @@ impl Client {
         }
         let in_ns = |p: &[u8]| name.len() > p.len() && name.starts_with(p);
         let user = in_ns(b"user.");
-        if !(user || in_ns(b"trusted.") || in_ns(b"security.")) {
+        let acl = name == lode_base::acl::ACCESS || name == lode_base::acl::DEFAULT;
+        if !(user || acl || in_ns(b"trusted.") || in_ns(b"security.")) {
             return None;
         }
         let b = self.cached_attrs(fid).filter(|b| b.no_xattrs)?;

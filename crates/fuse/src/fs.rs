@@ -11,7 +11,8 @@ use crate::kernel::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SetattrIn, TimeOrNow,
 };
 use foldhash::{HashMap, HashMapExt};
-use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
+use lode_base::acl;
+use lode_base::perm::{MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
 use lode_client::{Client, DirEntry, FileHandle, FlockArgs, Inval, MdtBody};
 use parking_lot::{Mutex, RwLock};
@@ -73,6 +74,11 @@ pub struct MountOptions {
     /// without labels does: `ls -l` asks for it on every file, one kernel round trip
     /// each, until a file system answers "not supported", then no more on that one.
     pub seclabel: bool,
+    /// POSIX ACLs (`acl`, the default, as on Lustre): the kernel checks them from
+    /// `system.posix_acl_access`, which it reads and caches, and leaves the umask to
+    /// the MDT, which applies a directory's default ACL instead where there is one.
+    /// With `noacl` the ACL xattrs are refused with `EOPNOTSUPP`.
+    pub acl: bool,
 }
 
 /// Where the kernel shows SELinux when it runs it.
@@ -412,6 +418,17 @@ impl LodeFs {
     /// [`MountOptions::seclabel`]).
     fn label_refused(&self, name: &[u8]) -> bool {
         name == SELINUX_XATTR && !self.inner.opts.seclabel
+            || !self.inner.opts.acl && (name == acl::ACCESS || name == acl::DEFAULT)
+    }
+
+    /// The mode and umask a create sends: with ACLs on, the kernel leaves the umask
+    /// to the file system (the MDT applies it, or the directory's default ACL).
+    fn new_mode(&self, mode: u32, umask: u32) -> (u32, u32) {
+        if self.inner.opts.acl {
+            (mode, umask & 0o777)
+        } else {
+            (mode & !(umask & 0o777), 0)
+        }
     }
 
     fn cred(&self, req: &Request) -> Cred {
@@ -783,6 +800,9 @@ impl LodeFs {
         if self.inner.opts.writeback {
             want |= init::WRITEBACK_CACHE;
         }
+        if self.inner.opts.acl {
+            want |= init::POSIX_ACL | init::DONT_MASK;
+        }
         want
     }
 }
@@ -908,14 +928,17 @@ impl Filesystem for LodeFs {
         let cred = self.cred(req);
         let name = name.to_vec();
         let n = name.clone();
+        let (mode, umask) = self.new_mode(mode, umask);
+        let mode = if mode & libc::S_IFMT == 0 {
+            mode | libc::S_IFREG
+        } else {
+            mode
+        };
         self.reply_entry(reply, parent, n, move |i| async move {
             let p = i.fid(parent)?;
-            let mode = mode & !(umask & 0o777);
-            if mode & libc::S_IFMT == libc::S_IFREG || mode & libc::S_IFMT == 0 {
-                i.client.create(&cred, p, &name, mode, None).await
-            } else {
-                i.client.mknod(&cred, p, &name, mode, u64::from(rdev)).await
-            }
+            i.client
+                .mknod_umask(&cred, p, &name, mode, umask, u64::from(rdev))
+                .await
         });
     }
 
@@ -931,10 +954,11 @@ impl Filesystem for LodeFs {
         let cred = self.cred(req);
         let name = name.to_vec();
         let n = name.clone();
+        let (mode, umask) = self.new_mode(mode, umask);
         self.reply_entry(reply, parent, n, move |i| async move {
             let p = i.fid(parent)?;
             i.client
-                .mkdir(&cred, p, &name, mode & !(umask & 0o777), None)
+                .mkdir_umask(&cred, p, &name, mode, umask, None)
                 .await
         });
     }
@@ -1065,14 +1089,15 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let name = name.to_vec();
-        self.spawn(|i| async move {
+        let (mode, umask) = self.new_mode(mode, umask);
+        self.spawn(move |i| async move {
             let seq = i.client.inval_seq();
             let r = async {
                 let p = i.fid(parent)?;
                 let flags = i.append_flags(flags);
                 let h = i
                     .client
-                    .create_open(&cred, p, &name, mode & !(umask & 0o777), flags, None)
+                    .create_open_umask(&cred, p, &name, mode, umask, flags, None)
                     .await?;
                 let a = if h.attr.size > 0 || h.flags & libc::O_TRUNC != 0 {
                     i.client.getattr(&cred, h.fid).await?
@@ -1263,7 +1288,7 @@ impl Filesystem for LodeFs {
                 if acc != libc::O_RDONLY {
                     return Err(Errno::EISDIR);
                 }
-                if !may_access(&b.attr, &cred, MAY_READ) {
+                if !i.client.may_access(&cred, &b, MAY_READ).await? {
                     return Err(Errno::EACCES);
                 }
                 Ok(f)
@@ -1601,7 +1626,7 @@ impl Filesystem for LodeFs {
             if mask & libc::X_OK as u32 != 0 {
                 want |= MAY_EXEC;
             }
-            if want == 0 || may_access(&b.attr, &cred, want) {
+            if want == 0 || i.client.may_access(&cred, &b, want).await? {
                 Ok(())
             } else {
                 Err(Errno::EACCES)

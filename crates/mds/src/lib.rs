@@ -370,6 +370,7 @@ mod tests {
             name: name.to_vec(),
             fid: Fid::new(FIRST_NORMAL_SEQ, oid, 0),
             mode: libc::S_IFDIR | 0o755,
+            umask: 0,
             rdev: 0,
             target: Vec::new(),
             layout: None,
@@ -440,6 +441,7 @@ mod tests {
         // A FIFO: a regular file would need OSTs for its objects.
         let file = |oid| CreateReq {
             mode: libc::S_IFIFO | 0o644,
+            umask: 0,
             ..create_req(b"f", oid)
         };
         // The first life: a file, then a's change to it, then b's.
@@ -595,6 +597,7 @@ mod tests {
             let inside = CreateReq {
                 parent: v,
                 mode: libc::S_IFIFO | 0o644,
+                umask: 0,
                 ..create_req(b"x", next())
             };
             let rename = lode_proto::RenameReq {

@@ -59,7 +59,7 @@ impl Namespace {
         if rec.mode & libc::S_IFMT != libc::S_IFREG {
             return Err(Errno::EINVAL.into());
         }
-        if !lode_base::perm::may_access(&rec.attr(r.fid), &r.cred, lode_base::perm::MAY_WRITE) {
+        if !self.may(r.fid, &rec, &r.cred, lode_base::perm::MAY_WRITE) {
             return Err(Errno::EACCES.into());
         }
         if !ctx.replay {

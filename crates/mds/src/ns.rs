@@ -10,11 +10,12 @@ use lode_base::hash::{name_hash, DOTDOT_COOKIE, DOT_COOKIE, END_COOKIE};
 use lode_base::limits::{
     LINK_MAX, READDIR_GROUP_BYTES_MAX, READDIR_PAGE_BYTES, READDIR_PAGE_ENTRIES, SYMLINK_MAX,
 };
-use lode_base::perm::{may_access, MAY_EXEC, MAY_READ, MAY_WRITE};
+use lode_base::perm::{MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, FileType};
 use lode_proto::{CloseRep, CreateRep, CreateReq, DirEntry, MdtBody, ReaddirRep, Reply};
 use lode_store::records::{
-    self, destroy_key, parse_dirent_key, DestroyRec, InodeRec, INODE_DATA, INODE_NO_XATTRS,
+    self, destroy_key, parse_dirent_key, DestroyRec, InodeRec, INODE_ACL, INODE_DATA,
+    INODE_NO_XATTRS,
 };
 use lode_store::{Batch, Cf};
 use tracing::{info, warn};
@@ -53,6 +54,7 @@ impl Namespace {
             name_lock: 0,
             dir_lock: 0,
             no_xattrs: rec.flags & INODE_NO_XATTRS != 0,
+            acl: rec.flags & INODE_ACL != 0,
         }
     }
 
@@ -182,7 +184,7 @@ impl Namespace {
     /// What `name` in `parent` points to, if the caller may search `parent`.
     pub(crate) fn lookup_fid(&self, cred: &Cred, parent: Fid, name: &[u8]) -> OpResult<Fid> {
         let dir = self.dir_inode(parent)?;
-        if !may_access(&dir.attr(parent), cred, MAY_EXEC) {
+        if !self.may(parent, &dir, cred, MAY_EXEC) {
             return Err(Errno::EACCES.into());
         }
         let child = match name {
@@ -210,7 +212,7 @@ impl Namespace {
         } else {
             count.min(READDIR_PAGE_ENTRIES)
         };
-        if !may_access(&dir.attr(fid), cred, MAY_READ) {
+        if !self.may(fid, &dir, cred, MAY_READ) {
             return Err(Errno::EACCES.into());
         }
         let mut entries = Vec::new();
@@ -348,7 +350,7 @@ impl Namespace {
         }
         // As Linux: no search permission hides the name; an existing name is reported
         // (or opened) before a missing write permission.
-        if !may_access(&parent.attr(r.parent), &r.cred, MAY_EXEC) {
+        if !self.may(r.parent, &parent, &r.cred, MAY_EXEC) {
             return Err(Errno::EACCES.into());
         }
         if self.dirent(r.parent, &r.name)?.is_some() {
@@ -358,7 +360,7 @@ impl Namespace {
             }
             return Err(Errno::EEXIST.into());
         }
-        if !may_access(&parent.attr(r.parent), &r.cred, MAY_WRITE) {
+        if !self.may(r.parent, &parent, &r.cred, MAY_WRITE) {
             return Err(Errno::EACCES.into());
         }
         if matches!(ftype, FileType::CharDev | FileType::BlockDev) && r.cred.uid != 0 {
@@ -397,7 +399,7 @@ impl Namespace {
         let write = r
             .open_flags
             .is_some_and(|f| lode_base::perm::wants_write(f as i32));
-        let rec = InodeRec {
+        let mut rec = InodeRec {
             mode,
             uid: r.cred.uid,
             gid,
@@ -435,6 +437,7 @@ impl Namespace {
             }],
         };
         let mut b = Batch::new();
+        self.inherit_acls(&mut b, r.parent, &parent, r.fid, &mut rec, r.umask)?;
         put_dirent(&mut b, r.parent, &r.name, r.fid, dtype_of(mode));
         put_inode(&mut b, r.fid, &rec);
         let handle = r
@@ -639,7 +642,7 @@ impl Namespace {
         if write {
             want |= MAY_WRITE;
         }
-        if !may_access(&rec.attr(fid), cred, want) {
+        if !self.may(fid, &rec, cred, want) {
             return Err(Errno::EACCES.into());
         }
         let mut b = Batch::new();

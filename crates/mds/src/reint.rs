@@ -7,7 +7,7 @@ use crate::pdo::Mode;
 use crate::{Ctx, Namespace, OpResult};
 use lode_base::hash::name_hash;
 use lode_base::limits::{FILE_SIZE_MAX, LINK_MAX};
-use lode_base::perm::{is_owner_or_root, may_access, may_delete_in_sticky, MAY_EXEC, MAY_WRITE};
+use lode_base::perm::{is_owner_or_root, may_delete_in_sticky, MAY_EXEC, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
 use lode_proto::{Empty, MdtBody, RenameReq, Reply};
 use lode_store::records::INODE_DATA;
@@ -41,7 +41,7 @@ impl Namespace {
         }
         let mut held = self.pdo.lock(&dirs, &[(parent, hash)]);
         let pdir = self.dir_inode(parent)?;
-        if !may_access(&pdir.attr(parent), cred, MAY_WRITE | MAY_EXEC) {
+        if !self.may(parent, &pdir, cred, MAY_WRITE | MAY_EXEC) {
             return Err(Errno::EACCES.into());
         }
         let ent = self.dirent(parent, name)?.ok_or(Errno::ENOENT)?;
@@ -98,7 +98,7 @@ impl Namespace {
         if pdir.nlink == 0 {
             return Err(Errno::ENOENT.into());
         }
-        if !may_access(&pdir.attr(parent), cred, MAY_WRITE | MAY_EXEC) {
+        if !self.may(parent, &pdir, cred, MAY_WRITE | MAY_EXEC) {
             return Err(Errno::EACCES.into());
         }
         if self.dirent(parent, name)?.is_some() {
@@ -192,7 +192,7 @@ impl Namespace {
             return Err(Errno::ENOENT.into());
         }
         for (f, d) in [(sp, &sdir), (dp, &ddir)] {
-            if !may_access(&d.attr(f), cred, MAY_WRITE | MAY_EXEC) {
+            if !self.may(f, d, cred, MAY_WRITE | MAY_EXEC) {
                 return Err(Errno::EACCES.into());
             }
         }
@@ -229,7 +229,7 @@ impl Namespace {
                     return Err(Errno::ENOTEMPTY.into());
                 }
             } else if cross && dst_is_dir {
-                if !may_access(&drec.attr(d.fid), cred, MAY_WRITE) {
+                if !self.may(d.fid, &drec, cred, MAY_WRITE) {
                     return Err(Errno::EACCES.into());
                 }
                 if self.is_under(sp, d.fid)? {
@@ -240,7 +240,7 @@ impl Namespace {
         if cross && src_is_dir {
             // Moving a directory rewrites its `..`: needs write permission on it, and it
             // can never move below itself.
-            if !may_access(&src_rec.attr(src.fid), cred, MAY_WRITE) {
+            if !self.may(src.fid, &src_rec, cred, MAY_WRITE) {
                 return Err(Errno::EACCES.into());
             }
             if self.is_under(dp, src.fid)? {
@@ -338,7 +338,7 @@ impl Namespace {
             if size > FILE_SIZE_MAX {
                 return Err(Errno::EFBIG.into());
             }
-            if !opened_for_write && !may_access(&attr, cred, MAY_WRITE) {
+            if !opened_for_write && !self.may(fid, &rec, cred, MAY_WRITE) {
                 return Err(Errno::EACCES.into());
             }
             if rec.layout.as_ref().is_some_and(|l| size > l.end()) {
@@ -350,7 +350,7 @@ impl Namespace {
             // Dropping set-user/group-ID bits is never an escalation: the kernel does it
             // on behalf of any writer (file_remove_privs), so anyone who may write may.
             let kill_privs = m & 0o7777 == rec.mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID)
-                && may_access(&attr, cred, MAY_WRITE);
+                && self.may(fid, &rec, cred, MAY_WRITE);
             if !owner && !kill_privs {
                 return Err(Errno::EPERM.into());
             }
@@ -371,7 +371,7 @@ impl Namespace {
         for t in [sa.atime, sa.mtime].into_iter().flatten() {
             match t {
                 TimeSet::Now => {
-                    if !owner && !may_access(&attr, cred, MAY_WRITE) {
+                    if !owner && !self.may(fid, &rec, cred, MAY_WRITE) {
                         return Err(Errno::EACCES.into());
                     }
                 }
@@ -447,6 +447,9 @@ impl Namespace {
             rec.ctime = now;
         }
         let mut b = Batch::new();
+        if sa.mode.is_some() {
+            self.chmod_acl(&mut b, fid, &rec)?;
+        }
         if let Some(size) = sa.size {
             if rec.layout.as_ref().is_some_and(|l| l.dom_end() > 0) {
                 self.dom_truncate(&mut b, fid, &mut rec, size)?;

@@ -3,11 +3,14 @@
 
 use crate::inode::{is_dir, now_ns, put_inode};
 use crate::{Ctx, Namespace, OpResult};
+use lode_base::acl::{self, Acl};
 use lode_base::limits::{XATTR_INODE_VALUES_MAX, XATTR_LIST_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
-use lode_base::perm::{is_owner_or_root, may_access, MAY_READ, MAY_WRITE};
+use lode_base::perm::{is_owner_or_root, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, Layout};
 use lode_proto::{Empty, Reply, XattrRep};
-use lode_store::records::{xattr_key, InodeRec, INODE_DATA};
+use lode_store::records::{
+    xattr_key, InodeRec, INODE_ACL, INODE_DATA, INODE_DEFACL, INODE_NO_XATTRS,
+};
 use lode_store::{Batch, Cf};
 
 /// The virtual xattr holding a file's layout (a directory's default layout).
@@ -20,6 +23,10 @@ const XATTR_REPLACE: u32 = 2;
 
 enum Ns {
     User,
+    /// `system.posix_acl_access`.
+    AclAccess,
+    /// `system.posix_acl_default`.
+    AclDefault,
     Trusted,
     Security,
     Lov,
@@ -39,6 +46,12 @@ fn namespace(name: &[u8]) -> Result<Ns, Errno> {
     if name == LINK_XATTR {
         return Ok(Ns::Link);
     }
+    if name == acl::ACCESS {
+        return Ok(Ns::AclAccess);
+    }
+    if name == acl::DEFAULT {
+        return Ok(Ns::AclDefault);
+    }
     if name.starts_with(b"user.") && name.len() > 5 {
         Ok(Ns::User)
     } else if name.starts_with(b"trusted.") && name.len() > 8 {
@@ -46,7 +59,7 @@ fn namespace(name: &[u8]) -> Result<Ns, Errno> {
     } else if name.starts_with(b"security.") && name.len() > 9 {
         Ok(Ns::Security)
     } else {
-        // system.* (ACLs) and unknown namespaces are not supported.
+        // The rest of system.* and unknown namespaces are not supported.
         Err(Errno::EOPNOTSUPP)
     }
 }
@@ -71,7 +84,7 @@ impl Namespace {
                         Errno::ENODATA
                     });
                 }
-                if !may_access(&attr, cred, want) {
+                if !self.may(fid, rec, cred, want) {
                     return Err(Errno::EACCES);
                 }
                 if want == MAY_WRITE
@@ -105,6 +118,16 @@ impl Namespace {
             }
             Ns::Link => {
                 if want == MAY_WRITE {
+                    return Err(Errno::EPERM);
+                }
+            }
+            // Anyone may read an ACL; only the owner may set it. Symlinks have none
+            // (Linux has no ACL operations for them).
+            Ns::AclAccess | Ns::AclDefault => {
+                if rec.mode & libc::S_IFMT == libc::S_IFLNK {
+                    return Err(Errno::EOPNOTSUPP);
+                }
+                if want == MAY_WRITE && !is_owner_or_root(&attr, cred) {
                     return Err(Errno::EPERM);
                 }
             }
@@ -207,6 +230,15 @@ impl Namespace {
                 return Err(Errno::EBUSY.into());
             }
             self.set_layout_xattr(&mut rec, value)?;
+        } else if let Ns::AclAccess | Ns::AclDefault = ns {
+            self.set_acl(
+                &mut b,
+                fid,
+                &mut rec,
+                cred,
+                matches!(ns, Ns::AclAccess),
+                value,
+            )?;
         } else {
             let key = xattr_key(fid, name);
             let old = self.store.engine().get(Cf::Xattr, &key)?.map(|v| v.len());
@@ -231,6 +263,138 @@ impl Namespace {
         rec.ctime = now;
         put_inode(&mut b, fid, &rec);
         self.commit(ctx, b, &Reply::Setxattr(Empty {}))
+    }
+
+    /// May `cred` access inode `fid` (`rec`) for `want` (MAY_* bits)? Its mode bits
+    /// decide, with its access ACL if it has one (read only then). An ACL that
+    /// cannot be read refuses.
+    pub(crate) fn may(&self, fid: Fid, rec: &InodeRec, cred: &Cred, want: u32) -> bool {
+        let attr = rec.attr(fid);
+        if rec.flags & INODE_ACL == 0 {
+            return lode_base::perm::may_access(&attr, cred, want);
+        }
+        match self.stored_acl(fid, acl::ACCESS) {
+            Ok(a) => acl::may_access(&attr, a.as_ref(), cred, want),
+            Err(e) => {
+                tracing::warn!(%fid, "reading the access ACL: {e:?}");
+                false
+            }
+        }
+    }
+
+    /// The ACL stored as `name` (`None`: none).
+    fn stored_acl(&self, fid: Fid, name: &[u8]) -> OpResult<Option<Acl>> {
+        match self.store.engine().get(Cf::Xattr, &xattr_key(fid, name))? {
+            Some(v) => Ok(Acl::parse(&v)?),
+            None => Ok(None),
+        }
+    }
+
+    /// What a new inode (`rec`, its mode as asked, umask not applied) made in
+    /// directory `parent` gets: with a default ACL there, `posix_acl_create`'s mode and
+    /// ACLs (a new directory inherits the default ACL itself too), added to `b`;
+    /// without one, the mode less `umask`. Symlinks take neither.
+    pub(crate) fn inherit_acls(
+        &self,
+        b: &mut Batch,
+        parent: Fid,
+        dir: &InodeRec,
+        fid: Fid,
+        rec: &mut InodeRec,
+        umask: u32,
+    ) -> OpResult<()> {
+        if rec.mode & libc::S_IFMT == libc::S_IFLNK {
+            return Ok(());
+        }
+        let def = if dir.flags & INODE_DEFACL != 0 {
+            self.stored_acl(parent, acl::DEFAULT)?
+        } else {
+            None
+        };
+        let Some(def) = def else {
+            rec.mode &= !(umask & 0o777);
+            return Ok(());
+        };
+        let (bits, access) = def.inherit(rec.mode);
+        rec.mode = (rec.mode & !0o777) | bits;
+        if let Some(a) = access {
+            b.put(Cf::Xattr, xattr_key(fid, acl::ACCESS), a.to_xattr());
+            rec.flags |= INODE_ACL;
+            rec.flags &= !INODE_NO_XATTRS;
+        }
+        if is_dir(rec.mode) {
+            b.put(Cf::Xattr, xattr_key(fid, acl::DEFAULT), def.to_xattr());
+            rec.flags |= INODE_DEFACL;
+            rec.flags &= !INODE_NO_XATTRS;
+        }
+        Ok(())
+    }
+
+    /// A chmod of an inode with an access ACL: the ACL's owner, mask and other entries
+    /// follow the new mode (`posix_acl_chmod`), in the same batch.
+    pub(crate) fn chmod_acl(&self, b: &mut Batch, fid: Fid, rec: &InodeRec) -> OpResult<()> {
+        if rec.flags & INODE_ACL == 0 {
+            return Ok(());
+        }
+        if let Some(mut a) = self.stored_acl(fid, acl::ACCESS)? {
+            a.chmod(rec.mode);
+            b.put(Cf::Xattr, xattr_key(fid, acl::ACCESS), a.to_xattr());
+        }
+        Ok(())
+    }
+
+    /// Sets (`value`) or removes an access or default ACL, as Linux's `set_posix_acl`:
+    /// an access ACL sets the mode's bits (and is not stored when the mode says it
+    /// all), dropping set-group-ID for a caller outside the file's group; a default
+    /// ACL only on a directory. XATTR_CREATE/XATTR_REPLACE do not apply to ACLs.
+    fn set_acl(
+        &self,
+        b: &mut Batch,
+        fid: Fid,
+        rec: &mut InodeRec,
+        cred: &Cred,
+        access: bool,
+        value: Option<Vec<u8>>,
+    ) -> OpResult<()> {
+        let parsed = match &value {
+            Some(v) => Acl::parse(v)?,
+            None => None,
+        };
+        let (name, flag) = if access {
+            (acl::ACCESS, INODE_ACL)
+        } else {
+            if !is_dir(rec.mode) {
+                return match parsed {
+                    Some(_) => Err(Errno::EACCES.into()),
+                    None => Ok(()),
+                };
+            }
+            (acl::DEFAULT, INODE_DEFACL)
+        };
+        let key = xattr_key(fid, name);
+        let Some(a) = parsed else {
+            b.delete(Cf::Xattr, key);
+            rec.flags &= !flag;
+            return Ok(());
+        };
+        if access {
+            rec.mode = (rec.mode & !0o777) | a.mode_bits();
+            if cred.uid != 0 && !cred.in_group(rec.gid) {
+                rec.mode &= !libc::S_ISGID;
+            }
+            if a.is_minimal() {
+                b.delete(Cf::Xattr, key);
+                rec.flags &= !flag;
+                return Ok(());
+            }
+        }
+        let bytes = a.to_xattr();
+        let old = self.store.engine().get(Cf::Xattr, &key)?.map(|v| v.len());
+        self.check_xattr_room(fid, name, bytes.len(), old)?;
+        b.put(Cf::Xattr, key, bytes);
+        rec.flags |= flag;
+        rec.flags &= !INODE_NO_XATTRS;
+        Ok(())
     }
 
     /// ENOSPC, as a file system out of xattr room answers, if setting `name` to

@@ -48,6 +48,8 @@ pub struct MdtBody {
     /// The inode has no stored xattr (`user.*`, `trusted.*`, `security.*`): while
     /// `lock` is held, looking one up needs no RPC.
     pub no_xattrs: bool,
+    /// The inode has an access ACL: its mode bits alone do not say who may access it.
+    pub acl: bool,
 }
 
 /// Who connects to what.
@@ -364,8 +366,12 @@ pub struct CreateReq {
     pub name: Vec<u8>,
     /// FID chosen by the client from its sequence.
     pub fid: Fid,
-    /// Full mode (type and permissions, umask already applied).
+    /// Full mode (type and permissions) as the caller asked for it.
     pub mode: u32,
+    /// The caller's umask, applied by the MDT unless the directory has a default ACL
+    /// (which then limits the mode instead, as on Linux). 0 from callers that applied
+    /// their umask to `mode` themselves.
+    pub umask: u32,
     /// Device number for char/block nodes.
     pub rdev: u64,
     /// Symlink target.

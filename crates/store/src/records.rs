@@ -22,6 +22,14 @@ pub const INODE_OBJECTS: u32 = 0x4;
 /// written before the flag existed lack it and are always asked.
 pub const INODE_NO_XATTRS: u32 = 0x2;
 
+/// Inode flag: it has an access ACL (`system.posix_acl_access`), which every
+/// permission check on it then reads; without the flag the mode bits decide alone.
+pub const INODE_ACL: u32 = 0x8;
+
+/// Inode flag (directories): it has a default ACL (`system.posix_acl_default`), which
+/// what is made in it inherits; without the flag a create reads no xattr.
+pub const INODE_DEFACL: u32 = 0x10;
+
 /// An inode as the `inode` keyspace holds it: attributes plus layout inline, so one
 /// read serves getattr and layout.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

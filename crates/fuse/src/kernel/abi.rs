@@ -117,11 +117,13 @@ pub mod init {
     pub const POSIX_LOCKS: u64 = 1 << 1;
     pub const ATOMIC_O_TRUNC: u64 = 1 << 3;
     pub const BIG_WRITES: u64 = 1 << 5;
+    pub const DONT_MASK: u64 = 1 << 6;
     pub const FLOCK_LOCKS: u64 = 1 << 10;
     pub const DO_READDIRPLUS: u64 = 1 << 13;
     pub const READDIRPLUS_AUTO: u64 = 1 << 14;
     pub const WRITEBACK_CACHE: u64 = 1 << 16;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
+    pub const POSIX_ACL: u64 = 1 << 20;
     pub const MAX_PAGES: u64 = 1 << 22;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const OVER_IO_URING: u64 = 1 << 41;
