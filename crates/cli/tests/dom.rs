@@ -14,6 +14,7 @@ use lode_testkit::{wait_for, Cluster};
 use rand::{Rng, SeedableRng};
 use std::fs::OpenOptions;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
@@ -363,10 +364,12 @@ fn dom_layout() -> Layout {
     }
 }
 
-/// One random step against the model: a write, a truncate or a read-and-compare.
+/// One random step against the model: a write, a truncate, a fallocate (mode, offset,
+/// length) or a read-and-compare.
 enum Step {
     Write(u64, Vec<u8>),
     Truncate(u64),
+    Fallocate(i32, u64, u64),
     Read(u64, usize),
 }
 
@@ -376,12 +379,24 @@ fn step(rng: &mut rand::rngs::StdRng) -> Step {
         let base = [0u64, 256 << 10, 1 << 20, 1_500_000][rng.random_range(0..4)];
         base.saturating_add_signed(rng.random_range(-70_000i64..70_000))
     };
-    match rng.random_range(0..10) {
+    match rng.random_range(0..11) {
         0..=4 => {
             let len = rng.random_range(1..200_000usize);
             Step::Write(near(rng), (0..len).map(|_| rng.random()).collect())
         }
         5 => Step::Truncate(near(rng)),
+        6 => {
+            let keep = libc::FALLOC_FL_KEEP_SIZE;
+            let modes = [
+                0,
+                keep,
+                libc::FALLOC_FL_PUNCH_HOLE | keep,
+                libc::FALLOC_FL_ZERO_RANGE,
+                libc::FALLOC_FL_ZERO_RANGE | keep,
+            ];
+            let mode = modes[rng.random_range(0..modes.len())];
+            Step::Fallocate(mode, near(rng), rng.random_range(1..300_000))
+        }
         _ => Step::Read(near(rng), rng.random_range(0..400_000)),
     }
 }
@@ -396,6 +411,18 @@ fn apply(model: &mut Vec<u8>, st: &Step) {
             model[*off as usize..end].copy_from_slice(data);
         }
         Step::Truncate(size) => model.resize(*size as usize, 0),
+        &Step::Fallocate(mode, off, len) => {
+            let (off, end) = (off as usize, (off + len) as usize);
+            if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && model.len() < end {
+                model.resize(end, 0);
+            }
+            if mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0 {
+                let to = end.min(model.len());
+                if off < to {
+                    model[off..to].fill(0);
+                }
+            }
+        }
         Step::Read(..) => {}
     }
 }
@@ -457,6 +484,15 @@ fn dom_data_matches_a_model_through_the_mount_and_natively() {
         match &st {
             Step::Write(off, data) => file.write_all_at(data, *off).unwrap(),
             Step::Truncate(size) => file.set_len(*size).unwrap(),
+            &Step::Fallocate(mode, off, len) => {
+                let r = unsafe { libc::fallocate(file.as_raw_fd(), mode, off as i64, len as i64) };
+                assert_eq!(
+                    r,
+                    0,
+                    "fallocate({mode:#x}, {off}, {len}) at step {i}: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
             Step::Read(off, len) => {
                 let mut buf = vec![0u8; *len];
                 let mut got = 0;
@@ -522,6 +558,9 @@ fn dom_data_matches_a_model_through_the_mount_and_natively() {
                 )
             }
             Step::Truncate(size) => sess.run(cl.truncate_open(&r, &fh2, *size)).unwrap(),
+            &Step::Fallocate(mode, off, len) => {
+                sess.run(cl.fallocate(&r, &fh2, mode, off, len)).unwrap()
+            }
             Step::Read(off, len) => {
                 let got = sess.run(cl.read(&fh2, *off, *len)).unwrap();
                 assert!(

@@ -34,6 +34,8 @@ enum Op {
     Open(&'static str, i32, u32),
     Write(&'static str, u64, usize, u8),
     Truncate(&'static str, i64),
+    /// fallocate(2) through a descriptor open for writing: mode, offset, length.
+    Fallocate(&'static str, i32, u64, u64),
     Mkdir(&'static str, u32),
     Rmdir(&'static str),
     Unlink(&'static str),
@@ -94,7 +96,7 @@ fn random_op(rng: &mut StdRng) -> Op {
     let d = |rng: &mut StdRng| kind(rng, DIRS);
     let n = |rng: &mut StdRng| pick(rng, NAMES);
     let m = |rng: &mut StdRng| pick(rng, MODES);
-    match rng.random_range(0..24) {
+    match rng.random_range(0..26) {
         0..=3 => {
             let flags = pick(
                 rng,
@@ -120,7 +122,25 @@ fn random_op(rng: &mut StdRng) -> Op {
         18 | 19 => Op::Read(f(rng)),
         20 | 21 => Op::Stat(n(rng)),
         22 => Op::Readdir(pick(rng, &[".", "c", "d", "e", "d/z"])),
-        _ => Op::Readlink(n(rng)),
+        23 => Op::Readlink(n(rng)),
+        _ => {
+            // The modes lode has, as Lustre (no collapse, insert or unshare); punch
+            // without KEEP_SIZE is refused by both.
+            let keep = libc::FALLOC_FL_KEEP_SIZE;
+            let mode = pick(
+                rng,
+                &[
+                    0,
+                    keep,
+                    libc::FALLOC_FL_PUNCH_HOLE | keep,
+                    libc::FALLOC_FL_PUNCH_HOLE | keep,
+                    libc::FALLOC_FL_ZERO_RANGE,
+                    libc::FALLOC_FL_ZERO_RANGE | keep,
+                    libc::FALLOC_FL_PUNCH_HOLE,
+                ],
+            );
+            Op::Fallocate(f(rng), mode, offset(rng), rng.random_range(1..70_000))
+        }
     }
 }
 
@@ -158,6 +178,14 @@ fn apply(root: &Path, op: &Op) -> Result<Out, i32> {
                 .map_err(errno)?;
             f.write_all_at(&vec![byte; len], off).map_err(errno)?;
             Ok(Out::Count(len as u64))
+        }
+        Op::Fallocate(n, mode, off, len) => {
+            let f = fs::OpenOptions::new()
+                .write(true)
+                .open(p(n))
+                .map_err(errno)?;
+            let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
+            sys(r as i64).map(|_| Out::Done)
         }
         Op::Truncate(n, len) => {
             let c = cs(&p(n));

@@ -102,6 +102,9 @@ impl FileHandle {
     }
 }
 
+/// The most zeros one write of a fallocate's Data-on-MDT range carries.
+const ZERO_WRITE_MAX: u64 = 1 << 20;
+
 fn objects(fid: Fid, layout: &Layout) -> Vec<(usize, u32, u32, ObjId)> {
     let mut out = Vec::new();
     for (ci, c) in layout.components.iter().enumerate() {
@@ -567,6 +570,12 @@ impl Client {
         } else {
             off
         };
+        self.write_at(fh, off, data).await
+    }
+
+    /// [`Client::write`] at `off` whatever the handle's `O_APPEND`, its caller having
+    /// counted the write (`data_epoch`, `wrote`).
+    async fn write_at(&self, fh: &FileHandle, off: u64, data: &[u8]) -> Result<usize, Errno> {
         if off
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > FILE_SIZE_MAX)
@@ -613,6 +622,101 @@ impl Client {
             };
         }
         Ok(data.len())
+    }
+
+    /// fallocate(2) of an open file, as Lustre has it: preallocation (mode 0: the
+    /// components the range reaches instantiated as a write would, their objects'
+    /// files preallocated), `FALLOC_FL_PUNCH_HOLE` (with `FALLOC_FL_KEEP_SIZE`, as
+    /// Linux requires) and `FALLOC_FL_ZERO_RANGE`; without `KEEP_SIZE` a range past
+    /// the end extends the file, by a truncate. Data-on-MDT bytes in a punched or
+    /// zeroed range are written as zeros. Other modes (collapse, insert, unshare):
+    /// EOPNOTSUPP, as on Lustre.
+    pub async fn fallocate(
+        &self,
+        cred: &Cred,
+        fh: &FileHandle,
+        mode: i32,
+        off: u64,
+        len: u64,
+    ) -> Result<(), Errno> {
+        const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        let zeroes = match mode & !KEEP {
+            0 => false,
+            libc::FALLOC_FL_PUNCH_HOLE if mode & KEEP != 0 => true,
+            libc::FALLOC_FL_ZERO_RANGE => true,
+            _ => return Err(Errno::EOPNOTSUPP),
+        };
+        if !fh.writable() {
+            return Err(Errno::EBADF);
+        }
+        if len == 0 {
+            return Err(Errno::EINVAL);
+        }
+        let end = off
+            .checked_add(len)
+            .filter(|e| *e <= FILE_SIZE_MAX)
+            .ok_or(Errno::EFBIG)?;
+        self.check_live(fh)?;
+        let mut layout = fh.layout().ok_or(Errno::EINVAL)?;
+        self.data_epoch.fetch_add(1, Ordering::AcqRel);
+        if !fh.wrote.swap(true, Ordering::AcqRel) {
+            self.data_written(fh.fid);
+        }
+        let size = self.size_of(fh.fid, Some(&layout)).await?;
+        let stored = end.min(layout.end());
+        if !zeroes && stored > off && !layout.uninit_in(off, stored - off).is_empty() {
+            layout = self.layout_intent(fh, off, stored).await?;
+        }
+        // Bytes on the MDT: zeros written over those there are (and, without
+        // KEEP_SIZE, up to the range's end).
+        let dom_end = if mode & KEEP != 0 {
+            stored.min(layout.dom_end()).min(size)
+        } else {
+            stored.min(layout.dom_end())
+        };
+        if zeroes && off < dom_end {
+            let zeros = vec![0u8; (dom_end - off).min(ZERO_WRITE_MAX) as usize];
+            let mut at = off;
+            while at < dom_end {
+                let n = ((dom_end - at) as usize).min(zeros.len());
+                at += self.write_at(fh, at, &zeros[..n]).await? as u64;
+            }
+        }
+        // Object files: each object's bytes in the range are one run of it.
+        let obj_mode = (mode | KEEP) as u32;
+        let mut futs = Vec::new();
+        for (ci, stripe, ost, obj) in objects(fh.fid, &layout) {
+            let Some((start, ss, count, _)) = raid0_geometry(&layout, ci) else {
+                continue;
+            };
+            let (a, b) = (off.max(start), end.min(layout.components[ci].end));
+            if a >= b {
+                continue;
+            }
+            let lo = object_size_for_file(ss, count, stripe, a - start);
+            let hi = object_size_for_file(ss, count, stripe, b - start);
+            if hi <= lo {
+                continue;
+            }
+            futs.push(async move {
+                let osc = self.osc(ost).await?;
+                let req = lode_proto::FallocateReq {
+                    obj,
+                    mode: obj_mode,
+                    offset: lo,
+                    len: hi - lo,
+                };
+                osc.call(Request::OstFallocate(req)).await.map(|_| ())
+            });
+        }
+        let done = futures::future::join_all(futs).await;
+        // What the objects' writes said of their blocks is no longer so.
+        self.known.lock().remove(&fh.fid);
+        done.into_iter().collect::<Result<(), Errno>>()?;
+        if mode & KEEP == 0 && end > size {
+            self.truncate_open(cred, fh, end).await?;
+        }
+        Ok(())
     }
 
     /// Writes `data` at `offset` of object `obj` on OST `ost` (creating it).

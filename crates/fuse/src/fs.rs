@@ -1709,16 +1709,21 @@ impl Filesystem for LodeFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
-        _fh: Fh,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
+        fh: Fh,
+        offset: u64,
+        length: u64,
+        mode: i32,
         reply: ReplyEmpty,
     ) {
-        // Objects are sparse files created on first write; preallocation is not offered.
-        reply.error(libc::EOPNOTSUPP);
+        // The kernel writes back and drops its own pages of a punched or zeroed range,
+        // and learns a new size from the answer (see `Client::fallocate`).
+        let cred = self.cred(req);
+        self.reply_empty(reply, move |i| async move {
+            let h = i.file(fh)?;
+            i.client.fallocate(&cred, &h, mode, offset, length).await
+        });
     }
 }
 

@@ -638,6 +638,33 @@ impl Ost {
         }
     }
 
+    /// A change of object `obj` made durable before its answer (a punch, a fallocate),
+    /// run by `change` on an offload thread under the object's lock; the answer
+    /// carries its transno.
+    fn synced_change(
+        &self,
+        inc: &Incoming,
+        obj: ObjId,
+        rep: Reply,
+        change: impl FnOnce(&std::path::Path, Option<&powercut::Undo>) -> Result<(), Errno>
+            + Send
+            + 'static,
+    ) -> Outgoing {
+        let root = self.objects.clone();
+        let commit = self.commit.clone();
+        self.syncs.run(inc, move || {
+            let _obj = commit.objs.lock(&obj);
+            match change(&root, commit.undo.as_deref()).map(|()| commit.wrote(obj, None)) {
+                Ok(transno) => Outgoing {
+                    transno,
+                    last_committed: commit.last_committed(),
+                    ..Outgoing::answer(Ok(rep))
+                },
+                Err(e) => Outgoing::error(e),
+            }
+        })
+    }
+
     /// Serves a request of a connected client (recovery is over, or never was).
     fn serve(&self, inc: &Incoming, exp: &Arc<Export>, req: OstRequest) -> Outgoing {
         // A destroy does not list its client: it frees space, so it must work on a full
@@ -645,7 +672,10 @@ impl Ost {
         // orphan object behind.
         let change = matches!(
             req,
-            OstRequest::OstWrite(_) | OstRequest::Punch(_) | OstRequest::OstSetattr(_)
+            OstRequest::OstWrite(_)
+                | OstRequest::Punch(_)
+                | OstRequest::OstFallocate(_)
+                | OstRequest::OstSetattr(_)
         );
         if change {
             if let Err(e) = self.list(exp) {
@@ -670,21 +700,12 @@ impl Ost {
                     out
                 })
             }
-            OstRequest::Punch(r) => {
-                let root = self.objects.clone();
-                let commit = self.commit.clone();
-                self.syncs.run(inc, move || {
-                    let _obj = commit.objs.lock(&r.obj);
-                    let r = punch_object(&root, &r.obj, r.size, commit.undo.as_deref())
-                        .map(|()| commit.wrote(r.obj, None));
-                    match r {
-                        Ok(transno) => Outgoing {
-                            transno,
-                            last_committed: commit.last_committed(),
-                            ..Outgoing::answer(Ok(Reply::Punch(Empty {})))
-                        },
-                        Err(e) => Outgoing::error(e),
-                    }
+            OstRequest::Punch(r) => self.synced_change(inc, r.obj, Reply::Punch(Empty {}), {
+                move |root, undo| punch_object(root, &r.obj, r.size, undo)
+            }),
+            OstRequest::OstFallocate(r) => {
+                self.synced_change(inc, r.obj, Reply::OstFallocate(Empty {}), {
+                    move |root, undo| fallocate_object(root, &r, undo)
                 })
             }
             OstRequest::OstWrite(r) => match self.write(&r.obj, r.offset, &r.data, None) {
@@ -904,6 +925,59 @@ fn punch_object(
     }
     if created {
         if let Some(d) = object_path_in(root, o).parent() {
+            sync_dir(d)?;
+        }
+    }
+    Ok(())
+}
+
+/// Preallocates (creating the object), punches or zeroes a range of an object with
+/// fallocate(2), its size kept, and makes it durable before the reply as a punch is:
+/// bytes a client was told are gone must not come back after a power cut. Runs on an
+/// offload thread.
+pub(crate) fn fallocate_object(
+    root: &std::path::Path,
+    r: &lode_proto::FallocateReq,
+    undo: Option<&powercut::Undo>,
+) -> Result<(), Errno> {
+    use nix::fcntl::FallocateFlags as F;
+    let keep = F::FALLOC_FL_KEEP_SIZE;
+    let mode = F::from_bits(r.mode as i32)
+        .filter(|m| {
+            [
+                keep,
+                keep | F::FALLOC_FL_PUNCH_HOLE,
+                keep | F::FALLOC_FL_ZERO_RANGE,
+            ]
+            .contains(m)
+        })
+        .ok_or(Errno::EOPNOTSUPP)?;
+    if r.len == 0 {
+        return Err(Errno::EINVAL);
+    }
+    if r.offset
+        .checked_add(r.len)
+        .is_none_or(|e| e > lode_base::limits::FILE_SIZE_MAX)
+    {
+        return Err(Errno::EFBIG);
+    }
+    // Punching or zeroing what was never written changes nothing.
+    let Some((f, created)) = open_object(root, &r.obj, mode == keep, None)? else {
+        return Ok(());
+    };
+    let apply = || {
+        use std::os::fd::AsRawFd;
+        // Both ends are at most FILE_SIZE_MAX, far below i64::MAX.
+        nix::fcntl::fallocate(f.as_raw_fd(), mode, r.offset as i64, r.len as i64)
+            .map_err(|e| io_errno(&e.into()))?;
+        f.sync_data().map_err(|e| io_errno(&e))
+    };
+    match undo {
+        Some(u) => u.synced(root, &object_path_in(root, &r.obj), apply)?,
+        None => apply()?,
+    }
+    if created {
+        if let Some(d) = object_path_in(root, &r.obj).parent() {
             sync_dir(d)?;
         }
     }
@@ -1211,5 +1285,68 @@ mod tests {
         .unwrap();
         dirs.sync().unwrap();
         assert!(dirs.listed().is_empty());
+    }
+
+    #[test]
+    fn fallocate_punches_and_zeroes_an_object_keeps_its_size_and_makes_none_to_punch() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("O");
+        std::fs::create_dir(&root).unwrap();
+        let obj = ObjId {
+            fid: lode_base::Fid {
+                seq: 0x2_0000_0401,
+                oid: 7,
+                ver: 0,
+            },
+            comp: 0,
+            stripe: 0,
+        };
+        let req = |mode: i32, offset, len| lode_proto::FallocateReq {
+            obj,
+            mode: mode as u32,
+            offset,
+            len,
+        };
+        use nix::fcntl::FallocateFlags as F;
+        let keep = F::FALLOC_FL_KEEP_SIZE.bits();
+        let (hole, zero) = (
+            F::FALLOC_FL_PUNCH_HOLE.bits(),
+            F::FALLOC_FL_ZERO_RANGE.bits(),
+        );
+        let (collapse, insert) = (
+            F::FALLOC_FL_COLLAPSE_RANGE.bits(),
+            F::FALLOC_FL_INSERT_RANGE.bits(),
+        );
+        // Punching what was never written makes nothing; preallocating makes the object.
+        fallocate_object(&root, &req(keep | hole, 0, 4096), None).unwrap();
+        assert!(!object_path_in(&root, &obj).exists());
+        fallocate_object(&root, &req(keep, 0, 65536), None).unwrap();
+        let p = object_path_in(&root, &obj);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 0, "size kept");
+        std::fs::write(&p, [9u8; 20_000]).unwrap();
+        fallocate_object(&root, &req(keep | hole, 4096, 4096), None).unwrap();
+        fallocate_object(&root, &req(keep | zero, 15_000, 10_000), None).unwrap();
+        let data = std::fs::read(&p).unwrap();
+        assert_eq!(data.len(), 20_000);
+        for (i, b) in data.iter().enumerate() {
+            let zero = (4096..8192).contains(&i) || i >= 15_000;
+            assert_eq!(*b, if zero { 0 } else { 9 }, "byte {i}");
+        }
+        // Not what lode offers, or without KEEP_SIZE: refused; a bad range too.
+        for mode in [0, hole, collapse, insert, keep | collapse] {
+            assert_eq!(
+                fallocate_object(&root, &req(mode, 0, 4096), None),
+                Err(Errno::EOPNOTSUPP),
+                "{mode:#x}"
+            );
+        }
+        assert_eq!(
+            fallocate_object(&root, &req(keep, 0, 0), None),
+            Err(Errno::EINVAL)
+        );
+        assert_eq!(
+            fallocate_object(&root, &req(keep, u64::MAX, 1), None),
+            Err(Errno::EFBIG)
+        );
     }
 }

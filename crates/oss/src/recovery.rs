@@ -182,6 +182,7 @@ impl Clients {
 fn reply_of(req: &OstRequest) -> Reply {
     match req {
         OstRequest::Punch(_) => Reply::Punch(Empty {}),
+        OstRequest::OstFallocate(_) => Reply::OstFallocate(Empty {}),
         OstRequest::Destroy(_) => Reply::Destroy(Empty {}),
         OstRequest::OstSetattr(_) => Reply::OstSetattr(Empty {}),
         // A replay's object may have changed since: nothing said of it.
@@ -232,6 +233,7 @@ impl Ost {
                 req,
                 OstRequest::OstWrite(_)
                     | OstRequest::Punch(_)
+                    | OstRequest::OstFallocate(_)
                     | OstRequest::Destroy(_)
                     | OstRequest::OstSetattr(_)
             );
@@ -277,6 +279,10 @@ impl Ost {
             OstRequest::OstWrite(r) => self.write(&r.obj, r.offset, &r.data, at).map(|(t, _)| t),
             OstRequest::Punch(r) => {
                 crate::punch_object(&self.objects, &r.obj, r.size, self.commit.undo.as_deref())?;
+                Ok(self.commit.wrote(r.obj, at))
+            }
+            OstRequest::OstFallocate(r) => {
+                crate::fallocate_object(&self.objects, r, self.commit.undo.as_deref())?;
                 Ok(self.commit.wrote(r.obj, at))
             }
             OstRequest::Destroy(r) => self.destroy(crate::bounded(&r.objs)?, at),

@@ -777,6 +777,22 @@ pub struct PunchReq {
     pub size: u64,
 }
 
+/// OST fallocate (Lustre's `OST_FALLOCATE`): preallocate, punch a hole in or zero a
+/// byte range of an object, its size kept (`FALLOC_FL_KEEP_SIZE` is always among
+/// `mode`'s flags: a file's size is the MDT's and its objects' business together, so
+/// the client extends it by a truncate).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FallocateReq {
+    /// Object.
+    pub obj: ObjId,
+    /// `FALLOC_FL_*` flags: `KEEP_SIZE`, with `PUNCH_HOLE` or `ZERO_RANGE` or alone.
+    pub mode: u32,
+    /// First byte, in the object.
+    pub offset: u64,
+    /// Bytes (at least one).
+    pub len: u64,
+}
+
 /// Object attributes (glimpse).
 #[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ObjAttr {
@@ -1054,6 +1070,8 @@ messages! {
     Destroy = 45, Ost, false: ObjsReq => Empty,
     /// Set OST objects' modification time (explicit mtime, utimes).
     OstSetattr = 46, Ost, false: OstSetattrReq => Empty,
+    /// Preallocate, punch or zero a range of an OST object.
+    OstFallocate = 47, Ost, false: FallocateReq => Empty,
     /// Ask for a lock (Lustre's LDLM_ENQUEUE): granted at once or not at all.
     LdlmEnqueue = 101, Mdt, false: LdlmEnqueueReq => LdlmEnqueueRep,
     /// Give locks back (LDLM_CANCEL).
@@ -1127,7 +1145,7 @@ service_requests! {
 service_requests! {
     /// What an object storage target answers.
     OstRequest, Ost: Connect, Disconnect, Ping, Statfs, OstRead, OstWrite, Punch, OstGetattr,
-    OstSync, Destroy, OstSetattr,
+    OstSync, Destroy, OstSetattr, OstFallocate,
 }
 
 service_requests! {

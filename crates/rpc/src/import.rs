@@ -512,12 +512,14 @@ impl ReplayList {
     }
 }
 
-/// The files a change names (an OST write, punch or setattr; a metadata setattr), for
+/// The files a change names (an OST write, punch, fallocate or setattr; a metadata
+/// setattr), for
 /// telling their writers when it is lost.
 fn fids_of(opcode: u16, body: &[u8]) -> Vec<lode_base::Fid> {
     match Request::decode(opcode, body) {
         Ok(Request::OstWrite(w)) => vec![w.obj.fid],
         Ok(Request::Punch(p)) => vec![p.obj.fid],
+        Ok(Request::OstFallocate(f)) => vec![f.obj.fid],
         Ok(Request::OstSetattr(r)) => r.objs.iter().map(|o| o.fid).collect(),
         Ok(Request::Setattr(r)) => vec![r.fid],
         _ => Vec::new(),

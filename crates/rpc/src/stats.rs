@@ -261,6 +261,7 @@ pub fn lustre_name(op: Opcode) -> &'static str {
         Opcode::OstSync => "ost_sync",
         Opcode::Destroy => "ost_destroy",
         Opcode::OstSetattr => "ost_setattr",
+        Opcode::OstFallocate => "ost_fallocate",
         Opcode::LdlmEnqueue => "ldlm_enqueue",
         Opcode::LdlmCancel => "ldlm_cancel",
         Opcode::CloseAhead => "mds_close_ahead",

@@ -2,7 +2,7 @@ use common::*;
 use libc::{c_char, EACCES, EEXIST, EINVAL, ENAMETOOLONG, ENODATA, ENOENT, ENOTDIR, EPERM};
 use libc::{O_CREAT, O_DIRECTORY, O_EXCL, O_NOFOLLOW, O_RDONLY, O_RDWR, O_TRUNC, O_WRONLY};
 use lode_testkit::{wait_for, Cluster, Mount};
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{chown, symlink, DirBuilderExt};
 use std::os::unix::prelude::*;
@@ -674,16 +674,34 @@ fn fsync_and_fdatasync_succeed() {
 }
 
 #[test]
-fn fallocate_works_or_returns_eopnotsupp() {
+fn fallocate_preallocates_punches_and_zeroes_as_lustre_does() {
     let f = fx();
-    let file = File::create(f.p("f")).unwrap();
-    match sys(unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, 1 << 20) }) {
-        Ok(_) => {
-            assert_eq!(md(f.p("f")).len(), 1 << 20);
-            assert!(fs::read(f.p("f")).unwrap().iter().all(|&b| b == 0));
-        }
-        Err(e) => assert_eq!(e, libc::EOPNOTSUPP),
-    }
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(f.p("f"))
+        .unwrap();
+    let fd = file.as_raw_fd();
+    let falloc = |mode, off, len| sys(unsafe { libc::fallocate(fd, mode, off, len) });
+    assert_eq!(falloc(0, 0, 1 << 20), Ok(0));
+    assert_eq!(md(f.p("f")).len(), 1 << 20);
+    assert!(fs::read(f.p("f")).unwrap().iter().all(|&b| b == 0));
+    file.write_all_at(&[7u8; 1 << 20], 0).unwrap();
+    let keep = libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(falloc(libc::FALLOC_FL_PUNCH_HOLE | keep, 4096, 8192), Ok(0));
+    assert_eq!(falloc(libc::FALLOC_FL_ZERO_RANGE | keep, 1_000_000, 100_000), Ok(0));
+    assert_eq!(falloc(keep, 2 << 20, 4096), Ok(0), "beyond the end, size kept");
+    let data = fs::read(f.p("f")).unwrap();
+    assert_eq!(data.len(), 1 << 20);
+    let zero = |i: usize| (4096..12288).contains(&i) || i >= 1_000_000;
+    assert!(data.iter().enumerate().all(|(i, &b)| b == if zero(i) { 0 } else { 7 }));
+    // Zeroing past the end extends the file; what Lustre lacks is refused.
+    assert_eq!(falloc(libc::FALLOC_FL_ZERO_RANGE, (1 << 20) - 10, 20), Ok(0));
+    assert_eq!(md(f.p("f")).len(), (1 << 20) + 10);
+    assert_eq!(falloc(libc::FALLOC_FL_PUNCH_HOLE, 0, 4096), Err(libc::EOPNOTSUPP));
+    assert_eq!(falloc(libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096), Err(libc::EOPNOTSUPP));
 }
 
 /// fcntl(F_SETLK/F_GETLK) of bytes start..start+len; the result and the lock as returned.
