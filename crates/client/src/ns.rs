@@ -686,6 +686,10 @@ impl Client {
         }
         let b = self.cached_attrs(fid).filter(|b| b.no_xattrs)?;
         let ft = b.attr.mode & libc::S_IFMT;
+        if acl && ft == libc::S_IFLNK {
+            // Not "no such ACL": symlinks have none at all (the MDT's EOPNOTSUPP).
+            return None;
+        }
         // As the MDT decides: user.* needs read permission on files and directories.
         if user
             && (ft == libc::S_IFREG || ft == libc::S_IFDIR)

@@ -417,8 +417,7 @@ impl LodeFs {
     /// Whether xattr `name` is the SELinux label this mount does not keep (see
     /// [`MountOptions::seclabel`]).
     fn label_refused(&self, name: &[u8]) -> bool {
-        name == SELINUX_XATTR && !self.inner.opts.seclabel
-            || !self.inner.opts.acl && (name == acl::ACCESS || name == acl::DEFAULT)
+        refused(&self.inner.opts, name)
     }
 
     /// The mode and umask a create sends: with ACLs on, the kernel leaves the umask
@@ -1585,10 +1584,10 @@ impl Filesystem for LodeFs {
                 // The whole list in one call (the MDT bounds it), so that a label this
                 // mount refuses is left out of what is measured as well as what is sent.
                 let (v, _) = i.client.listxattr(&cred, i.fid(ino)?, u32::MAX).await?;
-                Ok::<_, Errno>(if i.opts.seclabel {
+                Ok::<_, Errno>(if i.opts.seclabel && i.opts.acl {
                     v
                 } else {
-                    without_selinux(&v)
+                    without_refused(&i.opts, &v)
                 })
             };
             match r.await {
@@ -1751,15 +1750,23 @@ fn flock_args(
     })
 }
 
-/// A NUL-separated list of xattr names without `security.selinux`.
-fn without_selinux(list: &[u8]) -> Vec<u8> {
+/// A NUL-separated list of xattr names without those this mount refuses (see
+/// [`refused`]).
+fn without_refused(opts: &MountOptions, list: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(list.len());
     for name in list.split_inclusive(|&b| b == 0) {
-        if name.strip_suffix(&[0]).unwrap_or(name) != SELINUX_XATTR {
+        if !refused(opts, name.strip_suffix(&[0]).unwrap_or(name)) {
             out.extend_from_slice(name);
         }
     }
     out
+}
+
+/// Whether this mount refuses xattr `name` (EOPNOTSUPP) and leaves it out of
+/// listings: the SELinux label without `seclabel`, ACLs with `noacl`.
+fn refused(opts: &MountOptions, name: &[u8]) -> bool {
+    name == SELINUX_XATTR && !opts.seclabel
+        || !opts.acl && (name == acl::ACCESS || name == acl::DEFAULT)
 }
 
 /// The kernel's file type for a directory entry's `d_type`.
@@ -1923,7 +1930,21 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use super::without_selinux;
+    use super::{without_refused, MountOptions};
+    use std::time::Duration;
+
+    fn opts(seclabel: bool, acl: bool) -> MountOptions {
+        MountOptions {
+            attr_timeout: Duration::ZERO,
+            entry_timeout: Duration::ZERO,
+            writeback: false,
+            threads: 1,
+            readdirplus_always: false,
+            cluster_locks: true,
+            seclabel,
+            acl,
+        }
+    }
 
     #[test]
     fn the_selinux_label_is_taken_out_of_an_xattr_list_and_nothing_else() {
@@ -1939,11 +1960,18 @@ mod tests {
         ];
         for (list, want) in cases {
             assert_eq!(
-                without_selinux(list),
+                without_refused(&opts(false, true), list),
                 want,
                 "{:?}",
                 String::from_utf8_lossy(list)
             );
         }
+    }
+
+    #[test]
+    fn acls_are_left_out_of_a_noacl_mounts_lists_only() {
+        let list = b"system.posix_acl_access\0user.a\0system.posix_acl_default\0";
+        assert_eq!(without_refused(&opts(true, false), list), b"user.a\0");
+        assert_eq!(without_refused(&opts(true, true), list), list);
     }
 }

@@ -437,6 +437,10 @@ impl Namespace {
             }],
         };
         let mut b = Batch::new();
+        // The parent as its inode lock keeps it: its default ACL (a setfacl -d of it
+        // waits for this create, or this create for it), link count and times.
+        self.pdo.lock_inodes(&mut held, &[r.parent]);
+        let mut parent = self.dir_inode(r.parent)?;
         self.inherit_acls(&mut b, r.parent, &parent, r.fid, &mut rec, r.umask)?;
         put_dirent(&mut b, r.parent, &r.name, r.fid, dtype_of(mode));
         put_inode(&mut b, r.fid, &rec);
@@ -458,8 +462,6 @@ impl Namespace {
             layout_lock: 0,
             open_lock: 0,
         };
-        self.pdo.lock_inodes(&mut held, &[r.parent]);
-        let mut parent = self.dir_inode(r.parent)?;
         if dir {
             if parent.nlink >= LINK_MAX {
                 return Err(Errno::EMLINK.into());

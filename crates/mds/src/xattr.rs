@@ -266,11 +266,12 @@ impl Namespace {
     }
 
     /// May `cred` access inode `fid` (`rec`) for `want` (MAY_* bits)? Its mode bits
-    /// decide, with its access ACL if it has one (read only then). An ACL that
-    /// cannot be read refuses.
+    /// decide, with its access ACL if it has one and the caller is neither root nor
+    /// the owner (as Linux, which reads it only then). An ACL that cannot be read
+    /// refuses.
     pub(crate) fn may(&self, fid: Fid, rec: &InodeRec, cred: &Cred, want: u32) -> bool {
         let attr = rec.attr(fid);
-        if rec.flags & INODE_ACL == 0 {
+        if rec.flags & INODE_ACL == 0 || cred.uid == 0 || cred.uid == rec.uid {
             return lode_base::perm::may_access(&attr, cred, want);
         }
         match self.stored_acl(fid, acl::ACCESS) {
