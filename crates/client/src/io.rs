@@ -627,8 +627,10 @@ impl Client {
     /// fallocate(2) of an open file, as Lustre has it: preallocation (mode 0: the
     /// components the range reaches instantiated as a write would, their objects'
     /// files preallocated), `FALLOC_FL_PUNCH_HOLE` (with `FALLOC_FL_KEEP_SIZE`, as
-    /// Linux requires) and `FALLOC_FL_ZERO_RANGE`; without `KEEP_SIZE` a range past
-    /// the end extends the file, by a truncate. Data-on-MDT bytes in a punched or
+    /// Linux requires) and `FALLOC_FL_ZERO_RANGE`. Without `KEEP_SIZE` a range past
+    /// the end extends the file as a write would, never shrinking it: each OST
+    /// extends its objects itself, and only a tail no object holds (Data-on-MDT, or
+    /// past the layout) is set by a truncate. Data-on-MDT bytes in a punched or
     /// zeroed range are written as zeros. Other modes (collapse, insert, unshare):
     /// EOPNOTSUPP, as on Lustre.
     pub async fn fallocate(
@@ -658,13 +660,19 @@ impl Client {
             .ok_or(Errno::EFBIG)?;
         self.check_live(fh)?;
         let mut layout = fh.layout().ok_or(Errno::EINVAL)?;
+        let grows = mode & KEEP == 0;
+        if grows && end > layout.end() {
+            // No component would hold the new end: refused before anything changed,
+            // as a truncate there is (Lustre's ENODATA).
+            return Err(Errno::ENODATA);
+        }
         self.data_epoch.fetch_add(1, Ordering::AcqRel);
         if !fh.wrote.swap(true, Ordering::AcqRel) {
             self.data_written(fh.fid);
         }
         let size = self.size_of(fh.fid, Some(&layout)).await?;
         let stored = end.min(layout.end());
-        if !zeroes && stored > off && !layout.uninit_in(off, stored - off).is_empty() {
+        if (!zeroes || grows) && stored > off && !layout.uninit_in(off, stored - off).is_empty() {
             layout = self.layout_intent(fh, off, stored).await?;
         }
         // Bytes on the MDT: zeros written over those there are (and, without
@@ -683,7 +691,7 @@ impl Client {
             }
         }
         // Object files: each object's bytes in the range are one run of it.
-        let obj_mode = (mode | KEEP) as u32;
+        let obj_mode = mode as u32;
         let mut futs = Vec::new();
         for (ci, stripe, ost, obj) in objects(fh.fid, &layout) {
             let Some((start, ss, count, _)) = raid0_geometry(&layout, ci) else {
@@ -713,7 +721,7 @@ impl Client {
         // What the objects' writes said of their blocks is no longer so.
         self.known.lock().remove(&fh.fid);
         done.into_iter().collect::<Result<(), Errno>>()?;
-        if mode & KEEP == 0 && end > size {
+        if grows && end > size && self.size_of(fh.fid, Some(&layout)).await? < end {
             self.truncate_open(cred, fh, end).await?;
         }
         Ok(())

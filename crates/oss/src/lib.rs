@@ -931,10 +931,10 @@ fn punch_object(
     Ok(())
 }
 
-/// Preallocates (creating the object), punches or zeroes a range of an object with
-/// fallocate(2), its size kept, and makes it durable before the reply as a punch is:
-/// bytes a client was told are gone must not come back after a power cut. Runs on an
-/// offload thread.
+/// Preallocates or zeroes (creating the object) or punches a range of an object with
+/// fallocate(2), which extends it without `KEEP_SIZE` and never shrinks it, and makes
+/// it durable before the reply as a punch is: bytes a client was told are gone must
+/// not come back after a power cut. Runs on an offload thread.
 pub(crate) fn fallocate_object(
     root: &std::path::Path,
     r: &lode_proto::FallocateReq,
@@ -942,15 +942,9 @@ pub(crate) fn fallocate_object(
 ) -> Result<(), Errno> {
     use nix::fcntl::FallocateFlags as F;
     let keep = F::FALLOC_FL_KEEP_SIZE;
+    let (hole, zero) = (F::FALLOC_FL_PUNCH_HOLE, F::FALLOC_FL_ZERO_RANGE);
     let mode = F::from_bits(r.mode as i32)
-        .filter(|m| {
-            [
-                keep,
-                keep | F::FALLOC_FL_PUNCH_HOLE,
-                keep | F::FALLOC_FL_ZERO_RANGE,
-            ]
-            .contains(m)
-        })
+        .filter(|m| [F::empty(), keep, keep | hole, zero, keep | zero].contains(m))
         .ok_or(Errno::EOPNOTSUPP)?;
     if r.len == 0 {
         return Err(Errno::EINVAL);
@@ -961,8 +955,9 @@ pub(crate) fn fallocate_object(
     {
         return Err(Errno::EFBIG);
     }
-    // Punching or zeroing what was never written changes nothing.
-    let Some((f, created)) = open_object(root, &r.obj, mode == keep, None)? else {
+    // Punching or zeroing within a size kept what was never written changes nothing.
+    let create = !mode.contains(hole) && mode != keep | zero;
+    let Some((f, created)) = open_object(root, &r.obj, create, None)? else {
         return Ok(());
     };
     let apply = || {
@@ -1332,8 +1327,13 @@ mod tests {
             let zero = (4096..8192).contains(&i) || i >= 15_000;
             assert_eq!(*b, if zero { 0 } else { 9 }, "byte {i}");
         }
-        // Not what lode offers, or without KEEP_SIZE: refused; a bad range too.
-        for mode in [0, hole, collapse, insert, keep | collapse] {
+        // Without KEEP_SIZE the object grows to the range's end, and never shrinks.
+        fallocate_object(&root, &req(0, 0, 10_000), None).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 20_000);
+        fallocate_object(&root, &req(zero, 30_000, 5_000), None).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 35_000);
+        // Not what lode offers, or a punch without KEEP_SIZE: refused; a bad range too.
+        for mode in [hole, collapse, insert, keep | collapse] {
             assert_eq!(
                 fallocate_object(&root, &req(mode, 0, 4096), None),
                 Err(Errno::EOPNOTSUPP),

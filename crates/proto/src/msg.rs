@@ -778,14 +778,15 @@ pub struct PunchReq {
 }
 
 /// OST fallocate (Lustre's `OST_FALLOCATE`): preallocate, punch a hole in or zero a
-/// byte range of an object, its size kept (`FALLOC_FL_KEEP_SIZE` is always among
-/// `mode`'s flags: a file's size is the MDT's and its objects' business together, so
-/// the client extends it by a truncate).
+/// byte range of an object; without `FALLOC_FL_KEEP_SIZE` the object grows to the
+/// range's end if shorter (never shrinks), so the file's size follows as after a
+/// write.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FallocateReq {
     /// Object.
     pub obj: ObjId,
-    /// `FALLOC_FL_*` flags: `KEEP_SIZE`, with `PUNCH_HOLE` or `ZERO_RANGE` or alone.
+    /// `FALLOC_FL_*` flags: none, `KEEP_SIZE`, `PUNCH_HOLE | KEEP_SIZE`, `ZERO_RANGE`
+    /// or `ZERO_RANGE | KEEP_SIZE`.
     pub mode: u32,
     /// First byte, in the object.
     pub offset: u64,
