@@ -559,7 +559,7 @@ fn dom_data_matches_a_model_through_the_mount_and_natively() {
             }
             Step::Truncate(size) => sess.run(cl.truncate_open(&r, &fh2, *size)).unwrap(),
             &Step::Fallocate(mode, off, len) => {
-                sess.run(cl.fallocate(&r, &fh2, mode, off, len)).unwrap()
+                sess.run(cl.fallocate(&fh2, mode, off, len)).unwrap()
             }
             Step::Read(off, len) => {
                 let got = sess.run(cl.read(&fh2, *off, *len)).unwrap();

@@ -629,13 +629,11 @@ impl Client {
     /// files preallocated), `FALLOC_FL_PUNCH_HOLE` (with `FALLOC_FL_KEEP_SIZE`, as
     /// Linux requires) and `FALLOC_FL_ZERO_RANGE`. Without `KEEP_SIZE` a range past
     /// the end extends the file as a write would, never shrinking it: each OST
-    /// extends its objects itself, and only a tail no object holds (Data-on-MDT, or
-    /// past the layout) is set by a truncate. Data-on-MDT bytes in a punched or
-    /// zeroed range are written as zeros. Other modes (collapse, insert, unshare):
-    /// EOPNOTSUPP, as on Lustre.
+    /// extends its objects itself, and the MDT a Data-on-MDT tail (an empty write at
+    /// the new end). Data-on-MDT bytes in a punched or zeroed range are written as
+    /// zeros. Other modes (collapse, insert, unshare): EOPNOTSUPP, as on Lustre.
     pub async fn fallocate(
         &self,
-        cred: &Cred,
         fh: &FileHandle,
         mode: i32,
         off: u64,
@@ -721,8 +719,16 @@ impl Client {
         // What the objects' writes said of their blocks is no longer so.
         self.known.lock().remove(&fh.fid);
         done.into_iter().collect::<Result<(), Errno>>()?;
-        if grows && end > size && self.size_of(fh.fid, Some(&layout)).await? < end {
-            self.truncate_open(cred, fh, end).await?;
+        if grows && end > size && end <= layout.dom_end() {
+            // A tail on the MDT, which sets the size to at least `end` under the
+            // inode's lock (another writer may have gone further meanwhile).
+            let grow = DomWriteReq {
+                fid: fh.fid,
+                handle: fh.handle,
+                offset: end,
+                data: Vec::new(),
+            };
+            self.md(Request::DomWrite(grow)).await?;
         }
         Ok(())
     }

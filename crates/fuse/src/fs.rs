@@ -1708,7 +1708,7 @@ impl Filesystem for LodeFs {
 
     fn fallocate(
         &self,
-        req: &Request,
+        _req: &Request,
         _ino: INodeNo,
         fh: Fh,
         offset: u64,
@@ -1718,10 +1718,9 @@ impl Filesystem for LodeFs {
     ) {
         // The kernel writes back and drops its own pages of a punched or zeroed range,
         // and learns a new size from the answer (see `Client::fallocate`).
-        let cred = self.cred(req);
         self.reply_empty(reply, move |i| async move {
             let h = i.file(fh)?;
-            i.client.fallocate(&cred, &h, mode, offset, length).await
+            i.client.fallocate(&h, mode, offset, length).await
         });
     }
 }
