@@ -14,6 +14,8 @@ pub const DEFAULT: &[u8] = b"system.posix_acl_default";
 
 /// Entries an ACL may hold (ext4 keeps about as many in one block).
 pub const ENTRIES_MAX: usize = 1024;
+/// The largest xattr value of a valid ACL.
+pub const XATTR_MAX: usize = 4 + 8 * ENTRIES_MAX;
 
 const VERSION: u32 = 2;
 /// The id stored for entries that name no user or group.
@@ -257,15 +259,20 @@ impl Acl {
     }
 }
 
+/// Whether an access ACL on `attr`'s inode, if it has one, decides `cred`'s access:
+/// as Linux, only for callers neither root nor the owner, and only when the mode's
+/// group bits (the ACL's mask) grant something. Otherwise the mode bits alone do, and
+/// nobody need read the ACL.
+pub fn consulted(attr: &Attr, cred: &Cred) -> bool {
+    cred.uid != 0 && cred.uid != attr.uid && attr.mode & 0o070 != 0
+}
+
 /// Linux's `generic_permission` with an ACL: may `cred` access `attr` for `want` (a
-/// mask of MAY_*), `acl` being the inode's access ACL (`None`: none)? As Linux, the
-/// ACL is consulted only for callers that are not the owner, and only when the mode's
-/// group bits (the ACL's mask) grant something.
+/// mask of MAY_*), `acl` being the inode's access ACL (`None`: none)? See
+/// [`consulted`].
 pub fn may_access(attr: &Attr, acl: Option<&Acl>, cred: &Cred, want: u32) -> bool {
     match acl {
-        Some(acl) if cred.uid != 0 && cred.uid != attr.uid && attr.mode & 0o070 != 0 => {
-            acl.permits_other(attr, cred, want)
-        }
+        Some(acl) if consulted(attr, cred) => acl.permits_other(attr, cred, want),
         _ => crate::perm::may_access(attr, cred, want),
     }
 }

@@ -675,11 +675,8 @@ impl Client {
         }
         // Bytes on the MDT: zeros written over those there are (and, without
         // KEEP_SIZE, up to the range's end).
-        let dom_end = if mode & KEEP != 0 {
-            stored.min(layout.dom_end()).min(size)
-        } else {
-            stored.min(layout.dom_end())
-        };
+        let dom_end = stored.min(layout.dom_end());
+        let dom_end = if grows { dom_end } else { dom_end.min(size) };
         if zeroes && off < dom_end {
             let zeros = vec![0u8; (dom_end - off).min(ZERO_WRITE_MAX) as usize];
             let mut at = off;
@@ -689,7 +686,6 @@ impl Client {
             }
         }
         // Object files: each object's bytes in the range are one run of it.
-        let obj_mode = mode as u32;
         let mut futs = Vec::new();
         for (ci, stripe, ost, obj) in objects(fh.fid, &layout) {
             let Some((start, ss, count, _)) = raid0_geometry(&layout, ci) else {
@@ -708,7 +704,7 @@ impl Client {
                 let osc = self.osc(ost).await?;
                 let req = lode_proto::FallocateReq {
                     obj,
-                    mode: obj_mode,
+                    mode: mode as u32,
                     offset: lo,
                     len: hi - lo,
                 };

@@ -822,9 +822,9 @@ impl Client {
         }
         let c = self.locks.cache.lock();
         let may_search = match c.attrs.get(&parent) {
-            // Who an ACL lets search is the MDT's to say (the owner and root go by
-            // the mode bits alone): what it said under the directory's lock.
-            Some((dir, _)) if dir.acl && cred.uid != 0 && cred.uid != dir.attr.uid => {
+            // Who an ACL lets search is the MDT's to say, where the ACL decides: what
+            // it said under the directory's lock.
+            Some((dir, _)) if dir.acl && lode_base::acl::consulted(&dir.attr, cred) => {
                 c.search.contains_key(&(parent, cred.clone()))
             }
             Some((dir, _)) => may_access(&dir.attr, cred, MAY_EXEC),

@@ -648,22 +648,15 @@ impl Client {
     }
 
     /// May `cred` access the inode `b` describes for `want` (MAY_* bits)? Its mode
-    /// bits, and its access ACL if it has one (read from the MDT then: a client
-    /// decides this only where it answers without the MDT).
+    /// bits, and its access ACL if it has one and it decides (read from the MDT then:
+    /// a client decides this only where it answers without the MDT).
     pub async fn may_access(&self, cred: &Cred, b: &MdtBody, want: u32) -> Result<bool, Errno> {
         use lode_base::acl;
-        if !b.acl || cred.uid == 0 || cred.uid == b.attr.uid {
+        if !b.acl || !acl::consulted(&b.attr, cred) {
             return Ok(lode_base::perm::may_access(&b.attr, cred, want));
         }
-        let a = match self
-            .getxattr(
-                cred,
-                b.attr.fid,
-                acl::ACCESS,
-                acl::ENTRIES_MAX as u32 * 8 + 4,
-            )
-            .await
-        {
+        let size = acl::XATTR_MAX as u32;
+        let a = match self.getxattr(cred, b.attr.fid, acl::ACCESS, size).await {
             Ok((v, _)) => acl::Acl::parse(&v)?,
             Err(Errno::ENODATA) => None,
             Err(e) => return Err(e),

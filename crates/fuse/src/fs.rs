@@ -414,12 +414,6 @@ impl LodeFs {
         Invalidation(self.inner.clone())
     }
 
-    /// Whether xattr `name` is the SELinux label this mount does not keep (see
-    /// [`MountOptions::seclabel`]).
-    fn label_refused(&self, name: &[u8]) -> bool {
-        refused(&self.inner.opts, name)
-    }
-
     /// The mode and umask a create sends: with ACLs on, the kernel leaves the umask
     /// to the file system (the MDT applies it, or the directory's default ACL).
     fn new_mode(&self, mode: u32, umask: u32) -> (u32, u32) {
@@ -1491,7 +1485,7 @@ impl Filesystem for LodeFs {
     ) {
         let cred = self.cred(req);
         let (name, value) = (name.to_vec(), value.to_vec());
-        if self.label_refused(&name) {
+        if refused(&self.inner.opts, &name) {
             reply.error(libc::EOPNOTSUPP);
             return;
         }
@@ -1515,7 +1509,7 @@ impl Filesystem for LodeFs {
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &[u8], size: u32, reply: ReplyXattr) {
         let cred = self.cred(req);
         let name = name.to_vec();
-        if self.label_refused(&name) {
+        if refused(&self.inner.opts, &name) {
             reply.error(libc::EOPNOTSUPP);
             return;
         }
@@ -1584,11 +1578,7 @@ impl Filesystem for LodeFs {
                 // The whole list in one call (the MDT bounds it), so that a label this
                 // mount refuses is left out of what is measured as well as what is sent.
                 let (v, _) = i.client.listxattr(&cred, i.fid(ino)?, u32::MAX).await?;
-                Ok::<_, Errno>(if i.opts.seclabel && i.opts.acl {
-                    v
-                } else {
-                    without_refused(&i.opts, &v)
-                })
+                Ok::<_, Errno>(without_refused(&i.opts, &v))
             };
             match r.await {
                 Ok(v) if size == 0 => reply.size(v.len() as u32),
@@ -1602,7 +1592,7 @@ impl Filesystem for LodeFs {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &[u8], reply: ReplyEmpty) {
         let cred = self.cred(req);
         let name = name.to_vec();
-        if self.label_refused(&name) {
+        if refused(&self.inner.opts, &name) {
             reply.error(libc::EOPNOTSUPP);
             return;
         }

@@ -132,7 +132,7 @@ pub(crate) fn put_inode(b: &mut Batch, fid: Fid, rec: &InodeRec) {
         version: rec.version.wrapping_add(1),
         ..rec.clone()
     };
-    b.put(Cf::Inode, fid.to_bytes().to_vec(), records::encode(&rec));
+    put_inode_unversioned(b, fid, &rec);
 }
 
 /// Adds an inode put to a batch at the version it was read as: only for a change no

@@ -266,12 +266,11 @@ impl Namespace {
     }
 
     /// May `cred` access inode `fid` (`rec`) for `want` (MAY_* bits)? Its mode bits
-    /// decide, with its access ACL if it has one and the caller is neither root nor
-    /// the owner (as Linux, which reads it only then). An ACL that cannot be read
-    /// refuses.
+    /// decide, with its access ACL if it has one and Linux would consult it (read only
+    /// then: see `acl::consulted`). An ACL that cannot be read refuses.
     pub(crate) fn may(&self, fid: Fid, rec: &InodeRec, cred: &Cred, want: u32) -> bool {
         let attr = rec.attr(fid);
-        if rec.flags & INODE_ACL == 0 || cred.uid == 0 || cred.uid == rec.uid {
+        if rec.flags & INODE_ACL == 0 || !acl::consulted(&attr, cred) {
             return lode_base::perm::may_access(&attr, cred, want);
         }
         match self.stored_acl(fid, acl::ACCESS) {
@@ -373,22 +372,18 @@ impl Namespace {
             (acl::DEFAULT, INODE_DEFACL)
         };
         let key = xattr_key(fid, name);
-        let Some(a) = parsed else {
-            b.delete(Cf::Xattr, key);
-            rec.flags &= !flag;
-            return Ok(());
-        };
-        if access {
+        if let Some(a) = parsed.as_ref().filter(|_| access) {
             rec.mode = (rec.mode & !0o777) | a.mode_bits();
             if cred.uid != 0 && !cred.in_group(rec.gid) {
                 rec.mode &= !libc::S_ISGID;
             }
-            if a.is_minimal() {
-                b.delete(Cf::Xattr, key);
-                rec.flags &= !flag;
-                return Ok(());
-            }
         }
+        // Removed, or an access ACL the mode now says all of.
+        let Some(a) = parsed.filter(|a| !(access && a.is_minimal())) else {
+            b.delete(Cf::Xattr, key);
+            rec.flags &= !flag;
+            return Ok(());
+        };
         let bytes = a.to_xattr();
         let old = self.store.engine().get(Cf::Xattr, &key)?.map(|v| v.len());
         self.check_xattr_room(fid, name, bytes.len(), old)?;

@@ -912,16 +912,29 @@ fn punch_object(
     if size > lode_base::limits::FILE_SIZE_MAX {
         return Err(Errno::EFBIG);
     }
-    let Some((f, created)) = open_object(root, o, size > 0, None)? else {
+    change_durably(root, o, size > 0, undo, |f| f.set_len(size))
+}
+
+/// Applies `change` to object `o` (opened read-write; made first if `create`, else an
+/// object that does not exist is left so) and makes it durable, its name too if it is
+/// new, before returning (a punch, a fallocate: durable before their reply).
+fn change_durably(
+    root: &std::path::Path,
+    o: &ObjId,
+    create: bool,
+    undo: Option<&powercut::Undo>,
+    change: impl FnOnce(&File) -> std::io::Result<()>,
+) -> Result<(), Errno> {
+    let Some((f, created)) = open_object(root, o, create, None)? else {
         return Ok(());
     };
-    let sync = || {
-        f.set_len(size).map_err(|e| io_errno(&e))?;
+    let apply = || {
+        change(&f).map_err(|e| io_errno(&e))?;
         f.sync_data().map_err(|e| io_errno(&e))
     };
     match undo {
-        Some(u) => u.synced(root, &object_path_in(root, o), sync)?,
-        None => sync()?,
+        Some(u) => u.synced(root, &object_path_in(root, o), apply)?,
+        None => apply()?,
     }
     if created {
         if let Some(d) = object_path_in(root, o).parent() {
@@ -957,26 +970,12 @@ pub(crate) fn fallocate_object(
     }
     // Punching or zeroing within a size kept what was never written changes nothing.
     let create = !mode.contains(hole) && mode != keep | zero;
-    let Some((f, created)) = open_object(root, &r.obj, create, None)? else {
-        return Ok(());
-    };
-    let apply = || {
+    change_durably(root, &r.obj, create, undo, |f| {
         use std::os::fd::AsRawFd;
         // Both ends are at most FILE_SIZE_MAX, far below i64::MAX.
         nix::fcntl::fallocate(f.as_raw_fd(), mode, r.offset as i64, r.len as i64)
-            .map_err(|e| io_errno(&e.into()))?;
-        f.sync_data().map_err(|e| io_errno(&e))
-    };
-    match undo {
-        Some(u) => u.synced(root, &object_path_in(root, &r.obj), apply)?,
-        None => apply()?,
-    }
-    if created {
-        if let Some(d) = object_path_in(root, &r.obj).parent() {
-            sync_dir(d)?;
-        }
-    }
-    Ok(())
+            .map_err(std::io::Error::from)
+    })
 }
 
 /// fsyncs objects and the directories that name them; runs on an offload thread.
