@@ -387,6 +387,23 @@ pub fn file_size_from_object(
     comp_start + (row * u64::from(count) + u64::from(stripe)) * stripe_size + within + 1
 }
 
+/// The file offset of byte `obj_off` of raid0 object `stripe` (a seek's answer from
+/// an OST, in the file's terms).
+pub fn file_offset_from_object(
+    comp_start: u64,
+    stripe_size: u64,
+    count: u32,
+    stripe: u32,
+    obj_off: u64,
+) -> u64 {
+    let row = obj_off / stripe_size;
+    row.saturating_mul(u64::from(count))
+        .saturating_add(u64::from(stripe))
+        .saturating_mul(stripe_size)
+        .saturating_add(obj_off % stripe_size)
+        .saturating_add(comp_start)
+}
+
 /// Size object `stripe` must have when the component's part of the file is `rel_size`
 /// bytes long (truncate).
 pub fn object_size_for_file(stripe_size: u64, count: u32, stripe: u32, rel_size: u64) -> u64 {
@@ -583,6 +600,23 @@ mod tests {
                 .max()
                 .unwrap();
             prop_assert_eq!(implied, size);
+        }
+
+        #[test]
+        fn object_offsets_map_back_to_the_file(count in 1u32..5, ss_units in 1u64..4, off in 0u64..2_000_000) {
+            let ss = ss_units * 65536;
+            let l = raid0(count, ss);
+            let c = l.map(off, 1)[0];
+            prop_assert_eq!(file_offset_from_object(0, ss, count, c.stripe, c.obj_off), off);
+            // Each object's first byte at or past `off` is the object's size for a file
+            // that ends at `off`.
+            for s in 0..count {
+                let o = object_size_for_file(ss, count, s, off);
+                prop_assert!(file_offset_from_object(0, ss, count, s, o) >= off);
+                if o > 0 {
+                    prop_assert!(file_offset_from_object(0, ss, count, s, o - 1) < off);
+                }
+            }
         }
 
         #[test]

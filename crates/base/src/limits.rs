@@ -65,6 +65,10 @@ pub const DOM_READ_ON_OPEN_MAX: u64 = 1 << 20;
 /// Bytes per record of Data-on-MDT data in the MDT store: a write rewrites at most
 /// this much per chunk it touches, a read reads whole chunks.
 pub const DOM_CHUNK: u64 = 4 << 10;
+/// Data-on-MDT chunks one `SEEK_HOLE` search reads before it answers where it stopped
+/// (the client asks again from there): 16 MiB, so a search through a large DoM file
+/// does not hold its service thread for long.
+pub const DOM_SEEK_CHUNKS: usize = 4096;
 /// Largest file offset (2^63 - 1, the Linux off_t limit).
 pub const FILE_SIZE_MAX: u64 = i64::MAX as u64;
 /// Open handles one client may hold on one MDT.

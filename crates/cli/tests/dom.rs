@@ -9,7 +9,7 @@ use common::{arg as s, lode_ok as ok, lode_run as lode, test_seed as seed};
 
 use common::*;
 use lode_base::layout::EOF;
-use lode_base::{Component, Fid, Layout, Pattern};
+use lode_base::{Component, Errno, Fid, Layout, Pattern};
 use lode_testkit::{wait_for, Cluster};
 use rand::{Rng, SeedableRng};
 use std::fs::OpenOptions;
@@ -567,6 +567,27 @@ fn dom_data_matches_a_model_through_the_mount_and_natively() {
                     got == expect(&model2, *off, *len),
                     "native: read of {len} at {off} differs at step {i} (seed {seed})"
                 );
+                // SEEK_DATA skips only zeros; SEEK_HOLE stops at a zero or the end.
+                let size = model2.len() as u64;
+                let data = sess.run(cl.seek(&fh2, *off, false, true));
+                let hole = sess.run(cl.seek(&fh2, *off, true, true));
+                if *off >= size {
+                    assert_eq!((data, hole), (Err(Errno::ENXIO), Err(Errno::ENXIO)));
+                } else {
+                    let skipped = data.unwrap_or(size);
+                    assert!(
+                        skipped >= *off
+                            && model2[*off as usize..skipped as usize]
+                                .iter()
+                                .all(|&b| b == 0),
+                        "native: SEEK_DATA from {off} gave {data:?} at step {i} (seed {seed})"
+                    );
+                    let h = hole.unwrap();
+                    assert!(
+                        h >= *off && (h == size || model2[h as usize] == 0),
+                        "native: SEEK_HOLE from {off} gave {h} at step {i} (seed {seed})"
+                    );
+                }
             }
         }
         apply(&mut model2, &st);

@@ -4,12 +4,15 @@
 //! instantiated first asks the MDT to instantiate it (layout intent).
 
 use crate::Client;
-use lode_base::layout::{file_size_from_object, object_size_for_file, Chunk};
+use lode_base::layout::{
+    file_offset_from_object, file_size_from_object, object_size_for_file, Chunk,
+};
 use lode_base::limits::FILE_SIZE_MAX;
 use lode_base::{Attr, Cred, Errno, Fid, Layout, Pattern, SetAttr};
 use lode_proto::{
-    CloseReq, DomPrefetch, DomReadReq, DomWriteReq, GetattrReq, LayoutIntentReq, MdtBody, ObjAttr,
-    ObjId, ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply, Request, SetattrReq,
+    CloseReq, DomPrefetch, DomReadReq, DomSeekReq, DomWriteReq, GetattrReq, LayoutIntentReq,
+    MdtBody, ObjAttr, ObjId, ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply, Request,
+    SetattrReq,
 };
 use parking_lot::RwLock;
 use std::collections::HashMap;
@@ -727,6 +730,125 @@ impl Client {
             self.md(Request::DomWrite(grow)).await?;
         }
         Ok(())
+    }
+
+    /// `lseek(2)`'s `SEEK_DATA` (`hole` false) and `SEEK_HOLE` from `off`, as Lustre
+    /// 2.14 has them (`OST_SEEK`): the components from `off` on are asked in turn, a
+    /// striped one's objects together (each object's next data or hole mapped back
+    /// into the file; the first wins), a Data-on-MDT one by the MDT, and one not
+    /// instantiated yet is all hole. At or past the end: ENXIO; no data after `off`:
+    /// ENXIO; the end of the file is a hole. What this client's handles wrote is on
+    /// the servers already (writes are not held back here). Not `exact`: the answer
+    /// of a file system that finds no holes (all data up to the size), for a caller
+    /// whose pages may hold bytes the servers have not seen.
+    pub async fn seek(
+        &self,
+        fh: &FileHandle,
+        off: u64,
+        hole: bool,
+        exact: bool,
+    ) -> Result<u64, Errno> {
+        self.check_live(fh)?;
+        let body = self.getattr_md(&Cred::root(), fh.fid).await?;
+        let mine = fh.layout();
+        let layout = newer(mine.as_ref(), body.layout.as_ref()).cloned();
+        let (size, _, _) = self.glimpse(fh.fid, layout.as_ref(), &body.attr).await?;
+        if off >= size {
+            return Err(Errno::ENXIO);
+        }
+        let Some(layout) = layout.filter(|_| exact) else {
+            return Ok(if hole { size } else { off });
+        };
+        for (ci, c) in layout.components.iter().enumerate() {
+            if c.end <= off {
+                continue;
+            }
+            if c.start >= size {
+                break;
+            }
+            let (a, b) = (off.max(c.start), c.end.min(size));
+            let at = if !c.is_init() {
+                hole.then_some(a)
+            } else if c.pattern == Pattern::Mdt {
+                self.dom_seek(fh.fid, a, b, hole).await?
+            } else {
+                self.objects_seek(fh.fid, &layout, ci, a, hole).await?
+            };
+            if let Some(at) = at.filter(|at| *at < b) {
+                return Ok(at.max(a));
+            }
+        }
+        if hole {
+            Ok(size)
+        } else {
+            Err(Errno::ENXIO)
+        }
+    }
+
+    /// The next data or hole of `fid`'s Data-on-MDT bytes in `[from, end)`, asking
+    /// again where a search stopped at its bound.
+    async fn dom_seek(
+        &self,
+        fid: Fid,
+        from: u64,
+        end: u64,
+        hole: bool,
+    ) -> Result<Option<u64>, Errno> {
+        let mut offset = from;
+        loop {
+            let rep = match self
+                .md(Request::DomSeek(DomSeekReq { fid, offset, hole }))
+                .await?
+            {
+                Reply::DomSeek(r) => r,
+                _ => return Err(Errno::EPROTO),
+            };
+            if rep.found.is_some() || rep.scanned_to >= end {
+                return Ok(rep.found);
+            }
+            if rep.scanned_to <= offset {
+                return Err(Errno::EPROTO);
+            }
+            offset = rep.scanned_to;
+        }
+    }
+
+    /// The next data or hole at or after file offset `from` among the objects of
+    /// raid0 component `ci`, in the file's terms.
+    async fn objects_seek(
+        &self,
+        fid: Fid,
+        layout: &Layout,
+        ci: usize,
+        from: u64,
+        hole: bool,
+    ) -> Result<Option<u64>, Errno> {
+        let Some((start, ss, count, osts)) = raid0_geometry(layout, ci) else {
+            return Ok(hole.then_some(from));
+        };
+        let comp = layout.components[ci].id;
+        let asks = osts.iter().enumerate().map(|(i, &ost)| async move {
+            let stripe = i as u32;
+            let obj = ObjId { fid, comp, stripe };
+            let offset = object_size_for_file(ss, count, stripe, from - start);
+            let osc = self.osc(ost).await?;
+            let req = lode_proto::SeekReq { obj, offset, hole };
+            match osc.call(Request::OstSeek(req)).await?.reply {
+                Reply::OstSeek(r) => Ok(r
+                    .found
+                    .map(|o| file_offset_from_object(start, ss, count, stripe, o))),
+                _ => Err(Errno::EPROTO),
+            }
+        });
+        let found = futures::future::join_all(asks).await;
+        let mut first = None;
+        for f in found {
+            first = match (first, f?) {
+                (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
+                (a, b) => a.or(b),
+            };
+        }
+        Ok(first)
     }
 
     /// Writes `data` at `offset` of object `obj` on OST `ost` (creating it).

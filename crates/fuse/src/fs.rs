@@ -8,7 +8,7 @@ use crate::kernel::abi::init;
 use crate::kernel::{
     FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo, LkIn, Notifier, ReplyAttr,
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SetattrIn, TimeOrNow,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SetattrIn, TimeOrNow,
 };
 use foldhash::{HashMap, HashMapExt};
 use lode_base::acl;
@@ -1711,6 +1711,40 @@ impl Filesystem for LodeFs {
         self.reply_empty(reply, move |i| async move {
             let h = i.file(fh)?;
             i.client.fallocate(&h, mode, offset, length).await
+        });
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: Fh,
+        offset: u64,
+        whence: u32,
+        reply: ReplyLseek,
+    ) {
+        let hole = match whence as i32 {
+            libc::SEEK_DATA => false,
+            libc::SEEK_HOLE => true,
+            _ => return reply.error(libc::EINVAL),
+        };
+        if self.inner.opts.writeback {
+            // The kernel's dirty pages are data the servers have not seen, and its
+            // size may be past theirs: it answers itself (all data up to its size).
+            return reply.error(libc::ENOSYS);
+        }
+        self.spawn(move |i| async move {
+            let r = async {
+                let h = i.file(fh)?;
+                // A shared writable mapping through this mount may hold pages not
+                // written yet: then no hole is trusted.
+                let exact = !i.files.lock().writing(h.fid);
+                i.client.seek(&h, offset, hole, exact).await
+            };
+            match r.await {
+                Ok(at) => reply.offset(at),
+                Err(e) => reply.error(ferr(e)),
+            }
         });
     }
 }

@@ -6,9 +6,9 @@
 
 use crate::inode::{now_ns, put_inode};
 use crate::{Ctx, Namespace, OpResult};
-use lode_base::limits::{BULK_MAX, DOM_CHUNK};
+use lode_base::limits::{BULK_MAX, DOM_CHUNK, DOM_SEEK_CHUNKS};
 use lode_base::{Errno, Fid, Layout, Pattern};
-use lode_proto::{DomPrefetch, DomWriteReq, Empty, LayoutIntentReq, MdtBody, Reply};
+use lode_proto::{DomPrefetch, DomWriteReq, Empty, LayoutIntentReq, MdtBody, Reply, SeekRep};
 use lode_store::records::{self, InodeRec, INODE_DATA};
 use lode_store::{Batch, Cf};
 
@@ -24,6 +24,41 @@ fn chunk_no(k: &[u8]) -> Option<u64> {
     k.get(16..24)
         .and_then(|b| b.try_into().ok())
         .map(u64::from_be_bytes)
+}
+
+/// Where the next data (`hole` false) or hole at or after `offset` starts, among the
+/// chunks from `offset`'s on, given in order as `(number, bytes)`: `Ok(Some(at))`,
+/// `Ok(None)` (no data from `offset` on), or `Err(at)` when `budget` chunks were
+/// passed with no hole before `at`. A missing chunk, and the end of a short one,
+/// is a hole.
+fn seek_in_chunks(
+    chunks: impl IntoIterator<Item = (u64, u64)>,
+    offset: u64,
+    hole: bool,
+    budget: usize,
+) -> Result<Option<u64>, u64> {
+    let mut pos = offset;
+    for (i, (n, len)) in chunks.into_iter().enumerate() {
+        let start = n.saturating_mul(DOM_CHUNK);
+        let end = start.saturating_add(len);
+        if !hole {
+            if end > offset {
+                return Ok(Some(offset.max(start)));
+            }
+            continue;
+        }
+        if start > pos || end <= pos {
+            return Ok(Some(pos));
+        }
+        pos = end;
+        if len < DOM_CHUNK {
+            return Ok(Some(pos));
+        }
+        if i + 1 >= budget {
+            return Err(pos);
+        }
+    }
+    Ok(hole.then_some(pos))
 }
 
 /// 512-byte blocks a chunk of `len` bytes is charged (whole 4 KiB blocks, as a
@@ -165,6 +200,37 @@ impl Namespace {
         self.dom_bytes(fid, &rec, offset, len)
     }
 
+    /// DOM_SEEK: where the next data or hole of `fid`'s DoM bytes at or after
+    /// `offset` starts, as the chunks stand (the client cuts the answer at the file's
+    /// size and the component's end).
+    pub(crate) fn dom_seek(&self, fid: Fid, offset: u64, hole: bool) -> OpResult<SeekRep> {
+        let mut held = self.pdo.lock(&[], &[]);
+        self.pdo.lock_inodes(&mut held, &[fid]);
+        let rec = self.inode(fid)?;
+        if rec.mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Errno::EINVAL.into());
+        }
+        let mut chunks = Vec::new();
+        self.scan_chunks(fid, offset / DOM_CHUNK, |n, data| {
+            chunks.push((n, data.len() as u64));
+            // A data search needs at most two chunks (the first may end before
+            // `offset`).
+            chunks.len() < if hole { DOM_SEEK_CHUNKS } else { 2 }
+        })?;
+        Ok(
+            match seek_in_chunks(chunks, offset, hole, DOM_SEEK_CHUNKS) {
+                Ok(found) => SeekRep {
+                    found,
+                    scanned_to: u64::MAX,
+                },
+                Err(at) => SeekRep {
+                    found: None,
+                    scanned_to: at,
+                },
+            },
+        )
+    }
+
     /// The DoM bytes of `fid` in `[offset, offset+len)`, cut at the MDT's size and the
     /// component's end (the caller holds the inode's lock).
     fn dom_bytes(&self, fid: Fid, rec: &InodeRec, offset: u64, len: usize) -> OpResult<Vec<u8>> {
@@ -193,37 +259,47 @@ impl Namespace {
         }
         // Many chunks: one pass of an iterator over those that exist.
         let last = (end - 1) / DOM_CHUNK;
+        self.scan_chunks(fid, offset / DOM_CHUNK, |n, data| {
+            if n > last {
+                return false;
+            }
+            let cstart = n * DOM_CHUNK;
+            let from = offset.max(cstart);
+            let to = end.min(cstart + data.len() as u64);
+            if from < to {
+                out[(from - offset) as usize..(to - offset) as usize]
+                    .copy_from_slice(&data[(from - cstart) as usize..(to - cstart) as usize]);
+            }
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Passes `f` each chunk of `fid` from chunk `first` on, in order, as (number,
+    /// bytes), until it returns false.
+    fn scan_chunks(
+        &self,
+        fid: Fid,
+        first: u64,
+        mut f: impl FnMut(u64, &[u8]) -> bool,
+    ) -> OpResult<()> {
         let mut bad = false;
         self.store.engine().scan(
             Cf::Dom,
             &fid.to_bytes(),
-            &chunk_key(fid, offset / DOM_CHUNK),
-            &mut |k, v| {
-                let Some(n) = chunk_no(k) else {
+            &chunk_key(fid, first),
+            &mut |k, v| match (chunk_no(k), v.split_first()) {
+                (Some(n), Some((&records::RECORD_V1, data))) => f(n, data),
+                _ => {
                     bad = true;
-                    return false;
-                };
-                if n > last {
-                    return false;
+                    false
                 }
-                let Some((&records::RECORD_V1, data)) = v.split_first() else {
-                    bad = true;
-                    return false;
-                };
-                let cstart = n * DOM_CHUNK;
-                let from = offset.max(cstart);
-                let to = end.min(cstart + data.len() as u64);
-                if from < to {
-                    out[(from - offset) as usize..(to - offset) as usize]
-                        .copy_from_slice(&data[(from - cstart) as usize..(to - cstart) as usize]);
-                }
-                true
             },
         )?;
         if bad {
             return Err(lode_store::StoreError::Corrupt("dom", fid.to_string()).into());
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The name of the data of a file whose inode record is `rec`, for a client that
@@ -427,6 +503,34 @@ mod tests {
         assert_eq!(chunk_blocks(1), 8);
         assert_eq!(chunk_blocks(4096), 8);
         assert_eq!(chunk_blocks(4097), 16);
+    }
+
+    #[test]
+    fn seeks_find_missing_and_short_chunks() {
+        const C: u64 = DOM_CHUNK;
+        let full = |n: u64| (n, C);
+        // Chunks 0, 1 full, 2 short (100 bytes), 5 full.
+        let chunks = [full(0), full(1), (2, 100), full(5)];
+        let from = |off: u64| chunks.iter().copied().filter(move |(n, _)| *n >= off / C);
+        let data = |off| seek_in_chunks(from(off), off, false, 10);
+        let hole = |off| seek_in_chunks(from(off), off, true, 10);
+        assert_eq!(data(0), Ok(Some(0)));
+        assert_eq!(data(C + 7), Ok(Some(C + 7)));
+        assert_eq!(
+            data(2 * C + 100),
+            Ok(Some(5 * C)),
+            "past a short chunk's end"
+        );
+        assert_eq!(data(4 * C), Ok(Some(5 * C)));
+        assert_eq!(data(6 * C), Ok(None));
+        assert_eq!(hole(0), Ok(Some(2 * C + 100)));
+        assert_eq!(hole(2 * C + 100), Ok(Some(2 * C + 100)));
+        assert_eq!(hole(3 * C), Ok(Some(3 * C)), "a missing chunk");
+        assert_eq!(hole(5 * C), Ok(Some(6 * C)), "after the last chunk");
+        assert_eq!(hole(9 * C), Ok(Some(9 * C)));
+        // A search that runs out of budget says where it stopped.
+        assert_eq!(seek_in_chunks(from(0), 0, true, 2), Err(2 * C));
+        assert_eq!(seek_in_chunks(from(0), 0, true, 3), Ok(Some(2 * C + 100)));
     }
 
     #[test]

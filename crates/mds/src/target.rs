@@ -979,6 +979,10 @@ impl Mdt {
                 }),
                 0,
             ),
+            MdtRequest::DomSeek(r) => (
+                Reply::DomSeek(self.ns.dom_seek(r.fid, r.offset, r.hole)?),
+                0,
+            ),
             MdtRequest::DomWrite(r) => (
                 Reply::DomWrite(Empty {}),
                 self.ns.dom_write(&ctx, exp.slot, &r)?,

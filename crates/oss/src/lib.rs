@@ -6,7 +6,7 @@ use lode_base::Errno;
 use lode_proto::frame::FLAG_REPLAY;
 use lode_proto::{
     ConnectRep, DataRep, Empty, ObjAttr, ObjAttrsRep, ObjId, OstRequest, OstWriteRep, Reply,
-    StatfsRep, CONNECT_SUPPORTED,
+    SeekRep, StatfsRep, CONNECT_SUPPORTED,
 };
 use lode_rpc::server::Offload;
 use lode_rpc::{Incoming, OpStats, Outgoing, Service};
@@ -439,6 +439,34 @@ impl Ost {
         Ok(buf)
     }
 
+    /// Where the next data or hole of an object at or after `off` starts, as its
+    /// file says (`lseek(2)` `SEEK_DATA`/`SEEK_HOLE`). A missing object is all hole;
+    /// past its end there is no data, and a hole starts at once.
+    fn seek(&self, o: &ObjId, off: u64, hole: bool) -> Result<SeekRep, Errno> {
+        use nix::unistd::{lseek, Whence};
+        let answer = |found| {
+            Ok(SeekRep {
+                found,
+                scanned_to: u64::MAX,
+            })
+        };
+        let pos = i64::try_from(off).map_err(|_| Errno::EINVAL)?;
+        let _obj = self.commit.objs.lock(o);
+        let Some(f) = self.open_obj(o, false)? else {
+            return answer(hole.then_some(off));
+        };
+        let whence = if hole {
+            Whence::SeekHole
+        } else {
+            Whence::SeekData
+        };
+        match lseek(std::os::fd::AsRawFd::as_raw_fd(&f), pos, whence) {
+            Ok(at) => answer(Some(at as u64)),
+            Err(nix::errno::Errno::ENXIO) => answer(hole.then_some(off)),
+            Err(e) => Err(Errno(e as i32)),
+        }
+    }
+
     /// Writes `data` at `off` of an object, creating it; returns the change's transno
     /// (`at` for a replay) and the object as the write left it, if its metadata could
     /// be read.
@@ -733,6 +761,9 @@ impl Ost {
                 self.read(&r.obj, r.offset, r.len)
                     .map(|data| Reply::OstRead(DataRep { data })),
             ),
+            OstRequest::OstSeek(r) => {
+                self.out(self.seek(&r.obj, r.offset, r.hole).map(Reply::OstSeek))
+            }
             OstRequest::OstGetattr(r) => self.out(
                 bounded(&r.objs)
                     .and_then(|objs| self.getattr(objs))

@@ -618,6 +618,18 @@ pub struct DomReadReq {
     pub len: u32,
 }
 
+/// Data-on-MDT `SEEK_DATA`/`SEEK_HOLE` (Lustre's `OST_SEEK`, which the MDT answers
+/// for Data-on-MDT too).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomSeekReq {
+    /// Inode.
+    pub fid: Fid,
+    /// Where the search starts.
+    pub offset: u64,
+    /// The next hole (`SEEK_HOLE`), else the next data (`SEEK_DATA`).
+    pub hole: bool,
+}
+
 /// Data-on-MDT write.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DomWriteReq {
@@ -792,6 +804,30 @@ pub struct FallocateReq {
     pub offset: u64,
     /// Bytes (at least one).
     pub len: u64,
+}
+
+/// OST seek (Lustre's `OST_SEEK`): where the next data or hole of an object starts
+/// (its file's `lseek(SEEK_DATA|SEEK_HOLE)`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeekReq {
+    /// Object.
+    pub obj: ObjId,
+    /// Where the search starts, in the object.
+    pub offset: u64,
+    /// The next hole (`SEEK_HOLE`), else the next data (`SEEK_DATA`).
+    pub hole: bool,
+}
+
+/// The answer to a seek. A search that stopped at its bound (a Data-on-MDT hole
+/// search reads each chunk it passes) says where, and the caller asks again from
+/// there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeekRep {
+    /// Where what was asked for starts (at or after the offset asked), or `None`:
+    /// no data at or after it, or nothing found before `scanned_to`.
+    pub found: Option<u64>,
+    /// Where the search stopped without an answer: `u64::MAX` when it went to the end.
+    pub scanned_to: u64,
 }
 
 /// Object attributes (glimpse).
@@ -1057,6 +1093,8 @@ messages! {
     LayoutIntent = 29, Mdt, true: LayoutIntentReq => MdtBody,
     /// A step of an online layout migration (Lustre's `lfs migrate` layout swap).
     Migrate = 30, Mdt, true: MigrateReq => MigrateRep,
+    /// Where the next data or hole of a file's Data-on-MDT bytes starts.
+    DomSeek = 31, Mdt, false: DomSeekReq => SeekRep,
     /// Read from an OST object.
     OstRead = 40, Ost, false: OstReadReq => DataRep,
     /// Write to an OST object.
@@ -1073,6 +1111,8 @@ messages! {
     OstSetattr = 46, Ost, false: OstSetattrReq => Empty,
     /// Preallocate, punch or zero a range of an OST object.
     OstFallocate = 47, Ost, false: FallocateReq => Empty,
+    /// Where the next data or hole of an OST object starts (Lustre's `OST_SEEK`).
+    OstSeek = 48, Ost, false: SeekReq => SeekRep,
     /// Ask for a lock (Lustre's LDLM_ENQUEUE): granted at once or not at all.
     LdlmEnqueue = 101, Mdt, false: LdlmEnqueueReq => LdlmEnqueueRep,
     /// Give locks back (LDLM_CANCEL).
@@ -1139,14 +1179,14 @@ service_requests! {
     /// What a metadata target answers.
     MdtRequest, Mdt: Connect, Disconnect, Ping, Statfs, SeqAlloc, Getattr, Lookup, Readdir,
     Batch, BatchModify, Create, Open, Close, Unlink, Rename, Link, Setattr, Getxattr, Setxattr,
-    Listxattr, DomRead, DomWrite, LayoutIntent, Migrate, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel, Flock,
+    Listxattr, DomRead, DomSeek, DomWrite, LayoutIntent, Migrate, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel, Flock,
     CloseAhead,
 }
 
 service_requests! {
     /// What an object storage target answers.
     OstRequest, Ost: Connect, Disconnect, Ping, Statfs, OstRead, OstWrite, Punch, OstGetattr,
-    OstSync, Destroy, OstSetattr, OstFallocate,
+    OstSync, Destroy, OstSetattr, OstFallocate, OstSeek,
 }
 
 service_requests! {

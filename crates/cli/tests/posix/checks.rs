@@ -704,6 +704,59 @@ fn fallocate_preallocates_punches_and_zeroes_as_lustre_does() {
     assert_eq!(falloc(libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096), Err(libc::EOPNOTSUPP));
 }
 
+#[test]
+fn seek_data_and_seek_hole_find_what_was_written() {
+    let f = fx();
+    const M: u64 = 1 << 20;
+    let file = File::create(f.p("f")).unwrap();
+    file.write_all_at(&[1u8; 4096], 0).unwrap();
+    file.write_all_at(&[2u8; 4096], M).unwrap();
+    file.write_all_at(&[3u8; 10], 3 * M + 100).unwrap();
+    let size = 3 * M + 110;
+    let seek = |file: &File, off: u64, whence| {
+        sys(unsafe { libc::lseek(file.as_raw_fd(), off as i64, whence) })
+    };
+    // While this mount has the file open for writing, its pages may hold bytes the
+    // servers have not seen: no hole is trusted but the end.
+    assert_eq!(seek(&file, 0, libc::SEEK_HOLE), Ok(size as i64));
+    drop(file);
+    let file = File::open(f.p("f")).unwrap();
+    let (data, hole) = (libc::SEEK_DATA, libc::SEEK_HOLE);
+    // Holes and data at 4 KiB granularity (an OST object's file system block, a
+    // Data-on-MDT chunk), across stripes and components.
+    let expect = [
+        (0, data, Ok(0)),
+        (0, hole, Ok(4096)),
+        (100, hole, Ok(4096)),
+        (4096, data, Ok(M)),
+        (M + 10, data, Ok(M + 10)),
+        (M, hole, Ok(M + 4096)),
+        (M + 4096, data, Ok(3 * M)),
+        (3 * M, hole, Ok(size)),
+        (3 * M + 105, data, Ok(3 * M + 105)),
+        (size - 1, hole, Ok(size)),
+    ];
+    for (off, whence, want) in expect {
+        let want = want.map(|w: u64| w as i64);
+        assert_eq!(seek(&file, off, whence), want, "lseek({off}, {whence})");
+    }
+    assert_eq!(seek(&file, size, data), Err(libc::ENXIO));
+    assert_eq!(seek(&file, size, hole), Err(libc::ENXIO));
+    assert_eq!(seek(&file, 0, 5), Err(libc::EINVAL));
+    // A file that is all hole: no data, the hole at once.
+    let sparse = File::create(f.p("sparse")).unwrap();
+    sparse.set_len(8 * M).unwrap();
+    drop(sparse);
+    let sparse = File::open(f.p("sparse")).unwrap();
+    assert_eq!(seek(&sparse, 0, data), Err(libc::ENXIO));
+    assert_eq!(seek(&sparse, 5 * M, hole), Ok(5 * M as i64));
+    // An empty file has neither.
+    File::create(f.p("empty")).unwrap();
+    let empty = File::open(f.p("empty")).unwrap();
+    assert_eq!(seek(&empty, 0, data), Err(libc::ENXIO));
+    assert_eq!(seek(&empty, 0, hole), Err(libc::ENXIO));
+}
+
 /// fcntl(F_SETLK/F_GETLK) of bytes start..start+len; the result and the lock as returned.
 fn lock(fd: i32, cmd: i32, ty: i32, start: i64, len: i64) -> (Result<i64, i32>, libc::flock) {
     let mut l: libc::flock = unsafe { std::mem::zeroed() };

@@ -429,6 +429,11 @@ pub fn write_out(size: u32) -> [u8; 8] {
     Put::<8>::new().u32(size).u32(0).done()
 }
 
+/// `struct fuse_lseek_out` (8 bytes): where the file position goes.
+pub fn lseek_out(offset: u64) -> [u8; 8] {
+    Put::<8>::new().u64(offset).done()
+}
+
 /// `struct fuse_getxattr_out` (8 bytes): the size a value or list needs.
 pub fn xattr_size_out(size: u32) -> [u8; 8] {
     Put::<8>::new().u32(size).u32(0).done()

@@ -237,6 +237,12 @@ pub enum Op<'a> {
         length: u64,
         mode: i32,
     },
+    /// `SEEK_DATA` or `SEEK_HOLE` (the kernel answers the other kinds itself).
+    Lseek {
+        fh: u64,
+        offset: u64,
+        whence: u32,
+    },
     /// An opcode lode does not serve: answered `ENOSYS`.
     Unsupported,
 }
@@ -454,6 +460,11 @@ pub fn parse<'a>(opcode: u32, h: &'a [u8], p: &'a [u8]) -> Option<Op<'a>> {
             offset: f.u64()?,
             length: f.u64()?,
             mode: f.i32()?,
+        },
+        op::LSEEK => Op::Lseek {
+            fh: f.u64()?,
+            offset: f.u64()?,
+            whence: f.u32()?,
         },
         _ => Op::Unsupported,
     })

@@ -140,6 +140,10 @@ reply_type!(
     ReplyEmpty
 );
 reply_type!(
+    /// The reply to LSEEK.
+    ReplyLseek
+);
+reply_type!(
     /// The reply to STATFS.
     ReplyStatfs
 );
@@ -211,6 +215,13 @@ impl ReplyWrite {
     /// `size` bytes were written.
     pub fn written(self, size: u32) {
         self.0.ok(&[&abi::write_out(size)]);
+    }
+}
+
+impl ReplyLseek {
+    /// The file position is now `offset`.
+    pub fn offset(self, offset: u64) {
+        self.0.ok(&[&abi::lseek_out(offset)]);
     }
 }
 

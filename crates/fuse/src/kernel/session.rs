@@ -288,6 +288,19 @@ pub trait Filesystem: Send + Sync + 'static {
     ) {
         reply.error(libc::ENOSYS);
     }
+    /// `SEEK_DATA` (3) or `SEEK_HOLE` (4) from `offset`. ENOSYS makes the kernel
+    /// answer every later one itself (all data up to the size).
+    fn lseek(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        whence: u32,
+        reply: ReplyLseek,
+    ) {
+        reply.error(libc::ENOSYS);
+    }
 }
 
 /// What the file system asks of the kernel at INIT.
@@ -433,6 +446,9 @@ pub fn dispatch<FS: Filesystem>(fs: &FS, req: &Request, h: &[u8], p: &[u8], sink
             mode,
             ReplyEmpty(raw()),
         ),
+        Op::Lseek { fh, offset, whence } => {
+            fs.lseek(req, ino, FileHandle(fh), offset, whence, ReplyLseek(raw()))
+        }
         Op::Unsupported => raw().error(libc::ENOSYS),
     }
 }
