@@ -87,6 +87,8 @@ pub struct Attr {
     pub mtime: i64,
     /// Change time, ns since the epoch.
     pub ctime: i64,
+    /// Creation ("birth") time, ns since the epoch; 0: unknown.
+    pub btime: i64,
     /// Device number for char/block nodes.
     pub rdev: u64,
 }

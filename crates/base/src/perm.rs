@@ -89,6 +89,7 @@ pub(crate) mod tests {
             atime: 0,
             mtime: 0,
             ctime: 0,
+            btime: 0,
             rdev: 0,
         }
     }

@@ -8,10 +8,10 @@ use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use lode_base::layout::{decode_xattr, EOF};
 use lode_base::{Layout, Pattern};
+use nix::sys::stat::FileStat;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -54,6 +54,17 @@ pub struct FindArgs {
     /// Directories read at once.
     #[arg(long, default_value_t = 8)]
     threads: usize,
+}
+
+/// `lstat(2)`: the attributes `find` tests, asked without the birth time. (std's
+/// metadata asks `statx` for everything, and a lode mount then answers a request of
+/// its own for each file whose birth time its kernel has not seen yet.)
+fn lstat(p: &Path) -> nix::Result<FileStat> {
+    nix::sys::stat::lstat(p)
+}
+
+fn is_dir(md: &FileStat) -> bool {
+    md.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
 /// `[+-]N`: more than, less than, or exactly.
@@ -189,8 +200,8 @@ impl Filter {
                 .is_none_or(|s| s.holds(l.components.len() as u64))
     }
 
-    fn matches(&self, path: &Path, md: &std::fs::Metadata) -> bool {
-        let ft = md.mode() & libc::S_IFMT;
+    fn matches(&self, path: &Path, md: &FileStat) -> bool {
+        let ft = md.st_mode & libc::S_IFMT;
         if self.ftype.is_some_and(|t| t != ft) {
             return false;
         }
@@ -204,14 +215,14 @@ impl Filter {
                 return false;
             }
         }
-        if self.size.is_some_and(|s| !s.holds(md.len())) {
+        if self.size.is_some_and(|s| !s.holds(md.st_size as u64)) {
             return false;
         }
         if let Some(m) = self.mtime {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64);
-            let days = (now - md.mtime()).max(0) as u64 / 86_400;
+            let days = (now - md.st_mtime).max(0) as u64 / 86_400;
             if !m.holds(days) {
                 return false;
             }
@@ -259,11 +270,11 @@ pub fn find(a: FindArgs) -> Result<()> {
         cv: Condvar::new(),
     };
     for p in &a.paths {
-        let md = std::fs::symlink_metadata(p).map_err(|e| anyhow!("find: {}: {e}", p.display()))?;
+        let md = lstat(p).map_err(|e| anyhow!("find: {}: {e}", p.display()))?;
         if filter.matches(p, &md) {
             print(p);
         }
-        if md.is_dir() {
+        if is_dir(&md) {
             lock(&q.st).0.push_back(p.clone());
         }
     }
@@ -290,13 +301,13 @@ pub fn find(a: FindArgs) -> Result<()> {
                     Ok(rd) => {
                         for e in rd.flatten() {
                             let p = e.path();
-                            let Ok(md) = std::fs::symlink_metadata(&p) else {
+                            let Ok(md) = lstat(&p) else {
                                 continue;
                             };
                             if filter.matches(&p, &md) {
                                 print(&p);
                             }
-                            if md.is_dir() {
+                            if is_dir(&md) {
                                 lock(&q.st).0.push_back(p);
                                 q.cv.notify_one();
                             }

@@ -60,6 +60,8 @@ struct Opts {
     io_uring: bool,
     /// POSIX ACLs (`acl`, the default) or none (`noacl`).
     acl: bool,
+    /// Birth times (`btime`, the default) or none (`nobtime`).
+    btime: bool,
     /// mount(8)'s generic options given (suid, nodev, noexec, ro, ...), for the kernel.
     kernel: Vec<MountOption>,
 }
@@ -89,6 +91,7 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         seclabel: std::path::Path::new(lode_fuse::SELINUX_FS).exists(),
         io_uring: true,
         acl: true,
+        btime: true,
         kernel: Vec::new(),
     };
     for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {
@@ -106,6 +109,8 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
             "noio_uring" => o.io_uring = false,
             "acl" => o.acl = true,
             "noacl" => o.acl = false,
+            "btime" => o.btime = true,
+            "nobtime" => o.btime = false,
             "readdirplus" => {
                 o.readdirplus_always = match v {
                     "always" => true,
@@ -227,6 +232,7 @@ pub fn run(a: MountArgs) -> Result<()> {
             readdirplus_always: opts.readdirplus_always,
             seclabel: opts.seclabel,
             acl: opts.acl,
+            btime: opts.btime,
         },
         rt.handle().clone(),
     );

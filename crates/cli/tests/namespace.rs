@@ -246,3 +246,53 @@ fn concurrent_creates_in_one_directory_from_many_threads() {
         "readdir+ returns attributes"
     );
 }
+
+#[test]
+fn birth_times_are_kept_by_the_mdt_and_a_nobtime_mount_reports_none() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = s.client.clone();
+    let (f, born) = s.run(async {
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i64;
+        let f = cl
+            .create(&root(), Fid::ROOT, b"f", 0o644, None)
+            .await
+            .unwrap();
+        let a = cl.getattr(&root(), f.attr.fid).await.unwrap();
+        assert!(
+            a.btime >= before && a.btime == a.ctime,
+            "born at its creation"
+        );
+        let sa = lode_base::SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        };
+        let b = cl.setattr(&root(), a.fid, sa).await.unwrap();
+        assert!(b.attr.ctime >= a.ctime);
+        assert_eq!(b.attr.btime, a.btime, "a chmod keeps it");
+        // Committed: an MDS crash keeps it with the inode. (A create replayed after
+        // a crash takes the time of its replay, as Lustre's crtime does.)
+        cl.sync().await.unwrap();
+        (a.fid, a.btime)
+    });
+    restart_mds(&mut c, &[]);
+    s.run(async {
+        assert_eq!(cl.getattr(&root(), f).await.unwrap().btime, born);
+    });
+    let m = c.mount();
+    let t = std::fs::metadata(m.path().join("f"))
+        .unwrap()
+        .created()
+        .unwrap();
+    assert_eq!(
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos(),
+        born as u128
+    );
+    let n = c.mount_with(&["nobtime"]);
+    let md = std::fs::metadata(n.path().join("f")).unwrap();
+    assert!(md.created().is_err(), "nobtime: no birth time");
+    assert_eq!(std::os::unix::fs::MetadataExt::mode(&md) & 0o777, 0o600);
+}

@@ -50,6 +50,7 @@ pub(crate) fn file_attr(a: &Attr) -> FileAttr {
         gid: a.gid,
         rdev: a.rdev as u32,
         blksize: 4096,
+        btime: (a.btime != 0).then(|| time(a.btime)),
     }
 }
 
@@ -69,6 +70,7 @@ pub(crate) fn negative() -> FileAttr {
         gid: 0,
         rdev: 0,
         blksize: 4096,
+        btime: None,
     }
 }
 

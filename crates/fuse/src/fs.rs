@@ -79,6 +79,12 @@ pub struct MountOptions {
     /// the MDT, which applies a directory's default ACL instead where there is one.
     /// With `noacl` the ACL xattrs are refused with `EOPNOTSUPP`.
     pub acl: bool,
+    /// Birth times (`btime`, the default, as Lustre 2.14 reports them): a `statx(2)`
+    /// asking for one is answered from the client's attributes, but the kernel sends
+    /// that request once per inode it has not asked before, which a plain `stat(2)`
+    /// never pays. With `nobtime` the kernel is told once that there are none and
+    /// answers every `statx` from its own cache.
+    pub btime: bool,
 }
 
 /// Where the kernel shows SELinux when it runs it.
@@ -1714,6 +1720,14 @@ impl Filesystem for LodeFs {
         });
     }
 
+    fn statx(&self, req: &Request, ino: INodeNo, fh: Option<Fh>, reply: ReplyAttr) {
+        if !self.inner.opts.btime {
+            // Every later statx the kernel answers itself, without a birth time.
+            return reply.error(libc::ENOSYS);
+        }
+        self.getattr(req, ino, fh, reply)
+    }
+
     fn lseek(
         &self,
         _req: &Request,
@@ -1966,6 +1980,7 @@ mod tests {
             cluster_locks: true,
             seclabel,
             acl,
+            btime: true,
         }
     }
 

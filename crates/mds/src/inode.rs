@@ -4,7 +4,7 @@ use crate::{Namespace, OpResult};
 use lode_base::hash::name_hash;
 use lode_base::limits::NAME_MAX;
 use lode_base::{Errno, Fid};
-use lode_store::records::{self, dirent_key, DirentRec, InodeRec};
+use lode_store::records::{dirent_key, DirentRec, InodeRec};
 use lode_store::{Batch, Cf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -58,7 +58,7 @@ impl Namespace {
     fn found(fid: Fid, bytes: Option<&[u8]>) -> OpResult<InodeRec> {
         match bytes {
             Some(b) => {
-                let rec: InodeRec = records::decode("inode", b)?;
+                let rec: InodeRec = InodeRec::decode(b)?;
                 vbr::found(fid, if is_dir(rec.mode) { 0 } else { rec.version });
                 Ok(rec)
             }
@@ -138,7 +138,7 @@ pub(crate) fn put_inode(b: &mut Batch, fid: Fid, rec: &InodeRec) {
 /// Adds an inode put to a batch at the version it was read as: only for a change no
 /// replay depends on and no reader's copy of the bytes can see (see `close_inner`).
 pub(crate) fn put_inode_unversioned(b: &mut Batch, fid: Fid, rec: &InodeRec) {
-    b.put(Cf::Inode, fid.to_bytes().to_vec(), records::encode(rec));
+    b.put(Cf::Inode, fid.to_bytes().to_vec(), rec.encode());
 }
 
 /// Version-based recovery (Lustre's VBR), per service thread. Every inode a change

@@ -159,9 +159,7 @@ impl Namespace {
     /// must not count in the original's versions either.
     fn root_default(&self) -> Option<Layout> {
         let raw = self.store.inode(&lode_base::Fid::ROOT.to_bytes()).ok()??;
-        lode_store::records::decode::<lode_store::records::InodeRec>("inode", &raw)
-            .ok()?
-            .layout
+        lode_store::records::InodeRec::decode(&raw).ok()?.layout
     }
 
     /// Checks a directory's default layout (a template: nothing instantiated) against

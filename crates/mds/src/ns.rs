@@ -86,6 +86,7 @@ impl Namespace {
             layout: None,
             symlink: Vec::new(),
             links: Vec::new(),
+            btime: now,
         };
         let mut b = Batch::new();
         put_inode(&mut b, Fid::ROOT, &root);
@@ -435,6 +436,7 @@ impl Namespace {
                 parent: r.parent,
                 name: r.name.clone(),
             }],
+            btime: now,
         };
         let mut b = Batch::new();
         // The parent as its inode lock keeps it: its default ACL (a setfacl -d of it

@@ -67,6 +67,17 @@ pub struct InodeRec {
     pub symlink: Vec<u8>,
     /// Names of this inode (Lustre's linkEA), for fid2path; at most [`LINKS_MAX`].
     pub links: Vec<Link>,
+    /// Creation ("birth") time, ns; 0: unknown (made before lode kept it). Stored
+    /// after the fields above (see [`InodeRec::encode`]).
+    #[serde(skip)]
+    pub btime: i64,
+}
+
+/// What inode records carry after the first format's fields: a record written
+/// before they existed simply ends sooner.
+#[derive(Serialize, Deserialize)]
+struct InodeExt {
+    btime: i64,
 }
 
 /// Most names kept per inode in its link list (Lustre's linkEA is bounded too).
@@ -101,6 +112,32 @@ impl InodeRec {
 }
 
 impl InodeRec {
+    /// Encodes the record: the first format's fields, then [`InodeExt`].
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = encode(self);
+        let ext = InodeExt { btime: self.btime };
+        out.extend_from_slice(&postcard::to_stdvec(&ext).expect("plain fields encode"));
+        out
+    }
+
+    /// Decodes a record [`InodeRec::encode`] wrote, or one written before
+    /// [`InodeExt`] existed (its fields then 0).
+    pub fn decode(b: &[u8]) -> Result<InodeRec, StoreError> {
+        let corrupt = |e: postcard::Error| StoreError::Corrupt("inode", e.to_string());
+        match b.split_first() {
+            Some((&RECORD_V1, rest)) => {
+                let (mut rec, ext) =
+                    postcard::take_from_bytes::<InodeRec>(rest).map_err(corrupt)?;
+                if !ext.is_empty() {
+                    let ext: InodeExt = postcard::from_bytes(ext).map_err(corrupt)?;
+                    rec.btime = ext.btime;
+                }
+                Ok(rec)
+            }
+            _ => decode("inode", b),
+        }
+    }
+
     /// The attributes `stat` reports.
     pub fn attr(&self, fid: Fid) -> Attr {
         Attr {
@@ -114,6 +151,7 @@ impl InodeRec {
             atime: self.atime,
             mtime: self.mtime,
             ctime: self.ctime,
+            btime: self.btime,
             rdev: self.rdev,
         }
     }
@@ -261,18 +299,22 @@ mod tests {
                 parent: Fid::new(2, 3, 0),
                 name: b"n".to_vec(),
             }],
+            btime: 9,
         };
-        let b = encode(&r);
-        assert_eq!(
-            b,
-            vec![
-                1, 0xa4, 0x83, 0x02, 1, 2, 1, 3, 0, 8, 10, 12, 0, 0, 7, 0, 0, 0, 0, 0, 1, 2, 3, 0,
-                1, b'n'
-            ]
-        );
-        assert_eq!(decode::<InodeRec>("inode", &b).unwrap(), r);
-        assert!(decode::<InodeRec>("inode", &[9, 0]).is_err());
-        assert!(decode::<InodeRec>("inode", &[]).is_err());
+        let b = r.encode();
+        let first = vec![
+            1, 0xa4, 0x83, 0x02, 1, 2, 1, 3, 0, 8, 10, 12, 0, 0, 7, 0, 0, 0, 0, 0, 1, 2, 3, 0, 1,
+            b'n',
+        ];
+        assert_eq!(b[..first.len()], first[..], "the first format's bytes");
+        assert_eq!(b[first.len()..], [18], "then the birth time");
+        assert_eq!(InodeRec::decode(&b).unwrap(), r);
+        // A record of the first format: no birth time.
+        let old = InodeRec::decode(&first).unwrap();
+        assert_eq!(old, InodeRec { btime: 0, ..r });
+        assert!(InodeRec::decode(&[9, 0]).is_err());
+        assert!(InodeRec::decode(&[]).is_err());
+        assert!(InodeRec::decode(&[first.clone(), vec![0x80]].concat()).is_err());
     }
 
     #[test]

@@ -705,6 +705,31 @@ fn fallocate_preallocates_punches_and_zeroes_as_lustre_does() {
 }
 
 #[test]
+fn birth_time_is_set_at_creation_and_kept() {
+    let f = fx();
+    let before = SystemTime::now() - Duration::from_millis(10);
+    File::create(f.p("f")).unwrap();
+    fs::create_dir(f.p("d")).unwrap();
+    symlink("f", f.p("l")).unwrap();
+    let after = SystemTime::now() + Duration::from_millis(10);
+    // std reads the birth time with statx(STATX_BTIME), which the mount answers
+    // with a FUSE_STATX reply.
+    let born = |p: &str| fs::symlink_metadata(f.p(p)).unwrap().created().unwrap();
+    for p in ["f", "d", "l"] {
+        let b = born(p);
+        assert!(before <= b && b <= after, "{p}: born {b:?}");
+    }
+    let b = born("f");
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(f.p("f"), b"data").unwrap();
+    fs::set_permissions(f.p("f"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::rename(f.p("f"), f.p("g")).unwrap();
+    let m = md(f.p("g"));
+    assert_eq!(m.created().unwrap(), b, "a write, chmod and rename keep it");
+    assert!(m.modified().unwrap() > b);
+}
+
+#[test]
 fn seek_data_and_seek_hole_find_what_was_written() {
     let f = fx();
     const M: u64 = 1 << 20;

@@ -106,6 +106,7 @@ pub fn op_header_len(opcode: u32) -> Option<usize> {
         op::BATCH_FORGET => 8,
         op::FALLOCATE => 32,
         op::LSEEK => 24,
+        op::STATX => 24,
         _ => return None,
     })
 }
@@ -327,6 +328,8 @@ pub struct FileAttr {
     pub rdev: u32,
     /// Preferred I/O size.
     pub blksize: u32,
+    /// Creation, if known (only a STATX reply carries it).
+    pub btime: Option<SystemTime>,
 }
 
 /// Seconds and nanoseconds of a time, as `fuse_attr` keeps them (before the epoch: a
@@ -406,6 +409,52 @@ pub fn attr_out(ttl: Duration, attr: &FileAttr) -> [u8; 104] {
         .u32(0)
         .raw(&attr_bytes(attr))
         .done()
+}
+
+/// `struct fuse_statx_out` (288 bytes): a `fuse_statx` after the attributes' timeout,
+/// with the birth time where known.
+pub fn statx_out(ttl: Duration, a: &FileAttr) -> [u8; 288] {
+    const BASIC: u32 = libc::STATX_BASIC_STATS;
+    let (s, n) = valid(ttl);
+    let time = |p: Put<288>, t: SystemTime| {
+        let (s, n) = secs_nsecs(t);
+        p.u64(s).u32(n).u32(0)
+    };
+    let mask = if a.btime.is_some() {
+        BASIC | libc::STATX_BTIME
+    } else {
+        BASIC
+    };
+    // `new_decode_dev` of the 32-bit number `fuse_attr` carries.
+    let (major, minor) = (
+        (a.rdev & 0xfff00) >> 8,
+        (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00),
+    );
+    let p = Put::<288>::new()
+        .u64(s)
+        .u32(n)
+        .u32(0)
+        .u64(0)
+        .u64(0)
+        .u32(mask)
+        .u32(a.blksize)
+        .u64(0)
+        .u32(a.nlink)
+        .u32(a.uid)
+        .u32(a.gid)
+        .u16((a.kind.mode_bits() | u32::from(a.perm)) as u16)
+        .u16(0)
+        .u64(a.ino)
+        .u64(a.size)
+        .u64(a.blocks)
+        .u64(0);
+    let p = time(p, a.atime);
+    let p = time(p, a.btime.unwrap_or(UNIX_EPOCH));
+    let p = time(p, a.ctime);
+    let p = time(p, a.mtime);
+    // The file system's device numbers (the kernel knows them) and the spare space:
+    // zero.
+    p.u32(major).u32(minor).raw(&[0; 120]).done()
 }
 
 /// `struct fuse_open_out` (16 bytes).
@@ -549,6 +598,7 @@ mod tests {
             gid: 100,
             rdev: 0,
             blksize: 4096,
+            btime: None,
         }
     }
 
@@ -587,6 +637,51 @@ mod tests {
         assert_eq!(f.rest(), &attr_bytes(&attr()));
         let a = attr_out(Duration::new(1, 2), &attr());
         assert_eq!(&a[..16], &Put::<16>::new().u64(1).u32(2).u32(0).done());
+    }
+
+    #[test]
+    fn fuse_statx_has_the_kernels_layout() {
+        let mut a = attr();
+        a.kind = FileType::CharDevice;
+        a.rdev = (4 << 8) | 65 | (0x123 << 20); // major 4, minor 65 + (0x123 << 8)
+        a.btime = Some(UNIX_EPOCH + Duration::new(1_600_000_000, 7));
+        let b = statx_out(Duration::new(1, 2), &a);
+        let mut f = Fields(&b);
+        assert_eq!((f.u64(), f.u32(), f.u32()), (Some(1), Some(2), Some(0)));
+        assert_eq!((f.u64(), f.u64()), (Some(0), Some(0)));
+        let mask = libc::STATX_BASIC_STATS | libc::STATX_BTIME;
+        assert_eq!(
+            (f.u32(), f.u32(), f.u64()),
+            (Some(mask), Some(4096), Some(0))
+        );
+        assert_eq!(
+            (f.u32(), f.u32(), f.u32()),
+            (Some(2), Some(1000), Some(100))
+        );
+        let mode = f.u32().unwrap();
+        assert_eq!(mode & 0xffff, libc::S_IFCHR | 0o1755);
+        assert_eq!(
+            (f.u64(), f.u64(), f.u64(), f.u64()),
+            (Some(7), Some(4096), Some(8), Some(0))
+        );
+        let mut time = || (f.u64(), f.u32(), f.u32());
+        assert_eq!(time(), (Some(1_700_000_000), Some(5), Some(0)), "atime");
+        assert_eq!(time(), (Some(1_600_000_000), Some(7), Some(0)), "btime");
+        assert_eq!(
+            time(),
+            (Some((-2i64) as u64), Some(750_000_000), Some(0)),
+            "ctime"
+        );
+        assert_eq!(time(), (Some(1_700_000_001), Some(6), Some(0)), "mtime");
+        assert_eq!((f.u32(), f.u32()), (Some(4), Some(65 | (0x123 << 8))));
+        assert!(f.rest().iter().all(|&x| x == 0));
+        assert_eq!(f.rest().len(), 120);
+        // No birth time known: the mask says so.
+        a.btime = None;
+        assert_eq!(
+            Fields(&statx_out(Duration::ZERO, &a)[32..]).u32(),
+            Some(libc::STATX_BASIC_STATS)
+        );
     }
 
     #[test]

@@ -237,6 +237,10 @@ pub enum Op<'a> {
         length: u64,
         mode: i32,
     },
+    /// GETATTR with the birth time: `statx(2)` asking for `STATX_BTIME`.
+    Statx {
+        fh: Option<u64>,
+    },
     /// `SEEK_DATA` or `SEEK_HOLE` (the kernel answers the other kinds itself).
     Lseek {
         fh: u64,
@@ -256,6 +260,15 @@ fn time(secs: u64, nsecs: u32) -> SystemTime {
     }
 }
 
+/// The handle a `fuse_getattr_in` names, if its flags say it names one
+/// (`FUSE_GETATTR_FH`).
+fn getattr_fh(f: &mut Fields) -> Option<Option<u64>> {
+    let flags = f.u32()?;
+    f.u32()?;
+    let fh = f.u64()?;
+    Some((flags & 1 != 0).then_some(fh))
+}
+
 /// Parses opcode `opcode`'s arguments from its fixed header `h` and the rest `p`.
 /// `None`: the request is malformed (answered `EIO`).
 pub fn parse<'a>(opcode: u32, h: &'a [u8], p: &'a [u8]) -> Option<Op<'a>> {
@@ -273,15 +286,9 @@ pub fn parse<'a>(opcode: u32, h: &'a [u8], p: &'a [u8]) -> Option<Op<'a>> {
             }
             Op::BatchForget { forgets }
         }
-        op::GETATTR => {
-            let flags = f.u32()?;
-            f.u32()?;
-            let fh = f.u64()?;
-            Op::Getattr {
-                // FUSE_GETATTR_FH
-                fh: (flags & 1 != 0).then_some(fh),
-            }
-        }
+        op::GETATTR => Op::Getattr {
+            fh: getattr_fh(&mut f)?,
+        },
         op::SETATTR => {
             use super::abi::fattr;
             let valid = f.u32()?;
@@ -460,6 +467,11 @@ pub fn parse<'a>(opcode: u32, h: &'a [u8], p: &'a [u8]) -> Option<Op<'a>> {
             offset: f.u64()?,
             length: f.u64()?,
             mode: f.i32()?,
+        },
+        // `fuse_statx_in` begins as `fuse_getattr_in`; the statx flags and mask after
+        // it change nothing lode answers.
+        op::STATX => Op::Statx {
+            fh: getattr_fh(&mut f)?,
         },
         op::LSEEK => Op::Lseek {
             fh: f.u64()?,

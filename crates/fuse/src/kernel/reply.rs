@@ -115,10 +115,9 @@ reply_type!(
     /// The reply to LOOKUP, MKNOD, MKDIR, SYMLINK, LINK.
     ReplyEntry
 );
-reply_type!(
-    /// The reply to GETATTR, SETATTR.
-    ReplyAttr
-);
+/// The reply to GETATTR, SETATTR, and STATX (`.1`: with the birth time, in a
+/// `fuse_statx_out`).
+pub struct ReplyAttr(pub(crate) ReplyRaw, pub(crate) bool);
 reply_type!(
     /// The reply to READ, READLINK.
     ReplyData
@@ -178,7 +177,16 @@ impl ReplyEntry {
 impl ReplyAttr {
     /// The attributes, kept for `ttl`.
     pub fn attr(self, ttl: &Duration, attr: &FileAttr) {
-        self.0.ok(&[&abi::attr_out(*ttl, attr)]);
+        if self.1 {
+            self.0.ok(&[&abi::statx_out(*ttl, attr)]);
+        } else {
+            self.0.ok(&[&abi::attr_out(*ttl, attr)]);
+        }
+    }
+
+    /// Failure with errno `e` (positive).
+    pub fn error(self, e: i32) {
+        self.0.error(e)
     }
 }
 

@@ -288,6 +288,12 @@ pub trait Filesystem: Send + Sync + 'static {
     ) {
         reply.error(libc::ENOSYS);
     }
+    /// The attributes with the birth time (`reply` answers with a `fuse_statx_out`):
+    /// the kernel asks only when a caller wants what GETATTR lacks. ENOSYS makes it
+    /// answer every later one itself, without a birth time.
+    fn statx(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        reply.error(libc::ENOSYS);
+    }
     /// `SEEK_DATA` (3) or `SEEK_HOLE` (4) from `offset`. ENOSYS makes the kernel
     /// answer every later one itself (all data up to the size).
     fn lseek(
@@ -335,8 +341,9 @@ pub fn dispatch<FS: Filesystem>(fs: &FS, req: &Request, h: &[u8], p: &[u8], sink
                 fs.forget(INodeNo(n), k);
             }
         }
-        Op::Getattr { fh } => fs.getattr(req, ino, fh.map(FileHandle), ReplyAttr(raw())),
-        Op::Setattr(s) => fs.setattr(req, ino, s, ReplyAttr(raw())),
+        Op::Getattr { fh } => fs.getattr(req, ino, fh.map(FileHandle), ReplyAttr(raw(), false)),
+        Op::Statx { fh } => fs.statx(req, ino, fh.map(FileHandle), ReplyAttr(raw(), true)),
+        Op::Setattr(s) => fs.setattr(req, ino, s, ReplyAttr(raw(), false)),
         Op::Readlink => fs.readlink(req, ino, ReplyData(raw())),
         Op::Symlink { name, target } => fs.symlink(req, ino, name, target, ReplyEntry(raw())),
         Op::Mknod {
