@@ -636,6 +636,22 @@ impl Inner {
         self.client.opened_contents(h).is_some() && self.client.keeps_pages(h.fid)
     }
 
+    /// Has the kernel write back, and forget, a file's pages: a handle of this mount
+    /// open for writing may have left some the servers have not seen (a shared
+    /// writable mapping's, written back only later). Told to drop them, the kernel
+    /// writes dirty ones first (`launder_folio`), as WRITEs that another FUSE thread
+    /// must be free to answer: false (nothing done) on a thread that cannot leave
+    /// one free, or if the kernel refused.
+    fn write_back_pages(&self, ino: INodeNo) -> bool {
+        if !INLINE.get() || !crate::kernel::peer_free() {
+            return false;
+        }
+        let Some(n) = self.pages.lock().clone() else {
+            return false;
+        };
+        n.inval_inode(ino, 0, 0).is_ok()
+    }
+
     /// With the writeback cache, the kernel writes a file's pages through whichever
     /// handle it likes, even after the one they were written with is closed: no
     /// handle can then say it wrote nothing.
@@ -1731,7 +1747,7 @@ impl Filesystem for LodeFs {
     fn lseek(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: Fh,
         offset: u64,
         whence: u32,
@@ -1750,9 +1766,7 @@ impl Filesystem for LodeFs {
         self.spawn(move |i| async move {
             let r = async {
                 let h = i.file(fh)?;
-                // A shared writable mapping through this mount may hold pages not
-                // written yet: then no hole is trusted.
-                let exact = !i.files.lock().writing(h.fid);
+                let exact = !i.files.lock().writing(h.fid) || i.write_back_pages(ino);
                 i.client.seek(&h, offset, hole, exact).await
             };
             match r.await {

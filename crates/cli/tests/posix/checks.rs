@@ -741,12 +741,33 @@ fn seek_data_and_seek_hole_find_what_was_written() {
     let seek = |file: &File, off: u64, whence| {
         sys(unsafe { libc::lseek(file.as_raw_fd(), off as i64, whence) })
     };
-    // While this mount has the file open for writing, its pages may hold bytes the
-    // servers have not seen: no hole is trusted but the end.
-    assert_eq!(seek(&file, 0, libc::SEEK_HOLE), Ok(size as i64));
-    drop(file);
-    let file = File::open(f.p("f")).unwrap();
     let (data, hole) = (libc::SEEK_DATA, libc::SEEK_HOLE);
+    // Asked through a handle open for writing, as LTP's lseek11 asks.
+    assert_eq!(seek(&file, 0, hole), Ok(4096));
+    // A page written through a shared mapping and not yet written back is data too:
+    // the mount has the kernel write such pages back before it answers.
+    let mapped = OpenOptions::new().read(true).write(true).open(f.p("f")).unwrap();
+    // SAFETY: a shared mapping of 4 KiB of an open file, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            mapped.as_raw_fd(),
+            2 * M as i64,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    // SAFETY: within the mapping.
+    unsafe { *(map as *mut u8).add(7) = 9 };
+    // (Asked through a handle opened before: an open makes the kernel write back
+    // and drop the file's pages.)
+    assert_eq!(seek(&file, M + 4096, data), Ok(2 * M as i64));
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(map, 4096) };
+    drop((file, mapped));
+    let file = File::open(f.p("f")).unwrap();
     // Holes and data at 4 KiB granularity (an OST object's file system block, a
     // Data-on-MDT chunk), across stripes and components.
     let expect = [
@@ -756,7 +777,9 @@ fn seek_data_and_seek_hole_find_what_was_written() {
         (4096, data, Ok(M)),
         (M + 10, data, Ok(M + 10)),
         (M, hole, Ok(M + 4096)),
-        (M + 4096, data, Ok(3 * M)),
+        (M + 4096, data, Ok(2 * M)),
+        (2 * M, hole, Ok(2 * M + 4096)),
+        (2 * M + 4096, data, Ok(3 * M)),
         (3 * M, hole, Ok(size)),
         (3 * M + 105, data, Ok(3 * M + 105)),
         (size - 1, hole, Ok(size)),
