@@ -91,6 +91,9 @@ pub struct Attr {
     pub btime: i64,
     /// Device number for char/block nodes.
     pub rdev: u64,
+    /// Inode flags as `FS_IOC_GETFLAGS` reports them: those of
+    /// [`crate::perm::FS_FLAGS_KEPT`] that are set (`chattr +i`, `+a`).
+    pub flags: u32,
 }
 
 impl Attr {
@@ -134,6 +137,9 @@ pub struct SetAttr {
     pub atime: Option<TimeSet>,
     /// New modification time.
     pub mtime: Option<TimeSet>,
+    /// New inode flags (`FS_IOC_SETFLAGS`, `chattr`): root only, and only those of
+    /// [`crate::perm::FS_FLAGS_KEPT`].
+    pub flags: Option<u32>,
 }
 
 /// Who is asking: the caller's identity, carried in every MDT request.

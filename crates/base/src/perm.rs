@@ -1,6 +1,6 @@
 //! POSIX permission rules, evaluated by the MDT for every request.
 
-use crate::{Attr, Cred};
+use crate::{Attr, Cred, SetAttr, TimeSet};
 
 /// Read permission.
 pub const MAY_READ: u32 = 4;
@@ -15,6 +15,78 @@ pub const MAY_EXEC: u32 = 1;
 pub fn plain_read(flags: i32) -> bool {
     let mask = libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT | libc::O_APPEND;
     flags & mask == libc::O_RDONLY
+}
+
+/// `FS_IMMUTABLE_FL` (`chattr +i`): the inode may not change at all, nor be removed,
+/// renamed or linked; a directory's entries may not change.
+pub const FS_IMMUTABLE_FL: u32 = 0x10;
+/// `FS_APPEND_FL` (`chattr +a`): a file may only be appended to, and may not be
+/// removed, renamed or linked; entries may be added to a directory, not removed.
+pub const FS_APPEND_FL: u32 = 0x20;
+/// The inode flags lode keeps, as Lustre does; setting another is EOPNOTSUPP.
+pub const FS_FLAGS_KEPT: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL;
+
+/// Linux's rules for the immutable and append-only flags (`IS_IMMUTABLE`,
+/// `IS_APPEND` in the VFS), which the MDT applies since the kernel of a FUSE mount
+/// does not know an inode's flags. Each says whether an operation is refused
+/// (EPERM).
+pub mod iflags {
+    use super::*;
+
+    fn fixed(flags: u32) -> bool {
+        flags & FS_FLAGS_KEPT != 0
+    }
+
+    /// The inode itself removed, renamed or linked (`may_delete`, `may_linkat`).
+    pub fn forbid_unlink(flags: u32) -> bool {
+        fixed(flags)
+    }
+
+    /// An entry added to (`removing` false) or removed from a directory.
+    pub fn forbid_dir_change(dir_flags: u32, removing: bool) -> bool {
+        dir_flags & FS_IMMUTABLE_FL != 0 || removing && dir_flags & FS_APPEND_FL != 0
+    }
+
+    /// An open with `O_*` flags `open` (`may_open`): no writing an immutable file,
+    /// and only appending to an append-only one, never truncating it.
+    pub fn forbid_open(flags: u32, open: i32) -> bool {
+        if flags & FS_IMMUTABLE_FL != 0 {
+            return wants_write(open);
+        }
+        if flags & FS_APPEND_FL != 0 {
+            let writes = open & libc::O_ACCMODE != libc::O_RDONLY;
+            return writes && open & libc::O_APPEND == 0 || open & libc::O_TRUNC != 0;
+        }
+        false
+    }
+
+    /// An attribute change other than of the flags (`notify_change`): none to an
+    /// immutable inode; to an append-only one, only setting its times to now.
+    pub fn forbid_setattr(flags: u32, sa: &SetAttr) -> bool {
+        if flags & FS_IMMUTABLE_FL != 0 {
+            return sa.mode.is_some()
+                || sa.uid.is_some()
+                || sa.gid.is_some()
+                || sa.size.is_some()
+                || sa.atime.is_some()
+                || sa.mtime.is_some();
+        }
+        if flags & FS_APPEND_FL != 0 {
+            let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
+            return sa.mode.is_some()
+                || sa.uid.is_some()
+                || sa.gid.is_some()
+                || sa.size.is_some()
+                || explicit(sa.atime)
+                || explicit(sa.mtime);
+        }
+        false
+    }
+
+    /// An xattr (or ACL, or layout) set or removed (`xattr_permission`).
+    pub fn forbid_xattr_change(flags: u32) -> bool {
+        fixed(flags)
+    }
 }
 
 /// Whether `O_*` flags ask for write access (or truncation): an open that may change
@@ -64,6 +136,48 @@ pub(crate) mod tests {
     use crate::Fid;
 
     #[test]
+    fn immutable_and_append_only_inodes_refuse_what_linux_refuses() {
+        use iflags::*;
+        let (i, a) = (FS_IMMUTABLE_FL, FS_APPEND_FL);
+        for f in [i, a, i | a] {
+            assert!(forbid_unlink(f) && forbid_xattr_change(f));
+        }
+        assert!(!forbid_unlink(0) && !forbid_xattr_change(0));
+        assert!(forbid_dir_change(i, false) && forbid_dir_change(i, true));
+        assert!(!forbid_dir_change(a, false) && forbid_dir_change(a, true));
+        assert!(!forbid_dir_change(0, true));
+        let (rd, wr, app, tr) = (
+            libc::O_RDONLY,
+            libc::O_WRONLY,
+            libc::O_APPEND,
+            libc::O_TRUNC,
+        );
+        assert!(!forbid_open(i, rd) && forbid_open(i, wr) && forbid_open(i, rd | tr));
+        assert!(forbid_open(i, wr | app));
+        assert!(!forbid_open(a, rd) && forbid_open(a, wr) && !forbid_open(a, wr | app));
+        assert!(!forbid_open(a, libc::O_RDWR | app) && forbid_open(a, wr | app | tr));
+        let touch = SetAttr {
+            mtime: Some(TimeSet::Now),
+            ..Default::default()
+        };
+        let set = SetAttr {
+            mtime: Some(TimeSet::At(5)),
+            ..Default::default()
+        };
+        let chmod = SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        };
+        assert!(forbid_setattr(i, &touch) && forbid_setattr(i, &chmod));
+        assert!(!forbid_setattr(a, &touch) && forbid_setattr(a, &set) && forbid_setattr(a, &chmod));
+        assert!(!forbid_setattr(0, &chmod));
+        assert!(
+            !forbid_setattr(i, &SetAttr::default()),
+            "a flags-only change"
+        );
+    }
+
+    #[test]
     fn plain_read_is_read_only_without_create_truncate_or_append() {
         assert!(plain_read(libc::O_RDONLY));
         assert!(plain_read(
@@ -91,6 +205,7 @@ pub(crate) mod tests {
             ctime: 0,
             btime: 0,
             rdev: 0,
+            flags: 0,
         }
     }
 

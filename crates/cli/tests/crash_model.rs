@@ -471,7 +471,7 @@ fn kept_handles(c: &Cluster, clients: &[Client]) -> usize {
 /// The file a client holds open for the whole run.
 enum Held {
     File(fs::File),
-    Native(FileHandle),
+    Native(Box<FileHandle>),
 }
 
 impl Client {
@@ -503,7 +503,7 @@ impl Client {
                     .run(c.create_open(&root(), *dir, HELD.as_bytes(), 0o644, flags, None))
                     .expect("create the held file");
                 s.run(c.write(&h, 0, data)).expect("write the held file");
-                Held::Native(h)
+                Held::Native(Box::new(h))
             }
         }
     }

@@ -296,3 +296,47 @@ fn birth_times_are_kept_by_the_mdt_and_a_nobtime_mount_reports_none() {
     assert!(md.created().is_err(), "nobtime: no birth time");
     assert_eq!(std::os::unix::fs::MetadataExt::mode(&md) & 0o777, 0o600);
 }
+
+#[test]
+fn only_root_sets_inode_flags_and_the_mdt_holds_an_immutable_file_for_native_clients() {
+    let c = cluster(1);
+    let s = c.client();
+    let cl = s.client.clone();
+    s.run(async {
+        let user = user();
+        let f = cl
+            .create(&root(), Fid::ROOT, b"f", 0o666, None)
+            .await
+            .unwrap();
+        let fid = f.attr.fid;
+        let flags = |v| lode_base::SetAttr {
+            flags: Some(v),
+            ..Default::default()
+        };
+        let immutable = lode_base::perm::FS_IMMUTABLE_FL;
+        assert_eq!(
+            cl.setattr(&user, fid, flags(immutable)).await.unwrap_err(),
+            Errno::EPERM
+        );
+        assert_eq!(
+            cl.setattr(&root(), fid, flags(0x40)).await.unwrap_err(),
+            Errno::EOPNOTSUPP
+        );
+        let b = cl.setattr(&root(), fid, flags(immutable)).await.unwrap();
+        assert_eq!(b.attr.flags, immutable);
+        assert_eq!(cl.getattr(&root(), fid).await.unwrap().flags, immutable);
+        // Root too is held by it, whatever the mode bits allow.
+        assert_eq!(
+            cl.open(&root(), fid, libc::O_WRONLY).await.unwrap_err(),
+            Errno::EPERM
+        );
+        assert_eq!(
+            cl.unlink(&root(), Fid::ROOT, b"f").await.unwrap_err(),
+            Errno::EPERM
+        );
+        let h = cl.open(&user, fid, libc::O_RDONLY).await.unwrap();
+        cl.close(&h).await.unwrap();
+        cl.setattr(&root(), fid, flags(0)).await.unwrap();
+        cl.unlink(&root(), Fid::ROOT, b"f").await.unwrap();
+    });
+}

@@ -7,8 +7,9 @@ use crate::cred::Groups;
 use crate::kernel::abi::init;
 use crate::kernel::{
     FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo, LkIn, Notifier, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SetattrIn, TimeOrNow,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SetattrIn,
+    TimeOrNow,
 };
 use foldhash::{HashMap, HashMapExt};
 use lode_base::acl;
@@ -911,6 +912,7 @@ impl Filesystem for LodeFs {
                 size: None,
                 atime: atime.map(time_set),
                 mtime: mtime.map(time_set),
+                flags: None,
             };
             if sa != SetAttr::default() {
                 i.client.setattr(&cred, f, sa).await?;
@@ -1340,14 +1342,67 @@ impl Filesystem for LodeFs {
         });
     }
 
-    fn ioctl(&self, _req: &Request, _ino: INodeNo, cmd: u32, reply: ReplyEmpty) {
-        // Programs probe files with ioctls (Python asks TCGETS of every file it
-        // opens): "not a terminal / no such control" is the right answer, and one log
-        // line per command number is enough.
-        if self.inner.client.note_unsupported_ioctl(cmd) {
-            tracing::info!(cmd = format_args!("{cmd:#010x}"), "ioctl not supported (ENOTTY); counted in llite.*.unsupported_ioctls, not logged again");
-        }
-        reply.error(libc::ENOTTY);
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        cmd: u32,
+        data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // chattr and lsattr: the kernel passes the flags as an int
+        // (`FS_IOC_GETFLAGS`), or in a `struct fsxattr` (`FS_IOC_FSGETXATTR`, which its
+        // `fileattr_set` asks first), having checked CAP_LINUX_IMMUTABLE.
+        let set = match cmd {
+            c if c == libc::FS_IOC_GETFLAGS as u32 && out_size == 4 => None,
+            FS_IOC_FSGETXATTR if out_size == FSXATTR_LEN => None,
+            c if c == libc::FS_IOC_SETFLAGS as u32 => match <[u8; 4]>::try_from(data) {
+                Ok(b) => Some(u32::from_ne_bytes(b)),
+                Err(_) => return reply.error(libc::EINVAL),
+            },
+            FS_IOC_FSSETXATTR => match fsxattr_flags(data) {
+                Ok(f) => Some(f),
+                Err(e) => return reply.error(e),
+            },
+            _ => {
+                // Programs probe files with ioctls (Python asks TCGETS of every file
+                // it opens): "not a terminal / no such control" is the right answer,
+                // and one log line per command number is enough.
+                if self.inner.client.note_unsupported_ioctl(cmd) {
+                    tracing::info!(cmd = format_args!("{cmd:#010x}"), "ioctl not supported (ENOTTY); counted in llite.*.unsupported_ioctls, not logged again");
+                }
+                return reply.error(libc::ENOTTY);
+            }
+        };
+        let x = cmd == FS_IOC_FSGETXATTR || cmd == FS_IOC_FSSETXATTR;
+        let cred = self.cred(req);
+        self.spawn(move |i| async move {
+            let r = async {
+                let fid = i.fid(ino)?;
+                match set {
+                    None => i.client.getattr(&cred, fid).await.map(|a| Some(a.flags)),
+                    Some(f) => {
+                        let sa = SetAttr {
+                            flags: Some(f),
+                            ..Default::default()
+                        };
+                        i.client.setattr(&cred, fid, sa).await?;
+                        // Its change time moved: the kernel asks again.
+                        if let Some(n) = i.pages.lock().clone() {
+                            let _ = n.inval_inode(ino, -1, 0);
+                        }
+                        Ok(None)
+                    }
+                }
+            };
+            match r.await {
+                Ok(Some(flags)) if x => reply.ioctl(0, &fsxattr_of(flags)),
+                Ok(Some(flags)) => reply.ioctl(0, &flags.to_ne_bytes()),
+                Ok(None) => reply.ioctl(0, &[]),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
     }
 
     fn readdir(
@@ -1777,6 +1832,49 @@ impl Filesystem for LodeFs {
     }
 }
 
+/// `FS_IOC_FSGETXATTR`: `_IOR('X', 31, struct fsxattr)`.
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+/// `FS_IOC_FSSETXATTR`: `_IOW('X', 32, struct fsxattr)`.
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `sizeof(struct fsxattr)`.
+const FSXATTR_LEN: u32 = 28;
+/// `struct fsxattr`'s flags for the `FS_*_FL` flags lode keeps.
+const XFLAGS: [(u32, u32); 2] = [
+    (0x8, lode_base::perm::FS_IMMUTABLE_FL),
+    (0x10, lode_base::perm::FS_APPEND_FL),
+];
+
+/// A `struct fsxattr` saying `flags` (`FS_*_FL`), the rest zero.
+fn fsxattr_of(flags: u32) -> [u8; FSXATTR_LEN as usize] {
+    let x = XFLAGS
+        .iter()
+        .filter(|(_, f)| flags & f != 0)
+        .fold(0u32, |acc, (x, _)| acc | x);
+    let mut b = [0u8; FSXATTR_LEN as usize];
+    b[..4].copy_from_slice(&x.to_ne_bytes());
+    b
+}
+
+/// The `FS_*_FL` flags a `struct fsxattr` sets: EOPNOTSUPP for a flag, extent size or
+/// project lode does not keep, EINVAL for a short one.
+fn fsxattr_flags(b: &[u8]) -> Result<u32, i32> {
+    let word = |i: usize| {
+        b.get(i * 4..i * 4 + 4)
+            .and_then(|w| <[u8; 4]>::try_from(w).ok())
+            .map(u32::from_ne_bytes)
+            .ok_or(libc::EINVAL)
+    };
+    let (xflags, extsize, projid, cowextsize) = (word(0)?, word(1)?, word(3)?, word(4)?);
+    let known = XFLAGS.iter().fold(0, |acc, (x, _)| acc | x);
+    if xflags & !known != 0 || extsize != 0 || projid != 0 || cowextsize != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(XFLAGS
+        .iter()
+        .filter(|(x, _)| xflags & x != 0)
+        .fold(0, |acc, (_, f)| acc | f))
+}
+
 /// A kernel lock request (bytes `start..=end`) as the client's.
 fn flock_args(
     fid: Fid,
@@ -1996,6 +2094,25 @@ mod tests {
             acl,
             btime: true,
         }
+    }
+
+    #[test]
+    fn fsxattr_carries_the_immutable_and_append_flags_and_refuses_the_rest() {
+        use super::{fsxattr_flags, fsxattr_of};
+        use lode_base::perm::{FS_APPEND_FL, FS_IMMUTABLE_FL};
+        let both = FS_IMMUTABLE_FL | FS_APPEND_FL;
+        let b = fsxattr_of(both);
+        assert_eq!(&b[..4], &0x18u32.to_ne_bytes());
+        assert!(b[4..].iter().all(|&x| x == 0));
+        assert_eq!(fsxattr_flags(&b), Ok(both));
+        assert_eq!(fsxattr_flags(&fsxattr_of(0)), Ok(0));
+        let mut sync = fsxattr_of(0);
+        sync[0] = 0x20; // FS_XFLAG_SYNC
+        assert_eq!(fsxattr_flags(&sync), Err(libc::EOPNOTSUPP));
+        let mut project = fsxattr_of(0);
+        project[12] = 7;
+        assert_eq!(fsxattr_flags(&project), Err(libc::EOPNOTSUPP));
+        assert_eq!(fsxattr_flags(&b[..10]), Err(libc::EINVAL));
     }
 
     #[test]

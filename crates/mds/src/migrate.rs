@@ -62,6 +62,10 @@ impl Namespace {
         if !self.may(r.fid, &rec, &r.cred, lode_base::perm::MAY_WRITE) {
             return Err(Errno::EACCES.into());
         }
+        if lode_base::perm::iflags::forbid_xattr_change(rec.fs_flags()) {
+            // A new layout is a change of the `lustre.lov` xattr.
+            return Err(Errno::EPERM.into());
+        }
         if !ctx.replay {
             let o = self.opens.lock();
             match o.handles.get(&r.handle) {

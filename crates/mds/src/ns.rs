@@ -364,6 +364,9 @@ impl Namespace {
         if !self.may(r.parent, &parent, &r.cred, MAY_WRITE) {
             return Err(Errno::EACCES.into());
         }
+        if lode_base::perm::iflags::forbid_dir_change(parent.fs_flags(), false) {
+            return Err(Errno::EPERM.into());
+        }
         if matches!(ftype, FileType::CharDev | FileType::BlockDev) && r.cred.uid != 0 {
             return Err(Errno::EPERM.into());
         }
@@ -648,6 +651,9 @@ impl Namespace {
         }
         if !self.may(fid, &rec, cred, want) {
             return Err(Errno::EACCES.into());
+        }
+        if lode_base::perm::iflags::forbid_open(rec.fs_flags(), flags) {
+            return Err(Errno::EPERM.into());
         }
         let mut b = Batch::new();
         let mark = if write && ft == FileType::Regular && rec.flags & INODE_DATA == 0 {

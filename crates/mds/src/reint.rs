@@ -7,7 +7,9 @@ use crate::pdo::Mode;
 use crate::{Ctx, Namespace, OpResult};
 use lode_base::hash::name_hash;
 use lode_base::limits::{FILE_SIZE_MAX, LINK_MAX};
-use lode_base::perm::{is_owner_or_root, may_delete_in_sticky, MAY_EXEC, MAY_WRITE};
+use lode_base::perm::{
+    iflags, is_owner_or_root, may_delete_in_sticky, FS_FLAGS_KEPT, MAY_EXEC, MAY_WRITE,
+};
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
 use lode_proto::{Empty, MdtBody, RenameReq, Reply};
 use lode_store::records::INODE_DATA;
@@ -50,7 +52,10 @@ impl Namespace {
             return Err(Errno::ENOENT.into());
         }
         let child_rec = self.inode(ent.fid)?;
-        if !may_delete_in_sticky(&pdir.attr(parent), &child_rec.attr(ent.fid), cred) {
+        if !may_delete_in_sticky(&pdir.attr(parent), &child_rec.attr(ent.fid), cred)
+            || iflags::forbid_dir_change(pdir.fs_flags(), true)
+            || iflags::forbid_unlink(child_rec.fs_flags())
+        {
             return Err(Errno::EPERM.into());
         }
         let child_dir = is_dir(child_rec.mode);
@@ -106,7 +111,10 @@ impl Namespace {
         }
         self.pdo.lock_inodes(&mut held, &[parent, fid]);
         let mut rec = self.inode(fid)?;
-        if is_dir(rec.mode) {
+        if is_dir(rec.mode)
+            || iflags::forbid_unlink(rec.fs_flags())
+            || iflags::forbid_dir_change(pdir.fs_flags(), false)
+        {
             return Err(Errno::EPERM.into());
         }
         if rec.nlink == 0 {
@@ -205,7 +213,11 @@ impl Namespace {
         }
         let src_rec = self.inode(src.fid)?;
         let src_is_dir = is_dir(src_rec.mode);
-        if !may_delete_in_sticky(&sdir.attr(sp), &src_rec.attr(src.fid), cred) {
+        if !may_delete_in_sticky(&sdir.attr(sp), &src_rec.attr(src.fid), cred)
+            || iflags::forbid_dir_change(sdir.fs_flags(), true)
+            || iflags::forbid_dir_change(ddir.fs_flags(), exchange || dst.is_some())
+            || iflags::forbid_unlink(src_rec.fs_flags())
+        {
             return Err(Errno::EPERM.into());
         }
         if let Some(d) = &dst {
@@ -214,7 +226,9 @@ impl Namespace {
                 return self.commit(ctx, Batch::new(), &Reply::Rename(Empty {}));
             }
             let drec = self.inode(d.fid)?;
-            if !may_delete_in_sticky(&ddir.attr(dp), &drec.attr(d.fid), cred) {
+            if !may_delete_in_sticky(&ddir.attr(dp), &drec.attr(d.fid), cred)
+                || iflags::forbid_unlink(drec.fs_flags())
+            {
                 return Err(Errno::EPERM.into());
             }
             let dst_is_dir = is_dir(drec.mode);
@@ -328,6 +342,18 @@ impl Namespace {
         let root = cred.uid == 0;
         let owner = is_owner_or_root(&attr, cred);
         let dir = is_dir(rec.mode);
+        if let Some(f) = sa.flags {
+            // CAP_LINUX_IMMUTABLE: root's alone (the only flags lode keeps need it).
+            if !root {
+                return Err(Errno::EPERM.into());
+            }
+            if f & !FS_FLAGS_KEPT != 0 {
+                return Err(Errno::EOPNOTSUPP.into());
+            }
+        }
+        if iflags::forbid_setattr(rec.fs_flags(), sa) {
+            return Err(Errno::EPERM.into());
+        }
         if let Some(size) = sa.size {
             if dir {
                 return Err(Errno::EISDIR.into());
@@ -441,6 +467,10 @@ impl Namespace {
                 TimeSet::Now => now,
                 TimeSet::At(ns) => ns,
             };
+            changed = true;
+        }
+        if let Some(f) = sa.flags {
+            rec.set_fs_flags(f);
             changed = true;
         }
         if changed {

@@ -1725,10 +1725,14 @@ impl Mdt {
                 w
             }
             MdtRequest::Link(r) => vec![dir(r.parent), name(r.parent, &r.name), obj(r.fid, UPDATE)],
-            // A change of who may open the file ends the handles kept under OPEN locks
-            // (an open that takes one checks nothing on the MDT).
+            // A change of who may open the file (or how: `chattr +i`, `+a`) ends the
+            // handles kept under OPEN locks (an open that takes one checks nothing on
+            // the MDT).
             MdtRequest::Setattr(r) => {
-                let who = r.attr.mode.is_some() || r.attr.uid.is_some() || r.attr.gid.is_some();
+                let who = r.attr.mode.is_some()
+                    || r.attr.uid.is_some()
+                    || r.attr.gid.is_some()
+                    || r.attr.flags.is_some();
                 vec![obj(r.fid, UPDATE | PERM | if who { OPEN } else { 0 })]
             }
             // Everyone's cached layout (kept with the attributes) goes. Instantiating

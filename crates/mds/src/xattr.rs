@@ -219,6 +219,9 @@ impl Namespace {
         self.pdo.lock_inodes(&mut held, &[fid]);
         let mut rec = self.inode(fid)?;
         self.check_xattr_access(&ns, &rec, fid, cred, MAY_WRITE)?;
+        if lode_base::perm::iflags::forbid_xattr_change(rec.fs_flags()) {
+            return Err(Errno::EPERM.into());
+        }
         let now = now_ns();
         let mut b = Batch::new();
         if let Ns::Link = ns {

@@ -30,6 +30,19 @@ pub const INODE_ACL: u32 = 0x8;
 /// what is made in it inherits; without the flag a create reads no xattr.
 pub const INODE_DEFACL: u32 = 0x10;
 
+/// Inode flag: immutable (`chattr +i`, `FS_IMMUTABLE_FL`).
+pub const INODE_IMMUTABLE: u32 = 0x20;
+
+/// Inode flag: append only (`chattr +a`, `FS_APPEND_FL`).
+pub const INODE_APPEND: u32 = 0x40;
+
+/// The inode flags `FS_IOC_GETFLAGS` reports, each with the `INODE_*` flag that
+/// stores it.
+const FS_FLAGS: [(u32, u32); 2] = [
+    (lode_base::perm::FS_IMMUTABLE_FL, INODE_IMMUTABLE),
+    (lode_base::perm::FS_APPEND_FL, INODE_APPEND),
+];
+
 /// An inode as the `inode` keyspace holds it: attributes plus layout inline, so one
 /// read serves getattr and layout.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +151,25 @@ impl InodeRec {
         }
     }
 
+    /// Its flags as `FS_IOC_GETFLAGS` reports them.
+    pub fn fs_flags(&self) -> u32 {
+        FS_FLAGS
+            .iter()
+            .filter(|(_, i)| self.flags & i != 0)
+            .fold(0, |acc, (f, _)| acc | f)
+    }
+
+    /// Sets its flags from `FS_IOC_SETFLAGS` flags (those lode keeps).
+    pub fn set_fs_flags(&mut self, fs: u32) {
+        for (f, i) in FS_FLAGS {
+            if fs & f != 0 {
+                self.flags |= i;
+            } else {
+                self.flags &= !i;
+            }
+        }
+    }
+
     /// The attributes `stat` reports.
     pub fn attr(&self, fid: Fid) -> Attr {
         Attr {
@@ -153,6 +185,7 @@ impl InodeRec {
             ctime: self.ctime,
             btime: self.btime,
             rdev: self.rdev,
+            flags: self.fs_flags(),
         }
     }
 }

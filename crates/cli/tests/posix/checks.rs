@@ -704,6 +704,90 @@ fn fallocate_preallocates_punches_and_zeroes_as_lustre_does() {
     assert_eq!(falloc(libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096), Err(libc::EOPNOTSUPP));
 }
 
+/// `FS_IOC_GETFLAGS` of a path (what lsattr shows), or the errno.
+fn get_iflags(p: &Path) -> Result<i32, i32> {
+    let f = File::open(p).unwrap();
+    let mut v: libc::c_int = 0;
+    // SAFETY: the kernel writes one int.
+    sys(unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut v) }).map(|_| v)
+}
+
+/// `FS_IOC_SETFLAGS` of a path (chattr), or the errno.
+fn set_iflags(p: &Path, v: i32) -> Result<i64, i32> {
+    let f = File::open(p).unwrap();
+    // SAFETY: the kernel reads one int.
+    sys(unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &v) })
+}
+
+#[test]
+fn immutable_and_append_only_files_refuse_what_linux_refuses() {
+    const I: i32 = 0x10; // FS_IMMUTABLE_FL
+    const A: i32 = 0x20; // FS_APPEND_FL
+    let f = fx();
+    fs::write(f.p("i"), b"fixed").unwrap();
+    fs::write(f.p("a"), b"log\n").unwrap();
+    fs::create_dir(f.p("d")).unwrap();
+    fs::create_dir(f.p("ad")).unwrap();
+    fs::write(f.p("ad/old"), b"").unwrap();
+    fs::write(f.p("x"), b"").unwrap();
+    assert_eq!(get_iflags(&f.p("i")), Ok(0));
+    for (p, v) in [("i", I), ("a", A), ("d", I), ("ad", A)] {
+        assert_eq!(set_iflags(&f.p(p), v), Ok(0), "chattr {p}");
+    }
+    assert_eq!(get_iflags(&f.p("i")), Ok(I));
+    assert_eq!(get_iflags(&f.p("ad")), Ok(A));
+    // Only root may set them (the kernel checks CAP_LINUX_IMMUTABLE too), and only
+    // those lode keeps.
+    fs::set_permissions(f.p("x"), fs::Permissions::from_mode(0o666)).unwrap();
+    let chattr_i = |c: *const c_char| unsafe {
+        let v: libc::c_int = I;
+        libc::ioctl(libc::open(c, O_RDONLY), libc::FS_IOC_SETFLAGS, &v)
+    };
+    assert_eq!(as_user(f.m.path(), "x", chattr_i), EPERM);
+    assert_eq!(set_iflags(&f.p("x"), 0x40), Err(libc::EOPNOTSUPP), "nodump");
+    let open = |p: &str, flags: i32| call(f.p(p), |c| unsafe { libc::open(c, flags) });
+    // Immutable: read, nothing else.
+    assert_eq!(fs::read(f.p("i")).unwrap(), b"fixed");
+    for flags in [O_WRONLY, O_RDWR, O_RDONLY | O_TRUNC, O_WRONLY | libc::O_APPEND] {
+        assert_eq!(open("i", flags), Err(EPERM), "open {flags:#o}");
+    }
+    assert_eq!(ioe(fs::remove_file(f.p("i"))), EPERM);
+    assert_eq!(ioe(fs::rename(f.p("i"), f.p("i2"))), EPERM);
+    assert_eq!(ioe(fs::hard_link(f.p("i"), f.p("i3"))), EPERM);
+    assert_eq!(ioe(fs::set_permissions(f.p("i"), fs::Permissions::from_mode(0o600))), EPERM);
+    assert_eq!(ioe(File::open(f.p("i")).unwrap().set_modified(SystemTime::now())), EPERM);
+    assert_eq!(call(f.p("i"), |c| unsafe { libc::truncate(c, 0) }), Err(EPERM));
+    let setx = |p: &str| {
+        call(f.p(p), |c| unsafe { libc::setxattr(c, c"user.k".as_ptr(), b"v".as_ptr().cast(), 1, 0) })
+    };
+    assert_eq!(setx("i"), Err(EPERM));
+    // Append-only: appending, and setting the times to now, only.
+    assert_eq!(open("a", O_WRONLY), Err(EPERM));
+    assert_eq!(open("a", O_WRONLY | libc::O_APPEND | O_TRUNC), Err(EPERM));
+    let mut log = OpenOptions::new().append(true).open(f.p("a")).unwrap();
+    log.write_all(b"more\n").unwrap();
+    drop(log);
+    assert_eq!(fs::read(f.p("a")).unwrap(), b"log\nmore\n");
+    assert_eq!(call(f.p("a"), |c| unsafe { libc::utimes(c, std::ptr::null()) }), Ok(0));
+    assert_eq!(ioe(fs::remove_file(f.p("a"))), EPERM);
+    assert_eq!(call(f.p("a"), |c| unsafe { libc::truncate(c, 0) }), Err(EPERM));
+    assert_eq!(setx("a"), Err(EPERM));
+    // An immutable directory takes no new entry; an append-only one gives none up.
+    assert_eq!(ioe(File::create(f.p("d/new"))), EPERM);
+    assert_eq!(ioe(fs::create_dir(f.p("d/sub"))), EPERM);
+    File::create(f.p("ad/new")).unwrap();
+    assert_eq!(ioe(fs::remove_file(f.p("ad/old"))), EPERM);
+    assert_eq!(ioe(fs::rename(f.p("ad/old"), f.p("moved"))), EPERM);
+    // Cleared, all is allowed again.
+    for p in ["i", "a", "d", "ad"] {
+        assert_eq!(set_iflags(&f.p(p), 0), Ok(0));
+    }
+    assert_eq!(get_iflags(&f.p("i")), Ok(0));
+    fs::remove_file(f.p("i")).unwrap();
+    fs::remove_file(f.p("ad/old")).unwrap();
+    File::create(f.p("d/new")).unwrap();
+}
+
 #[test]
 fn birth_time_is_set_at_creation_and_kept() {
     let f = fx();

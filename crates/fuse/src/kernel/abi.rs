@@ -478,6 +478,17 @@ pub fn write_out(size: u32) -> [u8; 8] {
     Put::<8>::new().u32(size).u32(0).done()
 }
 
+/// `struct fuse_ioctl_out` (16 bytes) of an ioctl that returns `result` (no retry,
+/// no iovecs: lode serves only ioctls whose argument the kernel passes whole).
+pub fn ioctl_out(result: i32) -> [u8; 16] {
+    Put::<16>::new()
+        .u32(result as u32)
+        .u32(0)
+        .u32(0)
+        .u32(0)
+        .done()
+}
+
 /// `struct fuse_lseek_out` (8 bytes): where the file position goes.
 pub fn lseek_out(offset: u64) -> [u8; 8] {
     Put::<8>::new().u64(offset).done()

@@ -19,7 +19,7 @@ pub use mount::MountOption;
 pub use op::{LkIn, Request, SetattrIn, TimeOrNow};
 pub use reply::{
     FileHandle, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr,
 };
 pub use session::{peer_free, Config, Filesystem, Notifier, Session};

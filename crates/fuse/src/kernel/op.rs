@@ -230,6 +230,10 @@ pub enum Op<'a> {
     Destroy,
     Ioctl {
         cmd: u32,
+        /// The argument's bytes the kernel passes in.
+        data: &'a [u8],
+        /// Bytes the kernel takes back.
+        out_size: u32,
     },
     Fallocate {
         fh: u64,
@@ -457,10 +461,20 @@ pub fn parse<'a>(opcode: u32, h: &'a [u8], p: &'a [u8]) -> Option<Op<'a>> {
             Op::Interrupt
         }
         op::DESTROY => Op::Destroy,
+        // `fuse_ioctl_in`: fh, flags, cmd, arg, in_size, out_size; `in_size` bytes of
+        // the argument follow.
         op::IOCTL => {
             f.u64()?;
             f.u32()?;
-            Op::Ioctl { cmd: f.u32()? }
+            let cmd = f.u32()?;
+            f.u64()?;
+            let in_size = f.u32()? as usize;
+            let out_size = f.u32()?;
+            Op::Ioctl {
+                cmd,
+                data: p.get(..in_size)?,
+                out_size,
+            }
         }
         op::FALLOCATE => Op::Fallocate {
             fh: f.u64()?,

@@ -143,6 +143,10 @@ reply_type!(
     ReplyLseek
 );
 reply_type!(
+    /// The reply to IOCTL.
+    ReplyIoctl
+);
+reply_type!(
     /// The reply to STATFS.
     ReplyStatfs
 );
@@ -223,6 +227,14 @@ impl ReplyWrite {
     /// `size` bytes were written.
     pub fn written(self, size: u32) {
         self.0.ok(&[&abi::write_out(size)]);
+    }
+}
+
+impl ReplyIoctl {
+    /// The ioctl returns `result` (0 or more) with `data`, exactly the bytes the
+    /// kernel asked back.
+    pub fn ioctl(self, result: i32, data: &[u8]) {
+        self.0.ok(&[&abi::ioctl_out(result), data]);
     }
 }
 

@@ -271,8 +271,17 @@ pub trait Filesystem: Send + Sync + 'static {
     fn setlk(&self, req: &Request, ino: INodeNo, lk: LkIn, sleep: bool, reply: ReplyEmpty) {
         reply.error(libc::ENOSYS);
     }
-    /// An ioctl.
-    fn ioctl(&self, req: &Request, ino: INodeNo, cmd: u32, reply: ReplyEmpty) {
+    /// An ioctl: `data` is its argument's bytes passed in; the answer carries
+    /// `out_size` bytes back.
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        cmd: u32,
+        data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
         reply.error(libc::ENOTTY);
     }
     /// Preallocates or punches.
@@ -438,7 +447,11 @@ pub fn dispatch<FS: Filesystem>(fs: &FS, req: &Request, h: &[u8], p: &[u8], sink
         // interrupted request is still answered, EINTR or not).
         Op::Interrupt => {}
         Op::Destroy => raw().ok(&[]),
-        Op::Ioctl { cmd } => fs.ioctl(req, ino, cmd, ReplyEmpty(raw())),
+        Op::Ioctl {
+            cmd,
+            data,
+            out_size,
+        } => fs.ioctl(req, ino, cmd, data, out_size, ReplyIoctl(raw())),
         Op::Fallocate {
             fh,
             offset,
