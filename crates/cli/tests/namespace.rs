@@ -315,6 +315,18 @@ fn only_root_sets_inode_flags_and_the_mdt_holds_an_immutable_file_for_native_cli
         };
         let immutable = lode_base::perm::FS_IMMUTABLE_FL;
         assert_eq!(
+            cl.setattr(&user, fid, flags(0)).await.unwrap_err(),
+            Errno::EPERM
+        );
+        // Its owner may set the flags but not change one lode keeps (that takes
+        // CAP_LINUX_IMMUTABLE).
+        let chown = lode_base::SetAttr {
+            uid: Some(user.uid),
+            ..Default::default()
+        };
+        cl.setattr(&root(), fid, chown).await.unwrap();
+        cl.setattr(&user, fid, flags(0)).await.unwrap();
+        assert_eq!(
             cl.setattr(&user, fid, flags(immutable)).await.unwrap_err(),
             Errno::EPERM
         );

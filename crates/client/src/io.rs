@@ -8,6 +8,7 @@ use lode_base::layout::{
     file_offset_from_object, file_size_from_object, object_size_for_file, Chunk,
 };
 use lode_base::limits::FILE_SIZE_MAX;
+use lode_base::perm::{FS_APPEND_FL, FS_IMMUTABLE_FL};
 use lode_base::{Attr, Cred, Errno, Fid, Layout, Pattern, SetAttr};
 use lode_proto::{
     CloseReq, DomPrefetch, DomReadReq, DomSeekReq, DomWriteReq, GetattrReq, LayoutIntentReq,
@@ -660,6 +661,12 @@ impl Client {
             .filter(|e| *e <= FILE_SIZE_MAX)
             .ok_or(Errno::EFBIG)?;
         self.check_live(fh)?;
+        // vfs_fallocate's rules for `chattr +i` and `+a` (the bytes go to the OSTs,
+        // which do not know them): an append-only file may only be preallocated.
+        let iflags = self.getattr_md(&Cred::root(), fh.fid).await?.attr.flags;
+        if iflags & FS_IMMUTABLE_FL != 0 || iflags & FS_APPEND_FL != 0 && mode & !KEEP != 0 {
+            return Err(Errno::EPERM);
+        }
         let mut layout = fh.layout().ok_or(Errno::EINVAL)?;
         let grows = mode & KEEP == 0;
         if grows && end > layout.end() {

@@ -1821,7 +1821,8 @@ impl Filesystem for LodeFs {
         self.spawn(move |i| async move {
             let r = async {
                 let h = i.file(fh)?;
-                let exact = !i.files.lock().writing(h.fid) || i.write_back_pages(ino);
+                let writing = i.files.lock().writing(h.fid);
+                let exact = !writing || i.write_back_pages(ino);
                 i.client.seek(&h, offset, hole, exact).await
             };
             match r.await {

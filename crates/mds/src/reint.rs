@@ -211,6 +211,11 @@ impl Namespace {
         if dst.is_some() && r.flags & RENAME_NOREPLACE != 0 {
             return Err(Errno::EEXIST.into());
         }
+        if dst.as_ref().is_some_and(|d| d.fid == src.fid) {
+            // Two links to one inode: POSIX says do nothing (before any other check,
+            // as Linux's vfs_rename).
+            return self.commit(ctx, Batch::new(), &Reply::Rename(Empty {}));
+        }
         let src_rec = self.inode(src.fid)?;
         let src_is_dir = is_dir(src_rec.mode);
         if !may_delete_in_sticky(&sdir.attr(sp), &src_rec.attr(src.fid), cred)
@@ -221,10 +226,6 @@ impl Namespace {
             return Err(Errno::EPERM.into());
         }
         if let Some(d) = &dst {
-            if d.fid == src.fid {
-                // Two links to one inode: POSIX says do nothing.
-                return self.commit(ctx, Batch::new(), &Reply::Rename(Empty {}));
-            }
             let drec = self.inode(d.fid)?;
             if !may_delete_in_sticky(&ddir.attr(dp), &drec.attr(d.fid), cred)
                 || iflags::forbid_unlink(drec.fs_flags())
@@ -343,8 +344,9 @@ impl Namespace {
         let owner = is_owner_or_root(&attr, cred);
         let dir = is_dir(rec.mode);
         if let Some(f) = sa.flags {
-            // CAP_LINUX_IMMUTABLE: root's alone (the only flags lode keeps need it).
-            if !root {
+            // The owner may set the flags; changing one lode keeps takes
+            // CAP_LINUX_IMMUTABLE, which is root's alone.
+            if !owner || !root && (f ^ rec.fs_flags()) & FS_FLAGS_KEPT != 0 {
                 return Err(Errno::EPERM.into());
             }
             if f & !FS_FLAGS_KEPT != 0 {

@@ -772,6 +772,14 @@ fn immutable_and_append_only_files_refuse_what_linux_refuses() {
     assert_eq!(ioe(fs::remove_file(f.p("a"))), EPERM);
     assert_eq!(call(f.p("a"), |c| unsafe { libc::truncate(c, 0) }), Err(EPERM));
     assert_eq!(setx("a"), Err(EPERM));
+    // Preallocation only: no hole punched in what was appended.
+    let log = OpenOptions::new().append(true).open(f.p("a")).unwrap();
+    let falloc = |mode| sys(unsafe { libc::fallocate(log.as_raw_fd(), mode, 0, 4096) });
+    let keep = libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(falloc(libc::FALLOC_FL_PUNCH_HOLE | keep), Err(EPERM));
+    assert_eq!(falloc(keep), Ok(0));
+    drop(log);
+    assert_eq!(fs::read(f.p("a")).unwrap(), b"log\nmore\n");
     // An immutable directory takes no new entry; an append-only one gives none up.
     assert_eq!(ioe(File::create(f.p("d/new"))), EPERM);
     assert_eq!(ioe(fs::create_dir(f.p("d/sub"))), EPERM);
