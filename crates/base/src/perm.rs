@@ -61,8 +61,10 @@ pub mod iflags {
     }
 
     /// An attribute change other than of the flags (`notify_change`): none to an
-    /// immutable inode; to an append-only one, only setting its times to now.
-    pub fn forbid_setattr(flags: u32, sa: &SetAttr) -> bool {
+    /// immutable inode; to an append-only one, only setting its times to now, or any
+    /// times by a `writer` holding it open for writing (the kernel's own update of a
+    /// writer's times).
+    pub fn forbid_setattr(flags: u32, sa: &SetAttr, writer: bool) -> bool {
         if flags & FS_IMMUTABLE_FL != 0 {
             return sa.mode.is_some()
                 || sa.uid.is_some()
@@ -72,7 +74,7 @@ pub mod iflags {
                 || sa.mtime.is_some();
         }
         if flags & FS_APPEND_FL != 0 {
-            let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
+            let explicit = |t: Option<TimeSet>| !writer && matches!(t, Some(TimeSet::At(_)));
             return sa.mode.is_some()
                 || sa.uid.is_some()
                 || sa.gid.is_some()
@@ -168,11 +170,16 @@ pub(crate) mod tests {
             mode: Some(0o600),
             ..Default::default()
         };
-        assert!(forbid_setattr(i, &touch) && forbid_setattr(i, &chmod));
-        assert!(!forbid_setattr(a, &touch) && forbid_setattr(a, &set) && forbid_setattr(a, &chmod));
-        assert!(!forbid_setattr(0, &chmod));
+        assert!(forbid_setattr(i, &touch, false) && forbid_setattr(i, &chmod, false));
         assert!(
-            !forbid_setattr(i, &SetAttr::default()),
+            !forbid_setattr(a, &touch, false)
+                && forbid_setattr(a, &set, false)
+                && forbid_setattr(a, &chmod, true)
+        );
+        assert!(!forbid_setattr(0, &chmod, false));
+        assert!(!forbid_setattr(a, &set, true), "a writer's times");
+        assert!(
+            !forbid_setattr(i, &SetAttr::default(), false),
             "a flags-only change"
         );
     }

@@ -352,3 +352,33 @@ fn only_root_sets_inode_flags_and_the_mdt_holds_an_immutable_file_for_native_cli
         cl.unlink(&root(), Fid::ROOT, b"f").await.unwrap();
     });
 }
+
+#[test]
+fn a_writeback_mount_appends_to_an_append_only_file_and_closes_it() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let c = cluster(1);
+    let m = c.mount_with(&["writeback"]);
+    let p = m.path().join("log");
+    std::fs::write(&p, b"one\n").unwrap();
+    let f = std::fs::File::open(&p).unwrap();
+    let append_only: libc::c_int = 0x20; // FS_APPEND_FL
+                                         // SAFETY: the kernel reads one int.
+    assert_eq!(
+        unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &append_only) },
+        0
+    );
+    drop(f);
+    // The MDT sees the O_APPEND the kernel keeps to itself, and takes the times the
+    // kernel sends for the writer at close.
+    let mut log = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+    log.write_all(b"two\n").unwrap();
+    log.sync_all().unwrap();
+    drop(log);
+    assert_eq!(std::fs::read(&p).unwrap(), b"one\ntwo\n");
+    let e = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+}

@@ -1294,6 +1294,19 @@ impl Client {
         self.setattr_as(cred, fid, sa, false).await
     }
 
+    /// Sets attributes through an open handle (an `ftruncate`, or the kernel's update
+    /// of a writer's times): the MDT learns whether the caller holds the file open
+    /// for writing, which lets it truncate without write permission and set the
+    /// times of an append-only file, as Linux lets a writer.
+    pub async fn setattr_through(
+        &self,
+        cred: &Cred,
+        fh: &FileHandle,
+        sa: SetAttr,
+    ) -> Result<MdtBody, Errno> {
+        self.setattr_as(cred, fh.fid, sa, fh.writable()).await
+    }
+
     /// SETATTR on the MDT, then the OST objects: punched to a new size, given a new mtime.
     async fn setattr_as(
         &self,

@@ -554,16 +554,17 @@ impl Inner {
         self.files.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)
     }
 
-    /// The open flags the client keeps for a handle. O_APPEND stays (the client then
-    /// writes at the end of file the OSTs know, as a native client does) unless the
-    /// writeback cache is on (the kernel then owns the file's end): the kernel's own
-    /// idea of the end of file may be stale when another client appended meanwhile.
-    fn append_flags(&self, flags: i32) -> i32 {
+    /// The open flags the client keeps for a handle the MDT opened with the caller's.
+    /// O_APPEND stays (the client then writes at the end of file the OSTs know, as a
+    /// native client does) unless the writeback cache is on (the kernel then owns the
+    /// file's end): the kernel's own idea of the end of file may be stale when another
+    /// client appended meanwhile. (The MDT still sees it: an append-only file opens
+    /// for appending only.)
+    fn own_append(&self, mut h: FileHandle) -> FileHandle {
         if self.opts.writeback {
-            flags & !libc::O_APPEND
-        } else {
-            flags
+            h.flags &= !libc::O_APPEND;
         }
+        h
     }
 
     /// FUSE open flags for a handle: an appending handle bypasses the page cache, whose
@@ -915,7 +916,12 @@ impl Filesystem for LodeFs {
                 flags: None,
             };
             if sa != SetAttr::default() {
-                i.client.setattr(&cred, f, sa).await?;
+                // Through a handle: the kernel's own update of a writer's times (with
+                // the writeback cache), which an append-only file takes.
+                match fh.map(|h| i.file(h)) {
+                    Some(Ok(h)) => i.client.setattr_through(&cred, &h, sa).await?,
+                    _ => i.client.setattr(&cred, f, sa).await?,
+                };
             }
             i.client.getattr(&cred, f).await
         });
@@ -1061,7 +1067,7 @@ impl Filesystem for LodeFs {
         self.spawn(|i| async move {
             let r = async {
                 let f = i.fid(ino)?;
-                let flags = i.append_flags(flags) & !(libc::O_CREAT | libc::O_EXCL);
+                let flags = flags & !(libc::O_CREAT | libc::O_EXCL);
                 // Asked only if the pages could be kept: a current answer brings no
                 // bytes, so the reads would all go to the MDT.
                 let cached = if lode_base::perm::plain_read(flags) {
@@ -1074,7 +1080,10 @@ impl Filesystem for LodeFs {
                 } else {
                     0
                 };
-                i.client.open_cached(&cred, f, flags, cached).await
+                i.client
+                    .open_cached(&cred, f, flags, cached)
+                    .await
+                    .map(|h| i.own_append(h))
             };
             match r.await {
                 Ok(h) => {
@@ -1111,11 +1120,11 @@ impl Filesystem for LodeFs {
             let seq = i.client.inval_seq();
             let r = async {
                 let p = i.fid(parent)?;
-                let flags = i.append_flags(flags);
                 let h = i
                     .client
                     .create_open_umask(&cred, p, &name, mode, umask, flags, None)
-                    .await?;
+                    .await
+                    .map(|h| i.own_append(h))?;
                 let a = if h.attr.size > 0 || h.flags & libc::O_TRUNC != 0 {
                     i.client.getattr(&cred, h.fid).await?
                 } else {
@@ -1190,7 +1199,7 @@ impl Filesystem for LodeFs {
         self.spawn(|i| async move {
             let r = async {
                 let h = i.file(fh)?;
-                // An O_APPEND handle (see `append_flags`) appends at the end the OSTs
+                // An O_APPEND handle (see `own_append`) appends at the end the OSTs
                 // know; otherwise write exactly where the kernel says.
                 let mut h2 = (*h).clone();
                 if h2.flags & libc::O_ACCMODE == libc::O_RDONLY {

@@ -353,7 +353,7 @@ impl Namespace {
                 return Err(Errno::EOPNOTSUPP.into());
             }
         }
-        if iflags::forbid_setattr(rec.fs_flags(), sa) {
+        if iflags::forbid_setattr(rec.fs_flags(), sa, opened_for_write) {
             return Err(Errno::EPERM.into());
         }
         if let Some(size) = sa.size {
