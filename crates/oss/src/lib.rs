@@ -486,13 +486,15 @@ impl Ost {
         {
             return Err(Errno::EFBIG);
         }
+        // The object's lock first, then (power-cut model) the journal's: the order
+        // of a punch, fallocate or destroy, which journal under the object's lock.
+        let _obj = self.commit.objs.lock(o);
         let _journaled = match &self.commit.undo {
             Some(u) => {
                 Some(u.before_write(&self.objects, &self.object_path(o), off, data.len())?)
             }
             None => None,
         };
-        let _obj = self.commit.objs.lock(o);
         let f = self.open_obj(o, true)?.ok_or(Errno::EIO)?;
         let written = f.write_all_at(data, off);
         // Even after a failed write: part of it may be there, and a new object is.
