@@ -26,6 +26,15 @@ pub const FS_APPEND_FL: u32 = 0x20;
 /// The inode flags lode keeps, as Lustre does; setting another is EOPNOTSUPP.
 pub const FS_FLAGS_KEPT: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL;
 
+/// `bits` translated through `pairs` of (from, to) flags: each `to` whose `from` is
+/// set (between the `FS_*_FL` flags, the MDT's inode flags and `struct fsxattr`'s).
+pub fn map_bits(bits: u32, pairs: impl IntoIterator<Item = (u32, u32)>) -> u32 {
+    pairs
+        .into_iter()
+        .filter(|(from, _)| bits & from != 0)
+        .fold(0, |acc, (_, to)| acc | to)
+}
+
 /// Linux's rules for the immutable and append-only flags (`IS_IMMUTABLE`,
 /// `IS_APPEND` in the VFS), which the MDT applies since the kernel of a FUSE mount
 /// does not know an inode's flags. Each says whether an operation is refused
@@ -65,24 +74,21 @@ pub mod iflags {
     /// times by a `writer` holding it open for writing (the kernel's own update of a
     /// writer's times).
     pub fn forbid_setattr(flags: u32, sa: &SetAttr, writer: bool) -> bool {
-        if flags & FS_IMMUTABLE_FL != 0 {
-            return sa.mode.is_some()
-                || sa.uid.is_some()
-                || sa.gid.is_some()
-                || sa.size.is_some()
-                || sa.atime.is_some()
-                || sa.mtime.is_some();
+        if !fixed(flags) {
+            return false;
         }
-        if flags & FS_APPEND_FL != 0 {
-            let explicit = |t: Option<TimeSet>| !writer && matches!(t, Some(TimeSet::At(_)));
-            return sa.mode.is_some()
-                || sa.uid.is_some()
-                || sa.gid.is_some()
-                || sa.size.is_some()
-                || explicit(sa.atime)
-                || explicit(sa.mtime);
-        }
-        false
+        let immutable = flags & FS_IMMUTABLE_FL != 0;
+        let time = |t: Option<TimeSet>| match t {
+            None => false,
+            Some(TimeSet::Now) => immutable,
+            Some(TimeSet::At(_)) => immutable || !writer,
+        };
+        sa.mode.is_some()
+            || sa.uid.is_some()
+            || sa.gid.is_some()
+            || sa.size.is_some()
+            || time(sa.atime)
+            || time(sa.mtime)
     }
 
     /// An xattr (or ACL, or layout) set or removed (`xattr_permission`).

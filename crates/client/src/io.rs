@@ -847,15 +847,11 @@ impl Client {
                 _ => Err(Errno::EPROTO),
             }
         });
-        let found = futures::future::join_all(asks).await;
-        let mut first = None;
-        for f in found {
-            first = match (first, f?) {
-                (Some(a), Some(b)) => Some(std::cmp::min(a, b)),
-                (a, b) => a.or(b),
-            };
-        }
-        Ok(first)
+        let found: Vec<Option<u64>> = futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .collect::<Result<_, Errno>>()?;
+        Ok(found.into_iter().flatten().min())
     }
 
     /// Writes `data` at `offset` of object `obj` on OST `ost` (creating it).

@@ -13,6 +13,7 @@ use crate::kernel::{
 };
 use foldhash::{HashMap, HashMapExt};
 use lode_base::acl;
+use lode_base::perm::map_bits;
 use lode_base::perm::{MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
 use lode_client::{Client, DirEntry, FileHandle, FlockArgs, Inval, MdtBody};
@@ -1856,10 +1857,7 @@ const XFLAGS: [(u32, u32); 2] = [
 
 /// A `struct fsxattr` saying `flags` (`FS_*_FL`), the rest zero.
 fn fsxattr_of(flags: u32) -> [u8; FSXATTR_LEN as usize] {
-    let x = XFLAGS
-        .iter()
-        .filter(|(_, f)| flags & f != 0)
-        .fold(0u32, |acc, (x, _)| acc | x);
+    let x = map_bits(flags, XFLAGS.map(|(x, f)| (f, x)));
     let mut b = [0u8; FSXATTR_LEN as usize];
     b[..4].copy_from_slice(&x.to_ne_bytes());
     b
@@ -1875,14 +1873,11 @@ fn fsxattr_flags(b: &[u8]) -> Result<u32, i32> {
             .ok_or(libc::EINVAL)
     };
     let (xflags, extsize, projid, cowextsize) = (word(0)?, word(1)?, word(3)?, word(4)?);
-    let known = XFLAGS.iter().fold(0, |acc, (x, _)| acc | x);
+    let known = map_bits(u32::MAX, XFLAGS.map(|(x, _)| (x, x)));
     if xflags & !known != 0 || extsize != 0 || projid != 0 || cowextsize != 0 {
         return Err(libc::EOPNOTSUPP);
     }
-    Ok(XFLAGS
-        .iter()
-        .filter(|(x, _)| xflags & x != 0)
-        .fold(0, |acc, (_, f)| acc | f))
+    Ok(map_bits(xflags, XFLAGS))
 }
 
 /// A kernel lock request (bytes `start..=end`) as the client's.

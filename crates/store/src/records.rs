@@ -2,6 +2,7 @@
 //! golden tests pin the bytes.
 
 use crate::engine::StoreError;
+use lode_base::perm::map_bits;
 use lode_base::{Attr, Fid, Layout};
 use serde::{Deserialize, Serialize};
 
@@ -153,21 +154,13 @@ impl InodeRec {
 
     /// Its flags as `FS_IOC_GETFLAGS` reports them.
     pub fn fs_flags(&self) -> u32 {
-        FS_FLAGS
-            .iter()
-            .filter(|(_, i)| self.flags & i != 0)
-            .fold(0, |acc, (f, _)| acc | f)
+        map_bits(self.flags, FS_FLAGS.map(|(f, i)| (i, f)))
     }
 
     /// Sets its flags from `FS_IOC_SETFLAGS` flags (those lode keeps).
     pub fn set_fs_flags(&mut self, fs: u32) {
-        for (f, i) in FS_FLAGS {
-            if fs & f != 0 {
-                self.flags |= i;
-            } else {
-                self.flags &= !i;
-            }
-        }
+        let kept = map_bits(u32::MAX, FS_FLAGS);
+        self.flags = self.flags & !kept | map_bits(fs, FS_FLAGS);
     }
 
     /// The attributes `stat` reports.
