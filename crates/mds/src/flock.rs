@@ -58,6 +58,16 @@ impl FileLocks {
         let want = *want;
         self.granted.iter().filter(move |g| g.conflicts(&want))
     }
+
+    /// The lock `F_GETLK` reports for `want`, as Linux (and Lustre's flock) find it:
+    /// the first owner in the way, its conflicting lock that starts first (each
+    /// owner's locks are kept sorted by start there).
+    fn first_blocker(&self, want: &Lk) -> Option<&Lk> {
+        let owner = self.blockers(want).next()?.owner;
+        self.blockers(want)
+            .filter(|l| l.owner == owner)
+            .min_by_key(|l| l.start)
+    }
 }
 
 /// A waiting client to tell: its wait on `fid` for `owner` ended, granted or not.
@@ -108,7 +118,7 @@ impl Flocks {
         };
         if r.test {
             let conflict = (r.typ != UN)
-                .then(|| files.get(&r.fid)?.blockers(&lk).next().map(desc))
+                .then(|| files.get(&r.fid)?.first_blocker(&lk).map(desc))
                 .flatten();
             return Ok((rep(false, false, conflict), Vec::new()));
         }
@@ -451,6 +461,32 @@ mod tests {
             Err(Errno::EAGAIN)
         );
         assert_eq!(f.replay(1, &req(1, 7, UN, 0, 9, false)), Err(Errno::EINVAL));
+    }
+
+    #[test]
+    fn a_test_reports_the_first_conflicting_range_of_the_owner_in_the_way() {
+        let fl = Flocks::default();
+        // Taken out of order: a write lock in the middle, then a read lock before it.
+        fl.request(1, &req(1, 7, WR, 10, 14, false), true).unwrap();
+        fl.request(1, &req(1, 7, RD, 1, 5, false), true).unwrap();
+        let test = |start, end| {
+            let r = FlockReq {
+                test: true,
+                ..req(1, 8, WR, start, end, false)
+            };
+            fl.request(2, &r, true)
+                .unwrap()
+                .0
+                .conflict
+                .map(|c| (c.typ, c.start, c.end))
+        };
+        assert_eq!(
+            test(0, u64::MAX),
+            Some((RD, 1, 5)),
+            "F_GETLK's answer on Linux"
+        );
+        assert_eq!(test(6, u64::MAX), Some((WR, 10, 14)));
+        assert_eq!(test(15, u64::MAX), None);
     }
 
     #[test]
