@@ -104,6 +104,15 @@ pub fn wants_write(flags: i32) -> bool {
     acc == libc::O_WRONLY || acc == libc::O_RDWR || flags & libc::O_TRUNC != 0
 }
 
+/// `O_TMPFILE` without the `O_DIRECTORY` it includes: an open-create that makes a
+/// file with no name (Lustre's volatile file), which `linkat` may name later.
+pub const O_TMPFILE_BIT: i32 = libc::O_TMPFILE & !libc::O_DIRECTORY;
+
+/// Whether `O_*` flags ask for a file with no name (`O_TMPFILE`).
+pub fn is_tmpfile(flags: i32) -> bool {
+    flags & O_TMPFILE_BIT != 0
+}
+
 /// `generic_permission` of Linux without ACLs: may `cred` access `attr` for `want`
 /// (a mask of MAY_*)?
 pub fn may_access(attr: &Attr, cred: &Cred, want: u32) -> bool {

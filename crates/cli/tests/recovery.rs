@@ -280,6 +280,65 @@ fn files_held_open_survive_an_mds_power_cut_committed_or_not_unlinked_or_not() {
 }
 
 #[test]
+fn files_with_no_name_survive_an_mds_power_cut_and_only_linkable_ones_get_one() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let r = root();
+    let d = mkdir(&s, Fid::ROOT, "d");
+    let tmp = |flags| s.run(cl.tmpfile(&r, d, 0o600, 0, flags, None));
+    assert_eq!(
+        tmp(libc::O_RDONLY).err(),
+        Some(Errno::EINVAL),
+        "a file with no name is opened for writing"
+    );
+    // Made, and committed, before commits are held; and one made after (its create is
+    // replayed); and one made with O_EXCL, which no name may reach.
+    let before = tmp(libc::O_RDWR).expect("tmpfile");
+    hold_commits(&c, 1);
+    let after = tmp(libc::O_RDWR).expect("tmpfile");
+    let excl = tmp(libc::O_RDWR | libc::O_EXCL).expect("tmpfile");
+    for (fh, data) in [(&before, b"bbbb"), (&after, b"aaaa"), (&excl, b"eeee")] {
+        assert_eq!(fh.attr.nlink, 0, "no name, no link");
+        assert_eq!(s.run(cl.write(fh, 0, data)), Ok(4));
+    }
+
+    power_cut_mds(&mut c);
+    let status = wait_recovered(&c);
+    assert_eq!(
+        c.get_param("mdt.*.open_files"),
+        "3",
+        "every handle is open again after recovery:\n{status}"
+    );
+    assert_eq!(
+        s.run(cl.link(&r, excl.fid, d, b"excl")).err(),
+        Some(Errno::ENOENT),
+        "made with O_EXCL: never linkable"
+    );
+    let named = s.run(cl.link(&r, after.fid, d, b"named")).expect("link");
+    assert_eq!(named.attr.nlink, 1);
+    for (fh, data) in [(&before, b"bbbb"), (&after, b"aaaa"), (&excl, b"eeee")] {
+        assert_eq!(s.run(cl.read(fh, 0, 4)).as_deref(), Ok(&data[..]));
+        assert_eq!(s.run(cl.close(fh)), Ok(()), "the same handle closes");
+    }
+    wait_for("every handle closed", Duration::from_secs(10), || {
+        c.get_param("mdt.*.open_files") == "0"
+    });
+    for fh in [&before, &excl] {
+        assert_eq!(
+            s.run(cl.getattr(&r, fh.fid)).err(),
+            Some(Errno::ENOENT),
+            "a file with no name goes with its last close"
+        );
+    }
+    assert_eq!(lookup(&s, d, "named").map(|b| b.attr.fid), Ok(after.fid));
+    assert_eq!(
+        s.run(cl.link(&r, before.fid, d, b"late")).err(),
+        Some(Errno::ENOENT)
+    );
+}
+
+#[test]
 fn clients_that_say_goodbye_free_their_slot_for_the_next() {
     let c = cluster(1);
     for i in 0..20 {

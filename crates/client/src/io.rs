@@ -11,9 +11,9 @@ use lode_base::limits::FILE_SIZE_MAX;
 use lode_base::perm::{FS_APPEND_FL, FS_IMMUTABLE_FL};
 use lode_base::{Attr, Cred, Errno, Fid, Layout, Pattern, SetAttr};
 use lode_proto::{
-    CloseReq, DomPrefetch, DomReadReq, DomSeekReq, DomWriteReq, GetattrReq, LayoutIntentReq,
-    MdtBody, ObjAttr, ObjId, ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply, Request,
-    SetattrReq,
+    CloseReq, CreateRep, DomPrefetch, DomReadReq, DomSeekReq, DomWriteReq, GetattrReq,
+    LayoutIntentReq, MdtBody, ObjAttr, ObjId, ObjsReq, OstReadReq, OstWriteReq, PunchReq, Reply,
+    Request, SetattrReq,
 };
 use parking_lot::RwLock;
 use std::collections::HashMap;
@@ -329,6 +329,59 @@ impl Client {
             cred,
             crate::locks::DirChange::Add(name),
         );
+        let fh = self.created_handle(fid, &rep, flags)?;
+        if rep.body.attr.fid != fid && flags & libc::O_TRUNC != 0 {
+            // An existing file was opened: O_TRUNC applies to it.
+            if let Err(e) = self.truncate_open(cred, &fh, 0).await {
+                let _ = self.close(&fh).await;
+                return Err(e);
+            }
+        }
+        Ok(fh)
+    }
+
+    /// Makes a regular file with no name, open with `flags` (which must ask for
+    /// writing), as `open(dir, O_TMPFILE)` does: `parent` lends it permissions, group,
+    /// default ACLs and layout. Its last close destroys it unless [`Client::link`]
+    /// names it first, which a file made with `O_EXCL` refuses (ENOENT).
+    pub async fn tmpfile(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        layout: Option<Layout>,
+    ) -> Result<FileHandle, Errno> {
+        let flags = flags & !(libc::O_TMPFILE | libc::O_CREAT | libc::O_TRUNC);
+        let fid = self.alloc_fid().await?;
+        let rep = match self
+            .md(Request::Create(lode_proto::CreateReq {
+                cred: cred.clone(),
+                parent,
+                name: Vec::new(),
+                fid,
+                mode: libc::S_IFREG | (mode & 0o7777),
+                umask,
+                rdev: 0,
+                target: Vec::new(),
+                layout,
+                open_flags: Some((flags | libc::O_CREAT | lode_base::perm::O_TMPFILE_BIT) as u32),
+            }))
+            .await?
+        {
+            Reply::Create(r) => r,
+            _ => return Err(Errno::EPROTO),
+        };
+        if rep.body.attr.fid != fid {
+            return Err(Errno::EPROTO);
+        }
+        self.remember(&rep.body, None);
+        self.created_handle(fid, &rep, flags)
+    }
+
+    /// The handle of an answered open-create that asked for `fid` with `flags`.
+    fn created_handle(&self, fid: Fid, rep: &CreateRep, flags: i32) -> Result<FileHandle, Errno> {
         let fh = FileHandle {
             fid: rep.body.attr.fid,
             handle: rep.handle.ok_or(Errno::EPROTO)?,
@@ -357,13 +410,6 @@ impl Client {
                 );
             }
             _ => {}
-        }
-        if rep.body.attr.fid != fid && flags & libc::O_TRUNC != 0 {
-            // An existing file was opened: O_TRUNC applies to it.
-            if let Err(e) = self.truncate_open(cred, &fh, 0).await {
-                let _ = self.close(&fh).await;
-                return Err(e);
-            }
         }
         Ok(fh)
     }

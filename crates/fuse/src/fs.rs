@@ -1151,6 +1151,40 @@ impl Filesystem for LodeFs {
         });
     }
 
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let cred = self.cred(req);
+        let (mode, umask) = self.new_mode(mode, umask);
+        self.spawn(move |i| async move {
+            let r = async {
+                let p = i.fid(parent)?;
+                i.client.tmpfile(&cred, p, mode, umask, flags, None).await
+            };
+            match r.await {
+                Ok(h) => {
+                    i.track_writes(&h);
+                    let fid = h.fid;
+                    i.remember(fid);
+                    let open_flags = i.open_flags(&h);
+                    let a = h.attr.clone();
+                    let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
+                    i.files.lock().insert(fh, Arc::new(h));
+                    // No name to cache; its attributes as any file's without a lock.
+                    let (_, ttl) = i.ttls(None, fid);
+                    reply.created(&ttl, &file_attr(&a), Generation(0), Fh(fh), open_flags);
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
     fn read(
         &self,
         _req: &Request,

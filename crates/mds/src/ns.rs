@@ -324,6 +324,11 @@ impl Namespace {
     }
 
     pub(crate) fn create(&self, ctx: &Ctx, slot: u32, r: CreateReq) -> OpResult<(CreateRep, u64)> {
+        if r.open_flags
+            .is_some_and(|f| lode_base::perm::is_tmpfile(f as i32))
+        {
+            return self.create_tmpfile(ctx, slot, r);
+        }
         check_new_name(&r.name)?;
         if r.open_flags.is_some() {
             self.check_open_cap(ctx, slot)?;
@@ -374,18 +379,7 @@ impl Namespace {
             return Err(Errno::EEXIST.into());
         }
         let dir = ftype == FileType::Directory;
-        let mut mode = ftype.mode_bits() | (r.mode & 0o7777);
-        let gid = if parent.mode & libc::S_ISGID != 0 {
-            if dir {
-                mode |= libc::S_ISGID;
-            }
-            parent.gid
-        } else {
-            r.cred.gid
-        };
-        if !dir && mode & libc::S_ISGID != 0 && r.cred.uid != 0 && !r.cred.in_group(gid) {
-            mode &= !libc::S_ISGID;
-        }
+        let (mode, gid) = new_owner(&parent, &r.cred, ftype, r.mode);
         let layout = match ftype {
             FileType::Regular => {
                 Some(self.new_layout(r.layout.as_ref(), parent.layout.as_ref(), ctx.replay)?)
@@ -485,6 +479,86 @@ impl Namespace {
             };
             self.register_open(h, r.fid, slot, mark);
         }
+        Ok((rep, transno))
+    }
+
+    /// `open(O_TMPFILE)` (Lustre's volatile file): a regular file with no name, open
+    /// for writing, an orphan from the start, so its last close (or a restart nobody
+    /// reopens it across) destroys it unless `linkat` names it first, which a file
+    /// made with `O_EXCL` refuses. Its directory lends permissions, group, default
+    /// ACLs and layout, and does not change.
+    fn create_tmpfile(&self, ctx: &Ctx, slot: u32, r: CreateReq) -> OpResult<(CreateRep, u64)> {
+        let flags = r.open_flags.unwrap_or(0) as i32;
+        if !r.name.is_empty()
+            || FileType::from_mode(r.mode) != Some(FileType::Regular)
+            || !lode_base::perm::wants_write(flags)
+            || !r.fid.is_normal()
+        {
+            return Err(Errno::EINVAL.into());
+        }
+        self.check_open_cap(ctx, slot)?;
+        self.check_space()?;
+        let mut held = self.pdo.lock(&[(r.parent, Mode::Shared)], &[]);
+        self.pdo.lock_inodes(&mut held, &[r.parent]);
+        let parent = self.dir_inode(r.parent)?;
+        if parent.nlink == 0 {
+            return Err(Errno::ENOENT.into());
+        }
+        if !self.may(r.parent, &parent, &r.cred, MAY_WRITE | MAY_EXEC) {
+            return Err(Errno::EACCES.into());
+        }
+        if lode_base::perm::iflags::forbid_dir_change(parent.fs_flags(), false) {
+            return Err(Errno::EPERM.into());
+        }
+        if self.store.inode(&r.fid.to_bytes())?.is_some() {
+            return Err(Errno::EEXIST.into());
+        }
+        let (mode, gid) = new_owner(&parent, &r.cred, FileType::Regular, r.mode);
+        let layout = self.new_layout(r.layout.as_ref(), parent.layout.as_ref(), ctx.replay)?;
+        let now = now_ns();
+        let linkable = if flags & libc::O_EXCL == 0 {
+            records::INODE_LINKABLE
+        } else {
+            0
+        };
+        let mut rec = InodeRec {
+            mode,
+            uid: r.cred.uid,
+            gid,
+            nlink: 0,
+            size: 0,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            rdev: 0,
+            flags: INODE_DATA | INODE_NO_XATTRS | linkable,
+            version: 0,
+            parent: Fid::ZERO,
+            layout: Some(layout),
+            symlink: Vec::new(),
+            links: Vec::new(),
+            btime: now,
+        };
+        let mut b = Batch::new();
+        self.inherit_acls(&mut b, r.parent, &parent, r.fid, &mut rec, r.umask)?;
+        put_inode(&mut b, r.fid, &rec);
+        b.put(Cf::Orphan, r.fid.to_bytes().to_vec(), Vec::new());
+        let handle = ctx.open_handle.unwrap_or_else(|| self.next_handle());
+        let mut body = self.body(r.fid, &rec);
+        body.glimpse = false;
+        let rep = CreateRep {
+            body,
+            handle: Some(handle),
+            parent: None,
+            dom_data: None,
+            data_token: 0,
+            cache_current: false,
+            layout_lock: 0,
+            open_lock: 0,
+        };
+        let transno = self.commit(ctx, b, &Reply::Create(rep.clone()))?;
+        self.register_open(handle, r.fid, slot, DataMark::Marked);
         Ok((rep, transno))
     }
 
@@ -976,4 +1050,24 @@ impl Namespace {
     pub(crate) fn remove_entry(b: &mut Batch, parent: Fid, name: &[u8]) {
         del_dirent(b, parent, name);
     }
+}
+
+/// The mode and group of a new inode of type `ftype` in `parent`, made by `cred` with
+/// `mode` asked: a set-group-ID directory passes its group on (and its bit, to
+/// directories); a set-group-ID bit the creator could not set on the file is dropped.
+fn new_owner(parent: &InodeRec, cred: &Cred, ftype: FileType, mode: u32) -> (u32, u32) {
+    let dir = ftype == FileType::Directory;
+    let mut mode = ftype.mode_bits() | (mode & 0o7777);
+    let gid = if parent.mode & libc::S_ISGID != 0 {
+        if dir {
+            mode |= libc::S_ISGID;
+        }
+        parent.gid
+    } else {
+        cred.gid
+    };
+    if !dir && mode & libc::S_ISGID != 0 && cred.uid != 0 && !cred.in_group(gid) {
+        mode &= !libc::S_ISGID;
+    }
+    (mode, gid)
 }

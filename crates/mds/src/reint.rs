@@ -12,8 +12,8 @@ use lode_base::perm::{
 };
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
 use lode_proto::{Empty, MdtBody, RenameReq, Reply};
-use lode_store::records::INODE_DATA;
-use lode_store::Batch;
+use lode_store::records::{INODE_DATA, INODE_LINKABLE};
+use lode_store::{Batch, Cf};
 
 /// `renameat2` flags.
 const RENAME_NOREPLACE: u32 = 1;
@@ -117,7 +117,9 @@ impl Namespace {
         {
             return Err(Errno::EPERM.into());
         }
-        if rec.nlink == 0 {
+        // A file with no link left is gone, but for an `O_TMPFILE` file's first name.
+        let named = rec.nlink == 0;
+        if named && rec.flags & INODE_LINKABLE == 0 {
             return Err(Errno::ENOENT.into());
         }
         if rec.nlink >= LINK_MAX {
@@ -125,9 +127,13 @@ impl Namespace {
         }
         let now = now_ns();
         rec.nlink += 1;
+        rec.flags &= !INODE_LINKABLE;
         rec.add_link(parent, name);
         rec.ctime = now;
         let mut b = Batch::new();
+        if named {
+            b.delete(Cf::Orphan, fid.to_bytes().to_vec());
+        }
         put_dirent(&mut b, parent, name, fid, dtype_of(rec.mode));
         put_inode(&mut b, fid, &rec);
         let mut p = self.dir_inode(parent)?;

@@ -1053,6 +1053,12 @@ impl Mdt {
     }
 }
 
+/// Whether a create makes a file with no name (`O_TMPFILE`).
+fn is_tmpfile(r: &lode_proto::CreateReq) -> bool {
+    r.open_flags
+        .is_some_and(|f| lode_base::perm::is_tmpfile(f as i32))
+}
+
 /// Whether a modification's locks depend on what a name points to now (so they must
 /// be checked again once held).
 fn looks_up(req: &MdtRequest) -> bool {
@@ -1690,6 +1696,8 @@ impl Mdt {
         let obj = |f, bits| (ResId::object(f), LockMode::Pw, bits);
         let child = |d, n: &[u8]| self.ns.dirent(d, n).ok().flatten().map(|e| e.fid);
         let mut w = match req {
+            // A file with no name changes only itself.
+            MdtRequest::Create(r) if is_tmpfile(r) => vec![obj(r.fid, UPDATE | PERM)],
             MdtRequest::Create(r) => {
                 // The new object too (its FID is the client's): nobody changes it
                 // before its creator's locks on it are granted.
@@ -1841,7 +1849,7 @@ impl Mdt {
         }
         let intent = self.intent(inc, exp);
         let create_intent = match &req {
-            MdtRequest::Create(r) if intent => Some((r.parent, r.name.clone())),
+            MdtRequest::Create(r) if intent && !is_tmpfile(r) => Some((r.parent, r.name.clone())),
             _ => None,
         };
         let setattr_intent = match &req {
@@ -1857,7 +1865,7 @@ impl Mdt {
         // The directory a create or unlink changes, and its ctime before: handed back
         // after, so the client knows whether its copy was current.
         let parent_intent = match &req {
-            MdtRequest::Create(r) if intent => Some(r.parent),
+            MdtRequest::Create(r) if intent && !is_tmpfile(r) => Some(r.parent),
             MdtRequest::Unlink(r) if intent => Some(r.parent),
             _ => None,
         }

@@ -380,6 +380,8 @@ pub struct CreateReq {
     /// Explicit layout (regular files) or default layout (directories).
     pub layout: Option<Layout>,
     /// Open the new file with these `O_*` flags (open intent); `O_EXCL` semantics apply.
+    /// With `O_TMPFILE` (`perm::O_TMPFILE_BIT`), `name` is empty and the file gets no
+    /// name: `parent` only lends it permissions, group, ACLs and layout.
     pub open_flags: Option<u32>,
 }
 

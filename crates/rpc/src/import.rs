@@ -1499,7 +1499,11 @@ impl Import {
         let reopen = Request::Open(lode_proto::OpenReq {
             cred: cred.clone(),
             fid: rep.body.attr.fid,
-            flags: flags & !((nix::libc::O_CREAT | nix::libc::O_EXCL | nix::libc::O_TRUNC) as u32),
+            flags: flags
+                & !((nix::libc::O_CREAT
+                    | nix::libc::O_EXCL
+                    | nix::libc::O_TRUNC
+                    | nix::libc::O_TMPFILE) as u32),
             cached: 0,
             open_lock: false,
         })

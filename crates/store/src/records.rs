@@ -37,6 +37,11 @@ pub const INODE_IMMUTABLE: u32 = 0x20;
 /// Inode flag: append only (`chattr +a`, `FS_APPEND_FL`).
 pub const INODE_APPEND: u32 = 0x40;
 
+/// Inode flag: a file made by `O_TMPFILE` without `O_EXCL` that no name has reached
+/// yet: `linkat` may give it its first (Linux's `I_LINKABLE`); any other file with no
+/// link left is gone for `link`.
+pub const INODE_LINKABLE: u32 = 0x80;
+
 /// The inode flags `FS_IOC_GETFLAGS` reports, each with the `INODE_*` flag that
 /// stores it.
 const FS_FLAGS: [(u32, u32); 2] = [

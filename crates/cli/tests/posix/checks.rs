@@ -821,6 +821,55 @@ fn birth_time_is_set_at_creation_and_kept() {
     assert!(m.modified().unwrap() > b);
 }
 
+/// `linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, to, AT_SYMLINK_FOLLOW)`: the way an
+/// unprivileged program names an `O_TMPFILE` file.
+fn link_fd(file: &File, to: &Path) -> Result<i64, i32> {
+    let from = cs(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    call(to, |t| unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            t,
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })
+}
+
+#[test]
+fn o_tmpfile_makes_a_file_with_no_name_until_linkat_names_it() {
+    let f = fx();
+    fs::create_dir(f.p("d")).unwrap();
+    let tmp = |flags| open(f.p("d"), libc::O_TMPFILE | flags);
+    assert_eq!(tmp(O_RDONLY).err(), Some(EINVAL), "it must be writable");
+    let file = tmp(O_RDWR).unwrap();
+    file.write_all_at(b"no name yet", 0).unwrap();
+    let m = file.metadata().unwrap();
+    assert_eq!((m.nlink(), m.len(), m.mode()), (0, 11, 0o100644));
+    assert_eq!(fs::read_dir(f.p("d")).unwrap().count(), 0, "nothing to list");
+    assert_eq!(link_fd(&file, &f.p("d/named")), Ok(0));
+    assert_eq!(file.metadata().unwrap().nlink(), 1);
+    assert_eq!(fs::read(f.p("d/named")).unwrap(), b"no name yet");
+    assert_eq!(md(f.p("d/named")).ino(), m.ino());
+    // Once its names are gone again, it is an ordinary open-unlinked file.
+    fs::remove_file(f.p("d/named")).unwrap();
+    assert_eq!(link_fd(&file, &f.p("d/again")), Err(ENOENT));
+    drop(file);
+    // Made with O_EXCL: no name may ever reach it.
+    let excl = tmp(O_WRONLY | O_EXCL).unwrap();
+    assert_eq!(link_fd(&excl, &f.p("d/excl")), Err(ENOENT));
+    drop(excl);
+    assert_eq!(fs::read_dir(f.p("d")).unwrap().count(), 0);
+    // Creating in a directory needs writing it, a file with no name too.
+    fs::set_permissions(f.p("d"), fs::Permissions::from_mode(0o555)).unwrap();
+    let e = as_user(f.m.path(), "d", |n| unsafe {
+        libc::open(n, libc::O_TMPFILE | O_RDWR, 0o600)
+    });
+    assert_eq!(e, EACCES);
+    assert_eq!(tmp(O_RDWR).err(), None, "root may");
+    assert_eq!(open(f.p("d/nope"), libc::O_TMPFILE | O_RDWR).err(), Some(ENOENT));
+}
+
 #[test]
 fn seek_data_and_seek_hole_find_what_was_written() {
     let f = fx();

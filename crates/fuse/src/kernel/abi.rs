@@ -101,7 +101,7 @@ pub fn op_header_len(opcode: u32) -> Option<usize> {
         op::INIT => 16,
         op::GETLK | op::SETLK | op::SETLKW => 48,
         op::ACCESS => 8,
-        op::CREATE => 16,
+        op::CREATE | op::TMPFILE => 16,
         op::IOCTL => 32,
         op::BATCH_FORGET => 8,
         op::FALLOCATE => 32,

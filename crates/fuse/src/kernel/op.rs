@@ -226,6 +226,13 @@ pub enum Op<'a> {
         mode: u32,
         umask: u32,
     },
+    /// `open(dir, O_TMPFILE)`: a `fuse_create_in` like CREATE's; the name the
+    /// kernel sends ("/") is not the file's (it has none).
+    Tmpfile {
+        flags: i32,
+        mode: u32,
+        umask: u32,
+    },
     Interrupt,
     Destroy,
     Ioctl {
@@ -456,6 +463,11 @@ pub fn parse<'a>(opcode: u32, h: &'a [u8], p: &'a [u8]) -> Option<Op<'a>> {
                 umask,
             }
         }
+        op::TMPFILE => Op::Tmpfile {
+            flags: f.i32()?,
+            mode: f.u32()?,
+            umask: f.u32()?,
+        },
         op::INTERRUPT => {
             f.u64()?;
             Op::Interrupt

@@ -131,6 +131,18 @@ pub trait Filesystem: Send + Sync + 'static {
     ) {
         reply.error(libc::ENOSYS);
     }
+    /// Makes and opens a file with no name (`O_TMPFILE`) in directory `parent`.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(libc::ENOSYS);
+    }
     /// Reads.
     fn read(
         &self,
@@ -443,6 +455,9 @@ pub fn dispatch<FS: Filesystem>(fs: &FS, req: &Request, h: &[u8], p: &[u8], sink
             mode,
             umask,
         } => fs.create(req, ino, name, mode, umask, flags, ReplyCreate(raw())),
+        Op::Tmpfile { flags, mode, umask } => {
+            fs.tmpfile(req, ino, mode, umask, flags, ReplyCreate(raw()))
+        }
         // The file system's waits watch their callers' signals themselves (an
         // interrupted request is still answered, EINTR or not).
         Op::Interrupt => {}
