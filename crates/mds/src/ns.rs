@@ -701,7 +701,10 @@ impl Namespace {
         let mut held = self.pdo.lock(&[], &[]);
         self.pdo.lock_inodes(&mut held, &[fid]);
         let mut rec = self.inode(fid)?;
-        if rec.nlink == 0 {
+        // A file with no name left is still there while open (an orphan): Linux
+        // opens it again through `/proc/PID/fd/N`, as Lustre opens volatile files
+        // by FID.
+        if rec.nlink == 0 && !self.is_open(fid) {
             return Err(Errno::ENOENT.into());
         }
         let acc = flags & libc::O_ACCMODE;

@@ -851,10 +851,18 @@ fn o_tmpfile_makes_a_file_with_no_name_until_linkat_names_it() {
     assert_eq!(file.metadata().unwrap().nlink(), 1);
     assert_eq!(fs::read(f.p("d/named")).unwrap(), b"no name yet");
     assert_eq!(md(f.p("d/named")).ino(), m.ino());
-    // Once its names are gone again, it is an ordinary open-unlinked file.
+    // Once its names are gone again, it is an ordinary open-unlinked file, which its
+    // holder may open again (as any process may through /proc).
     fs::remove_file(f.p("d/named")).unwrap();
     assert_eq!(link_fd(&file, &f.p("d/again")), Err(ENOENT));
+    let again = format!("/proc/self/fd/{}", file.as_raw_fd());
+    assert_eq!(fs::read(&again).unwrap(), b"no name yet");
     drop(file);
+    let nameless = tmp(O_RDWR).unwrap();
+    nameless.write_all_at(b"still nameless", 0).unwrap();
+    let again = format!("/proc/self/fd/{}", nameless.as_raw_fd());
+    assert_eq!(fs::read(&again).unwrap(), b"still nameless");
+    drop(nameless);
     // Made with O_EXCL: no name may ever reach it.
     let excl = tmp(O_WRONLY | O_EXCL).unwrap();
     assert_eq!(link_fd(&excl, &f.p("d/excl")), Err(ENOENT));
