@@ -472,6 +472,11 @@ unsafe fn serve<FS: Filesystem>(
     // The request whose reply comes from another thread, if any.
     let mut waiting: Option<u64> = None;
     let mut first = Some(first);
+    // Spin a little for the next request before sleeping (see `lode_rpc::spin`): a
+    // process making one request after another (`ls -l`'s getxattr per file, `du`)
+    // otherwise wakes this thread, and itself, from sleep at each one; measured here,
+    // a getxattr answered by the mount took 35 µs that way and 12-14 µs spinning.
+    let mut spin = lode_rpc::spin::Spin::default();
     loop {
         let done: Vec<Cqe> = if let Some(f) = first.take() {
             f
@@ -480,6 +485,19 @@ unsafe fn serve<FS: Filesystem>(
             let wr = unsafe { &mut *w };
             if !wr.live {
                 return Ok(());
+            }
+            let budget = spin.budget();
+            if !budget.is_zero() {
+                match wr.ring.submit() {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+                let until = std::time::Instant::now() + budget;
+                while wr.ring.completion().is_empty() && std::time::Instant::now() < until {
+                    std::thread::yield_now();
+                }
+                spin.record(!wr.ring.completion().is_empty());
             }
             match wr.ring.submit_and_wait(1) {
                 Ok(_) => {}
