@@ -302,25 +302,17 @@ impl Client {
         flags: i32,
         layout: Option<Layout>,
     ) -> Result<FileHandle, Errno> {
-        let fid = self.alloc_fid().await?;
-        let rep = match self
-            .md(Request::Create(lode_proto::CreateReq {
-                cred: cred.clone(),
+        let (fid, rep) = self
+            .create_rpc(
+                cred,
                 parent,
-                name: name.to_vec(),
-                fid,
-                mode: libc::S_IFREG | (mode & 0o7777),
+                name,
+                mode,
                 umask,
-                rdev: 0,
-                target: Vec::new(),
+                flags | libc::O_CREAT,
                 layout,
-                open_flags: Some((flags | libc::O_CREAT) as u32),
-            }))
-            .await?
-        {
-            Reply::Create(r) => r,
-            _ => return Err(Errno::EPROTO),
-        };
+            )
+            .await?;
         self.remember(&rep.body, Some((parent, name, cred)));
         // Created or found, the name is in the directory now.
         self.remember_parent(
@@ -354,30 +346,49 @@ impl Client {
         layout: Option<Layout>,
     ) -> Result<FileHandle, Errno> {
         let flags = flags & !(libc::O_TMPFILE | libc::O_CREAT | libc::O_TRUNC);
+        let open = flags | libc::O_CREAT | lode_base::perm::O_TMPFILE_BIT;
+        let (fid, rep) = self
+            .create_rpc(cred, parent, b"", mode, umask, open, layout)
+            .await?;
+        if rep.body.attr.fid != fid {
+            return Err(Errno::EPROTO);
+        }
+        self.remember(&rep.body, None);
+        self.created_handle(fid, &rep, flags)
+    }
+
+    /// An open-create of a regular file `name` (empty with `O_TMPFILE`) in `parent`,
+    /// with a FID of this client's: the FID asked for and the MDT's answer.
+    #[allow(clippy::too_many_arguments)]
+    async fn create_rpc(
+        &self,
+        cred: &Cred,
+        parent: Fid,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        open_flags: i32,
+        layout: Option<Layout>,
+    ) -> Result<(Fid, CreateRep), Errno> {
         let fid = self.alloc_fid().await?;
-        let rep = match self
+        match self
             .md(Request::Create(lode_proto::CreateReq {
                 cred: cred.clone(),
                 parent,
-                name: Vec::new(),
+                name: name.to_vec(),
                 fid,
                 mode: libc::S_IFREG | (mode & 0o7777),
                 umask,
                 rdev: 0,
                 target: Vec::new(),
                 layout,
-                open_flags: Some((flags | libc::O_CREAT | lode_base::perm::O_TMPFILE_BIT) as u32),
+                open_flags: Some(open_flags as u32),
             }))
             .await?
         {
-            Reply::Create(r) => r,
-            _ => return Err(Errno::EPROTO),
-        };
-        if rep.body.attr.fid != fid {
-            return Err(Errno::EPROTO);
+            Reply::Create(r) => Ok((fid, r)),
+            _ => Err(Errno::EPROTO),
         }
-        self.remember(&rep.body, None);
-        self.created_handle(fid, &rep, flags)
     }
 
     /// The handle of an answered open-create that asked for `fid` with `flags`.

@@ -521,6 +521,17 @@ impl Inner {
             .ok_or(Errno::ESTALE)
     }
 
+    /// Takes a file an open-create made (CREATE, TMPFILE): its entry reply is a
+    /// kernel lookup, and the handle the kernel gets with its open flags.
+    fn created(&self, h: FileHandle) -> (u64, FopenFlags) {
+        self.track_writes(&h);
+        self.remember(h.fid);
+        let open_flags = self.open_flags(&h);
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.files.lock().insert(fh, Arc::new(h));
+        (fh, open_flags)
+    }
+
     /// Records one kernel lookup of `fid` (every entry reply is one).
     fn remember(&self, fid: Fid) -> INodeNo {
         let ino = fid.ino();
@@ -1135,12 +1146,8 @@ impl Filesystem for LodeFs {
             };
             match r.await {
                 Ok((p, h, a)) => {
-                    i.track_writes(&h);
                     let fid = h.fid;
-                    i.remember(fid);
-                    let open_flags = i.open_flags(&h);
-                    let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
-                    i.files.lock().insert(fh, Arc::new(h));
+                    let (fh, open_flags) = i.created(h);
                     let (et, at) = i.ttls(Some((p, &name)), fid);
                     let ttl = et.min(at);
                     reply.created(&ttl, &file_attr(&a), Generation(0), Fh(fh), open_flags);
@@ -1169,13 +1176,8 @@ impl Filesystem for LodeFs {
             };
             match r.await {
                 Ok(h) => {
-                    i.track_writes(&h);
-                    let fid = h.fid;
-                    i.remember(fid);
-                    let open_flags = i.open_flags(&h);
-                    let a = h.attr.clone();
-                    let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
-                    i.files.lock().insert(fh, Arc::new(h));
+                    let (fid, a) = (h.fid, h.attr.clone());
+                    let (fh, open_flags) = i.created(h);
                     // No name to cache; its attributes as any file's without a lock.
                     let (_, ttl) = i.ttls(None, fid);
                     reply.created(&ttl, &file_attr(&a), Generation(0), Fh(fh), open_flags);

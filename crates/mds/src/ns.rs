@@ -451,16 +451,7 @@ impl Namespace {
         // other writer's open calls its locks back first (every open for writing
         // does). Others glimpse.
         body.glimpse = false;
-        let rep = CreateRep {
-            body,
-            handle,
-            parent: None,
-            dom_data: None,
-            data_token: 0,
-            cache_current: false,
-            layout_lock: 0,
-            open_lock: 0,
-        };
+        let rep = opened(body, handle);
         if dir {
             if parent.nlink >= LINK_MAX {
                 return Err(Errno::EMLINK.into());
@@ -547,16 +538,7 @@ impl Namespace {
         let handle = ctx.open_handle.unwrap_or_else(|| self.next_handle());
         let mut body = self.body(r.fid, &rec);
         body.glimpse = false;
-        let rep = CreateRep {
-            body,
-            handle: Some(handle),
-            parent: None,
-            dom_data: None,
-            data_token: 0,
-            cache_current: false,
-            layout_lock: 0,
-            open_lock: 0,
-        };
+        let rep = opened(body, Some(handle));
         let transno = self.commit(ctx, b, &Reply::Create(rep.clone()))?;
         self.register_open(handle, r.fid, slot, DataMark::Marked);
         Ok((rep, transno))
@@ -743,16 +725,7 @@ impl Namespace {
             DataMark::Reader
         };
         let handle = ctx.open_handle.unwrap_or_else(|| self.next_handle());
-        let mut rep = CreateRep {
-            body: self.body(fid, &rec),
-            handle: Some(handle),
-            parent: None,
-            dom_data: None,
-            data_token: 0,
-            cache_current: false,
-            layout_lock: 0,
-            open_lock: 0,
-        };
+        let mut rep = opened(self.body(fid, &rec), Some(handle));
         let transno = if b.is_empty() && ctx.slot.is_none() {
             0
         } else {
@@ -1073,4 +1046,19 @@ fn new_owner(parent: &InodeRec, cred: &Cred, ftype: FileType, mode: u32) -> (u32
         mode &= !libc::S_ISGID;
     }
     (mode, gid)
+}
+
+/// The answer to a create or open, before what the target layer adds (directory
+/// attributes, read-on-open bytes, locks).
+fn opened(body: MdtBody, handle: Option<u64>) -> CreateRep {
+    CreateRep {
+        body,
+        handle,
+        parent: None,
+        dom_data: None,
+        data_token: 0,
+        cache_current: false,
+        layout_lock: 0,
+        open_lock: 0,
+    }
 }
