@@ -15,6 +15,10 @@ use clap::{Args, Parser, Subcommand};
 use lode_base::config::{check_fsname, Role, TargetConfig, CONFIG_FILE, FORMAT_VERSION};
 use std::path::PathBuf;
 
+/// The allocator of every lode process (see ARCHITECTURE.md, "Memory").
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// lode: a user-space parallel file system with Lustre's metadata model.
 #[derive(Parser)]
 #[command(name = "lode", version, about)]
