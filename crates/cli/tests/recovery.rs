@@ -339,6 +339,57 @@ fn files_with_no_name_survive_an_mds_power_cut_and_only_linkable_ones_get_one() 
 }
 
 #[test]
+fn changes_replayed_after_an_mds_power_cut_keep_the_times_they_were_given() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let r = root();
+    let d = mkdir(&s, Fid::ROOT, "d");
+    hold_commits(&c, 1);
+    // Changes a few milliseconds apart, each stamping times on the objects it changes:
+    // a create (the file's four times, the directory's mtime and ctime), a mkdir, a
+    // chmod (ctime), a rename (the directory's times again).
+    let pause = || std::thread::sleep(Duration::from_millis(20));
+    let f = create(&s, d, "f");
+    pause();
+    let sub = mkdir(&s, d, "sub");
+    pause();
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    s.run(cl.setattr(&r, f, chmod)).expect("chmod");
+    pause();
+    s.run(cl.rename(&r, d, b"sub", d, b"sub2", 0))
+        .expect("rename");
+    let times = |s: &Session| -> Vec<(i64, i64, i64, i64)> {
+        [d, sub, f]
+            .iter()
+            .map(|x| {
+                let a = s.run(s.client.getattr(&r, *x)).expect("getattr");
+                (a.atime, a.mtime, a.ctime, a.btime)
+            })
+            .collect()
+    };
+    let before = times(&s);
+
+    power_cut_mds(&mut c);
+    let status = wait_recovered(&c);
+    let replayed: u64 = status_field(&status, "replayed_requests")
+        .parse()
+        .unwrap_or(0);
+    assert!(replayed >= 4, "the four changes were replayed:\n{status}");
+    // A new client: nothing it reads comes from a cache.
+    let fresh = c.client();
+    assert_eq!(
+        times(&fresh),
+        before,
+        "atime, mtime, ctime and birth time of the directory, the new directory and the \
+         file, as their changes first stamped them"
+    );
+}
+
+#[test]
 fn clients_that_say_goodbye_free_their_slot_for_the_next() {
     let c = cluster(1);
     for i in 0..20 {

@@ -8,11 +8,84 @@ use lode_store::records::{dirent_key, DirentRec, InodeRec};
 use lode_store::{Batch, Cf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Now, in ns since the epoch.
+/// Now, in ns since the epoch: the time of the change under way on this thread, if
+/// one is (see [`clock`]).
 pub(crate) fn now_ns() -> i64 {
+    clock::now()
+}
+
+fn wall_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// The time of the change under way on this thread. Its first reading of the clock is
+/// its time and every later one reads the same (one change, one time, as Lustre's
+/// reint records carry one); a replay reads the time its first run was given
+/// (`Header::op_time`), so that a change replayed after a restart stamps the ctime,
+/// mtime and birth time it stamped before.
+pub(crate) mod clock {
+    use std::cell::Cell;
+
+    thread_local! {
+        /// `Some(0)`: a change is under way and has not read the clock yet.
+        static AT: Cell<Option<i64>> = const { Cell::new(None) };
+    }
+
+    /// A change starts on this thread; `replayed`: the time its first run was given
+    /// (0: none). A time from the future is not believed.
+    pub(crate) fn begin(replayed: i64) {
+        let t = if replayed > 0 {
+            replayed.min(super::wall_ns())
+        } else {
+            0
+        };
+        AT.set(Some(t));
+    }
+
+    /// The change is over: the time it was given (0 if it read no clock).
+    pub(crate) fn end() -> i64 {
+        AT.replace(None).unwrap_or(0)
+    }
+
+    /// The change's time, or the wall clock outside a change.
+    pub(crate) fn now() -> i64 {
+        match AT.get() {
+            Some(t) if t != 0 => t,
+            Some(_) => {
+                let t = super::wall_ns();
+                AT.set(Some(t));
+                t
+            }
+            None => super::wall_ns(),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn a_change_reads_one_time_and_its_replay_reads_it_again() {
+            super::begin(0);
+            let first = super::now();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            assert_eq!(super::now(), first, "one change, one time");
+            assert_eq!(super::end(), first);
+            // Outside a change: the wall clock.
+            assert!(super::now() > first);
+            // The replay of that change reads the time it was given.
+            super::begin(first);
+            assert_eq!(super::now(), first);
+            assert_eq!(super::end(), first);
+            // A time from the future is not believed.
+            super::begin(i64::MAX);
+            assert!(super::now() < i64::MAX);
+            super::end();
+            // A change that reads no clock has no time.
+            super::begin(0);
+            assert_eq!(super::end(), 0);
+        }
+    }
 }
 
 /// Checks the name of an entry to make: `.` and `..` always exist (Linux answers

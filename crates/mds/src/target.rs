@@ -1875,7 +1875,14 @@ impl Mdt {
         let replay = h.flags & FLAG_REPLAY != 0 && h.pre_version != 0;
         let expected = (replay && self.recovery.lock().st.gaps > 0).then_some(h.pre_version);
         crate::inode::vbr::begin(expected);
+        let replayed_at = if h.flags & FLAG_REPLAY != 0 {
+            h.op_time
+        } else {
+            0
+        };
+        crate::inode::clock::begin(replayed_at);
         let mut out = self.run(inc, exp, req);
+        out.op_time = crate::inode::clock::end();
         out.pre_version = crate::inode::vbr::end();
         if out.status == 0 {
             use lode_rpc::fail::{check_op, MDS_ABORT_AFTER_COMMIT, MDS_ABORT_BEFORE_COMMIT};

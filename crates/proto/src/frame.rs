@@ -6,9 +6,9 @@ use lode_base::limits::RPC_SIZE_MAX;
 /// Frame magic, `LODE` in ASCII.
 pub const MAGIC: u32 = 0x4c4f_4445;
 /// Wire format version; bumped whenever a golden test has to change.
-pub const PROTO_VERSION: u16 = 6;
+pub const PROTO_VERSION: u16 = 7;
 /// Size of the fixed header.
-pub const HEADER_LEN: usize = 72;
+pub const HEADER_LEN: usize = 80;
 /// Size of the length and CRC fields before the header.
 pub const PREFIX_LEN: usize = 8;
 
@@ -63,6 +63,11 @@ pub struct Header {
     /// a lost change can tell whether the objects are still as they were
     /// (version-based recovery).
     pub pre_version: u64,
+    /// Replies to changes: the time the target gave the change (ns since the epoch; 0:
+    /// none). Its replay carries it back, so that a change replayed after a restart
+    /// stamps the times it stamped the first time (Lustre sends the client's time in
+    /// every reint record for the same reason).
+    pub op_time: i64,
 }
 
 /// Why a frame was refused.
@@ -90,7 +95,7 @@ pub enum FrameError {
 }
 
 impl Header {
-    /// Writes the 72 header bytes.
+    /// Writes the 80 header bytes.
     pub fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&PROTO_VERSION.to_le_bytes());
@@ -106,6 +111,7 @@ impl Header {
         out.extend_from_slice(&self.service_us.to_le_bytes());
         out.extend_from_slice(&self.conn_cnt.to_le_bytes());
         out.extend_from_slice(&self.pre_version.to_le_bytes());
+        out.extend_from_slice(&self.op_time.to_le_bytes());
     }
 
     /// Parses a header from at least [`HEADER_LEN`] bytes.
@@ -141,6 +147,7 @@ impl Header {
             service_us: u32_at(56),
             conn_cnt: u32_at(60),
             pre_version: u64_at(64),
+            op_time: u64_at(72) as i64,
         })
     }
 }

@@ -19,12 +19,13 @@ fn header_bytes_are_frozen() {
         service_us: 0x51,
         conn_cnt: 0x61,
         pre_version: 0x71,
+        op_time: -0x81,
     };
     let mut b = Vec::new();
     h.write(&mut b);
     let expect: Vec<u8> = vec![
         0x45, 0x44, 0x4f, 0x4c, // magic LODE
-        0x06, 0x00, // version (6: batched requests)
+        0x07, 0x00, // version (7: the time of a change, for its replay)
         0x0f, 0x00, // opcode 15
         0x02, 0x00, // flags
         0x03, 0x00, // tag
@@ -37,6 +38,7 @@ fn header_bytes_are_frozen() {
         0x51, 0, 0, 0, // service_us
         0x61, 0, 0, 0, // conn_cnt
         0x71, 0, 0, 0, 0, 0, 0, 0, // pre_version
+        0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, // op_time -0x81
     ];
     assert_eq!(b, expect);
     assert_eq!(Header::read(&b).unwrap(), h);
@@ -50,12 +52,12 @@ fn frame_bytes_are_frozen() {
         ..Default::default()
     };
     let f = Frame::encode(&h, &[]);
-    assert_eq!(&f[..4], &76u32.to_le_bytes());
+    assert_eq!(&f[..4], &84u32.to_le_bytes());
     let crc = crc32c::crc32c(&f[8..]);
     assert_eq!(&f[4..8], &crc.to_le_bytes());
-    assert_eq!(f.len(), 80);
+    assert_eq!(f.len(), 88);
     let (d, used) = Frame::decode(&f).unwrap();
-    assert_eq!(used, 80);
+    assert_eq!(used, 88);
     assert_eq!(d.header, h);
 }
 

@@ -569,6 +569,8 @@ struct Replayable {
     open_handle: u64,
     /// The versions its target found (see `Header::pre_version`), sent back with it.
     pre_version: u64,
+    /// The time its target gave it (see `Header::op_time`), sent back with it.
+    op_time: i64,
     /// A create's reply body: the layout the target chose, which the replay must ask
     /// for (see [`replay_body`]).
     reply: Option<Arc<Vec<u8>>>,
@@ -1412,6 +1414,7 @@ impl Import {
                             flags: p.flags,
                             open_handle,
                             pre_version: frame.header.pre_version,
+                            op_time: frame.header.op_time,
                             reply: (p.opcode == Opcode::Create as u16
                                 || p.opcode == Opcode::LayoutIntent as u16
                                 || p.opcode == Opcode::Migrate as u16)
@@ -1763,6 +1766,7 @@ impl Import {
                     last_xid: r.open_handle,
                     conn_cnt,
                     pre_version: r.pre_version,
+                    op_time: r.op_time,
                     ..Default::default()
                 };
                 (*transno, (h, replay_body(r)))

@@ -241,6 +241,8 @@ pub struct Outgoing {
     pub body: Vec<u8>,
     /// See [`Header::pre_version`].
     pub pre_version: u64,
+    /// See [`Header::op_time`].
+    pub op_time: i64,
     /// Send nothing (the request was dropped on purpose).
     pub drop: bool,
     /// Send nothing now: the request was parked and a [`Deferred`] will answer it.
@@ -783,6 +785,7 @@ fn reply_frame(h: &Header, out: &Outgoing, us: u64) -> Vec<u8> {
         service_us: us.min(u64::from(u32::MAX)) as u32,
         conn_cnt: h.conn_cnt,
         pre_version: out.pre_version,
+        op_time: out.op_time,
     };
     Frame::encode(&header, &out.body)
 }
