@@ -202,6 +202,38 @@ fn unlinked_open_file_stays_readable_until_close() {
     );
 }
 
+#[test]
+fn a_removed_directory_held_open_lists_nothing_until_its_close_destroys_it() {
+    let c = cluster(2);
+    let s = c.client();
+    let cl = &s.client;
+    let d = s.run(async {
+        let d = mkdir_p(cl, "/d").await;
+        let fh = cl
+            .open(&root(), d, libc::O_RDONLY | libc::O_DIRECTORY)
+            .await
+            .expect("open");
+        cl.rmdir(&root(), Fid::ROOT, b"d").await.expect("rmdir");
+        let a = cl
+            .getattr(&root(), d)
+            .await
+            .expect("still there while open");
+        assert_eq!(a.nlink, 0);
+        // Not even `.` and `..`: a removed directory lists as empty (Lustre's dead
+        // directory).
+        assert_eq!(cl.readdir_all(&root(), d, true).await, Ok(Vec::new()));
+        cl.close_now(&fh).await.expect("close");
+        d
+    });
+    assert_eq!(c.get_param("mdt.*.open_files"), "0");
+    // Gone with its last close (asked by a client with nothing cached).
+    let other = c.client();
+    assert_eq!(
+        other.run(other.client.getattr(&root(), d)).unwrap_err(),
+        Errno::ENOENT
+    );
+}
+
 fn walk_files(d: &std::path::Path) -> usize {
     let Ok(rd) = std::fs::read_dir(d) else {
         return 0;

@@ -97,6 +97,10 @@ const SELINUX_XATTR: &[u8] = b"security.selinux";
 
 struct DirHandle {
     fid: Fid,
+    /// The directory's open on the MDT: while it lasts, a removed directory stays
+    /// there (an orphan, as a removed open file does), so this handle still stats
+    /// and lists it, as on Linux, until `releasedir` closes it.
+    open: Option<FileHandle>,
     /// The last page read: entries (shared with the calls that hand them out, which
     /// each take a few), the cookie after it, and whether it carries attributes.
     page: Arc<Vec<DirEntry>>,
@@ -1343,24 +1347,22 @@ impl Filesystem for LodeFs {
             let seq = i.client.inval_seq();
             let r = async {
                 let f = i.fid(ino)?;
-                let b = i.client.getattr_md(&cred, f).await?;
-                if !b.attr.is_dir() {
-                    return Err(Errno::ENOTDIR);
-                }
-                let acc = flags & libc::O_ACCMODE;
-                if acc != libc::O_RDONLY {
+                if flags & libc::O_ACCMODE != libc::O_RDONLY {
                     return Err(Errno::EISDIR);
                 }
-                if !i.client.may_access(&cred, &b, MAY_READ).await? {
-                    return Err(Errno::EACCES);
-                }
-                Ok(f)
+                // The MDT checks type and read permission (ACLs included).
+                let open = i
+                    .client
+                    .open(&cred, f, libc::O_RDONLY | libc::O_DIRECTORY)
+                    .await?;
+                Ok((f, open))
             };
             match r.await {
-                Ok(f) => {
+                Ok((f, open)) => {
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
                     let d = DirHandle {
                         fid: f,
+                        open: Some(open),
                         page: Arc::default(),
                         next: 0,
                         plus: false,
@@ -1573,8 +1575,20 @@ impl Filesystem for LodeFs {
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: Fh, reply: ReplyEmpty) {
-        self.inner.dirs.lock().remove(&fh.0);
-        reply.ok();
+        let Some(d) = self.inner.dirs.lock().remove(&fh.0) else {
+            reply.ok();
+            return;
+        };
+        // Answered once the MDT closed it, as RELEASE is (see `release`).
+        self.spawn(|i| async move {
+            let open = d.lock().await.open.take();
+            if let Some(h) = open {
+                if let Err(e) = i.client.close(&h).await {
+                    tracing::warn!(fid = %h.fid, "closing a directory on the MDT failed: {e}");
+                }
+            }
+            reply.ok();
+        });
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: Fh, _datasync: bool, reply: ReplyEmpty) {

@@ -216,6 +216,14 @@ impl Namespace {
         if !self.may(fid, &dir, cred, MAY_READ) {
             return Err(Errno::EACCES.into());
         }
+        if dir.nlink == 0 {
+            // Removed while open (an orphan): nothing, not even `.` and `..`, as Linux
+            // lists a removed directory (and Lustre, a dead one).
+            return Ok(ReaddirRep {
+                entries: Vec::new(),
+                next: END_COOKIE,
+            });
+        }
         let mut entries = Vec::new();
         let body = |f: Fid| {
             if plus {

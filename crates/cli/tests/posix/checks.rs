@@ -423,6 +423,31 @@ fn unlinked_open_file_stays_usable() {
     assert_eq!(file.metadata().unwrap().nlink(), 0);
 }
 
+#[test]
+fn a_removed_directory_stays_usable_through_its_open_handle() {
+    let f = fx();
+    for d in ["gone", "over", "src"] {
+        fs::create_dir(f.p(d)).unwrap();
+    }
+    // Removed by rmdir, and replaced by a rename over it (xfstests generic/035).
+    let gone = File::open(f.p("gone")).unwrap();
+    let over = File::open(f.p("over")).unwrap();
+    fs::remove_dir(f.p("gone")).unwrap();
+    fs::rename(f.p("src"), f.p("over")).unwrap();
+    for d in [&gone, &over] {
+        let m = d.metadata().unwrap();
+        assert!(m.is_dir());
+        assert_eq!(m.nlink(), 0, "no name, no link");
+    }
+    assert!(!f.p("gone").exists());
+    assert_eq!(md(f.p("over")).nlink(), 2, "the directory renamed in is whole");
+    drop((gone, over));
+    // Closed on the MDT by the kernel's RELEASEDIR, which then destroys them.
+    wait_for("the directories closed", Duration::from_secs(10), || {
+        f._c.get_param("mdt.*.open_files") == "0"
+    });
+}
+
 // ---- attributes and times ----
 
 #[test]
