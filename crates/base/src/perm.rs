@@ -104,6 +104,28 @@ pub fn wants_write(flags: i32) -> bool {
     acc == libc::O_WRONLY || acc == libc::O_RDWR || flags & libc::O_TRUNC != 0
 }
 
+/// The kernel's `__FMODE_EXEC` in an open's flags (Lustre's `MDS_FMODE_EXEC`, the
+/// same bit): the open of a program to run, which needs search (execute) permission,
+/// not read permission (a mode of `--x` runs).
+pub const FMODE_EXEC: i32 = 0o40;
+
+/// The access an open with `O_*` flags needs (MAY_* bits).
+pub fn open_wants(flags: i32) -> u32 {
+    let acc = flags & libc::O_ACCMODE;
+    let mut want = 0;
+    if acc == libc::O_RDONLY || acc == libc::O_RDWR {
+        want |= if acc == libc::O_RDONLY && flags & FMODE_EXEC != 0 {
+            MAY_EXEC
+        } else {
+            MAY_READ
+        };
+    }
+    if wants_write(flags) {
+        want |= MAY_WRITE;
+    }
+    want
+}
+
 /// `O_TMPFILE` without the `O_DIRECTORY` it includes: an open-create that makes a
 /// file with no name (Lustre's volatile file), which `linkat` may name later.
 pub const O_TMPFILE_BIT: i32 = libc::O_TMPFILE & !libc::O_DIRECTORY;
@@ -151,6 +173,28 @@ pub fn is_owner_or_root(attr: &Attr, cred: &Cred) -> bool {
 pub(crate) mod tests {
     use super::*;
     use crate::Fid;
+
+    #[test]
+    fn an_exec_open_needs_execute_permission_not_read() {
+        assert_eq!(open_wants(libc::O_RDONLY), MAY_READ);
+        assert_eq!(open_wants(libc::O_RDONLY | FMODE_EXEC), MAY_EXEC);
+        assert_eq!(open_wants(libc::O_RDWR), MAY_READ | MAY_WRITE);
+        assert_eq!(open_wants(libc::O_WRONLY), MAY_WRITE);
+        assert_eq!(
+            open_wants(libc::O_RDONLY | libc::O_TRUNC),
+            MAY_READ | MAY_WRITE
+        );
+        // No O_* flag of userspace's is FMODE_EXEC.
+        for f in [
+            libc::O_CREAT,
+            libc::O_EXCL,
+            libc::O_NOCTTY,
+            libc::O_TRUNC,
+            libc::O_APPEND,
+        ] {
+            assert_eq!(f & FMODE_EXEC, 0);
+        }
+    }
 
     #[test]
     fn immutable_and_append_only_inodes_refuse_what_linux_refuses() {

@@ -708,14 +708,9 @@ impl Namespace {
         if ft == FileType::Symlink {
             return Err(Errno::ELOOP.into());
         }
-        let mut want = 0;
-        if acc == libc::O_RDONLY || acc == libc::O_RDWR {
-            want |= MAY_READ;
-        }
+        // An exec's open (FMODE_EXEC) needs execute permission, not read.
+        let want = lode_base::perm::open_wants(flags);
         let write = lode_base::perm::wants_write(flags);
-        if write {
-            want |= MAY_WRITE;
-        }
         if !self.may(fid, &rec, cred, want) {
             return Err(Errno::EACCES.into());
         }

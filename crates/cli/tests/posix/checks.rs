@@ -503,6 +503,25 @@ fn write_by_another_user_clears_setuid_and_setgid() {
 }
 
 #[test]
+fn a_program_runs_with_execute_permission_alone() {
+    // xfstests generic/126: exec opens a program without asking to read it.
+    let f = fx();
+    fs::copy("/bin/true", f.p("prog")).unwrap();
+    let run = |n: *const c_char| unsafe {
+        let argv = [n, std::ptr::null()];
+        libc::execv(n, argv.as_ptr())
+    };
+    chmod(f.p("prog"), 0o001);
+    assert_eq!(as_user(f.m.path(), "./prog", run), 0, "--x runs");
+    chmod(f.p("prog"), 0o004);
+    assert_eq!(
+        as_user(f.m.path(), "./prog", run),
+        EACCES,
+        "r-- does not run"
+    );
+}
+
+#[test]
 fn chmod_setgid_by_non_member_drops_setgid() {
     let f = fx();
     fs::write(f.p("mine"), b"x").unwrap();
