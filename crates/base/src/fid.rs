@@ -77,6 +77,21 @@ impl Fid {
         }
     }
 
+    /// The FID whose [`Fid::ino`] is `ino`, for FIDs whose oid fits in 24 bits and
+    /// whose sequence fits in 40 (every FID lode hands out: sequences are granted
+    /// 131,072 oids wide) and whose version is 0; `None` for any other number. A file
+    /// handle names an inode by its number only (`open_by_handle_at` through FUSE),
+    /// after the mount may have forgotten it.
+    pub fn from_ino(ino: u64) -> Option<Fid> {
+        if ino == 1 {
+            return Some(Fid::ROOT);
+        }
+        let seq = ino >> 24;
+        let oid = ((ino & 0xff_ffff) ^ (seq >> 24 & 0xff_ffff)) as u32;
+        let f = Fid { seq, oid, ver: 0 };
+        (f.ino() == ino && f.is_normal()).then_some(f)
+    }
+
     /// True for FIDs a client may create in: a normal sequence, a non-zero oid.
     pub fn is_normal(&self) -> bool {
         self.seq >= FIRST_NORMAL_SEQ && self.oid != 0
@@ -130,6 +145,26 @@ impl FromStr for Fid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inode_number_gives_its_fid_back() {
+        assert_eq!(Fid::from_ino(1), Some(Fid::ROOT));
+        for seq in [
+            FIRST_NORMAL_SEQ,
+            FIRST_NORMAL_SEQ + 1,
+            FIRST_NORMAL_SEQ << 6,
+        ] {
+            for oid in [1, 2, 0x1_0000, 0x2_0000, 0xff_ffff] {
+                let f = Fid::new(seq, oid, 0);
+                assert_eq!(Fid::from_ino(f.ino()), Some(f), "{f}");
+            }
+        }
+        // Numbers below the first normal sequence's: none (the MDT answers for any
+        // other, ENOENT if no such inode).
+        assert_eq!(Fid::from_ino(0), None);
+        assert_eq!(Fid::from_ino(2), None);
+        assert_eq!(Fid::from_ino((FIRST_NORMAL_SEQ - 1) << 24 | 5), None);
+    }
 
     #[test]
     fn root_prints_like_lustre() {

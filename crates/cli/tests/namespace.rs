@@ -203,12 +203,17 @@ fn unlinked_open_file_stays_readable_until_close() {
 }
 
 #[test]
-fn a_removed_directory_held_open_lists_nothing_until_its_close_destroys_it() {
+fn dot_dot_finds_the_parent_and_a_removed_directory_held_open_lists_nothing() {
     let c = cluster(2);
     let s = c.client();
     let cl = &s.client;
     let d = s.run(async {
         let d = mkdir_p(cl, "/d").await;
+        // `..` of a directory this client made (and so lists itself, every name in
+        // it known): the parent, not "no such name".
+        let up = cl.lookup(&root(), d, b"..").await.expect("lookup ..");
+        assert_eq!(up.attr.fid, Fid::ROOT);
+        assert_eq!(cl.lookup(&root(), d, b".").await.map(|b| b.attr.fid), Ok(d));
         let fh = cl
             .open(&root(), d, libc::O_RDONLY | libc::O_DIRECTORY)
             .await

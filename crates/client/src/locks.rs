@@ -817,7 +817,9 @@ impl Client {
         parent: Fid,
         name: &[u8],
     ) -> Option<Result<MdtBody, Errno>> {
-        if !self.locks.up.load(Ordering::Acquire) {
+        // `.` and `..` are in no listing nor name cache (a directory's own and its
+        // parent's entries): the MDT answers them.
+        if !self.locks.up.load(Ordering::Acquire) || name == b"." || name == b".." {
             return None;
         }
         let c = self.locks.cache.lock();

@@ -818,7 +818,12 @@ const FIRST_PLUS_ENTRIES: u32 = 128;
 impl LodeFs {
     /// The `FUSE_INIT` flags this file system asks the kernel for.
     pub fn init_flags(&self) -> u64 {
-        let mut want = init::PARALLEL_DIROPS | init::DO_READDIRPLUS | init::ATOMIC_O_TRUNC;
+        // EXPORT_SUPPORT: the kernel looks an inode it no longer holds up by number
+        // (`open_by_handle_at`, NFS export), as a LOOKUP of `.` in it (see `lookup`).
+        let mut want = init::PARALLEL_DIROPS
+            | init::DO_READDIRPLUS
+            | init::ATOMIC_O_TRUNC
+            | init::EXPORT_SUPPORT;
         if !self.inner.opts.readdirplus_always {
             want |= init::READDIRPLUS_AUTO;
         }
@@ -856,6 +861,35 @@ impl Filesystem for LodeFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &[u8], reply: ReplyEntry) {
         let cred = self.cred(req);
         let name = name.to_vec();
+        if name == b"." || name == b".." {
+            // Never a path walk's (the VFS resolves those names itself): the kernel's
+            // export operations, looking up an inode named by a file handle (`.`) or
+            // the parent of a directory (`..`), which this mount may have forgotten;
+            // its number gives its FID back. Gone from the MDT: ESTALE, as Linux
+            // answers a handle to a removed file.
+            self.spawn(|i| async move {
+                let seq = i.client.inval_seq();
+                let r = async {
+                    let f = i
+                        .fid(parent)
+                        .ok()
+                        .or_else(|| Fid::from_ino(parent.0))
+                        .ok_or(Errno::ESTALE)?;
+                    let b = if name == b"." {
+                        i.client.getattr_md(&cred, f).await?
+                    } else {
+                        i.client.lookup(&cred, f, b"..").await?
+                    };
+                    i.complete(b).await
+                };
+                match r.await {
+                    Ok(b) => i.entry(&b, reply, None, seq),
+                    Err(Errno::ENOENT) => reply.error(libc::ESTALE),
+                    Err(e) => reply.error(ferr(e)),
+                }
+            });
+            return;
+        }
         self.spawn(|i| async move {
             let seq = i.client.inval_seq();
             let r = async {

@@ -448,6 +448,57 @@ fn a_removed_directory_stays_usable_through_its_open_handle() {
     });
 }
 
+#[test]
+fn file_handles_open_what_the_kernel_has_forgotten_and_are_stale_once_removed() {
+    // xfstests generic/426, 467, 477: open_by_handle_at after the kernel dropped the
+    // inodes, which the mount then looks up by number (a directory's parent too).
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        data: [u8; 128],
+    }
+    let f = fx();
+    fs::create_dir_all(f.p("d/sub")).unwrap();
+    fs::write(f.p("d/sub/f"), b"x").unwrap();
+    let handle = |rel: &str| {
+        let mut h = Handle {
+            bytes: 128,
+            kind: 0,
+            data: [0; 128],
+        };
+        let mut mnt = 0;
+        let p = cs(f.p(rel));
+        let r = unsafe {
+            let h = (&mut h as *mut Handle).cast();
+            libc::name_to_handle_at(libc::AT_FDCWD, p.as_ptr(), h, &mut mnt, 0)
+        };
+        assert_eq!(r, 0, "{rel}: {}", std::io::Error::last_os_error());
+        h
+    };
+    let root = File::open(f.m.path()).unwrap();
+    let open = |h: &mut Handle| unsafe {
+        let fd = libc::open_by_handle_at(root.as_raw_fd(), (h as *mut Handle).cast(), O_RDONLY);
+        if fd >= 0 {
+            libc::close(fd);
+        }
+        sys(fd)
+    };
+    let forget = || fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    let mut handles: Vec<_> = ["d", "d/sub", "d/sub/f"]
+        .into_iter()
+        .map(|rel| (rel, handle(rel)))
+        .collect();
+    forget();
+    for (rel, h) in &mut handles {
+        assert!(open(h).is_ok(), "{rel}: {:?}", open(h));
+    }
+    let (_, mut file) = handles.pop().unwrap();
+    fs::remove_file(f.p("d/sub/f")).unwrap();
+    forget();
+    assert_eq!(open(&mut file), Err(libc::ESTALE), "a removed file's handle");
+}
+
 // ---- attributes and times ----
 
 #[test]

@@ -117,6 +117,7 @@ pub mod init {
     pub const ASYNC_READ: u64 = 1 << 0;
     pub const POSIX_LOCKS: u64 = 1 << 1;
     pub const ATOMIC_O_TRUNC: u64 = 1 << 3;
+    pub const EXPORT_SUPPORT: u64 = 1 << 4;
     pub const BIG_WRITES: u64 = 1 << 5;
     pub const DONT_MASK: u64 = 1 << 6;
     pub const FLOCK_LOCKS: u64 = 1 << 10;
