@@ -336,6 +336,46 @@ fn on_one_mount_a_flock_is_free_as_soon_as_close_returns() {
     assert_eq!((r, l.l_type), (Ok(()), libc::F_UNLCK as i16));
 }
 
+#[test]
+fn an_ofd_lock_goes_with_the_last_close_of_its_open_file_and_only_then() {
+    // xfstests generic/478: an F_OFD_SETLK lock belongs to the open file description,
+    // which the kernel names in no RELEASE.
+    let c = cluster(1);
+    let a = c.mount();
+    let p = a.path().join("f");
+    let b = rw(&p);
+    let ofd = |f: &File, ty: i32, start: i64| lock(f, libc::F_OFD_SETLK, ty, start, 10).0;
+    for round in 0..20 {
+        let f = rw(&p);
+        assert_eq!(ofd(&f, libc::F_WRLCK, 0), Ok(()), "round {round}");
+        // Another open file conflicts, even in the same process.
+        assert_eq!(
+            ofd(&b, libc::F_WRLCK, 5),
+            Err(libc::EAGAIN),
+            "round {round}"
+        );
+        drop(f);
+        assert_eq!(
+            ofd(&b, libc::F_WRLCK, 5),
+            Ok(()),
+            "round {round}: the close freed it"
+        );
+        assert_eq!(ofd(&b, libc::F_UNLCK, 5), Ok(()));
+    }
+    // A process's fcntl lock taken after it closed another open file of the file (whose
+    // RELEASE follows in the background) stays.
+    let m2 = c.mount();
+    let other = rw(&m2.path().join("f"));
+    let f1 = rw(&p);
+    assert_eq!(lock(&f1, libc::F_SETLK, libc::F_WRLCK, 0, 10).0, Ok(()));
+    drop(f1);
+    let f2 = rw(&p);
+    assert_eq!(lock(&f2, libc::F_SETLK, libc::F_WRLCK, 0, 10).0, Ok(()));
+    std::thread::sleep(Duration::from_millis(200));
+    let (r, l) = lock(&other, libc::F_GETLK, libc::F_WRLCK, 0, 10);
+    assert_eq!((r, l.l_type), (Ok(()), libc::F_WRLCK as i16));
+}
+
 extern "C" fn on_alarm(_: i32) {}
 
 #[test]

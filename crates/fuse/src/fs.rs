@@ -1310,6 +1310,14 @@ impl Filesystem for LodeFs {
             reply.ok();
             return;
         };
+        // A process's fcntl locks on the file end here, whichever descriptor they were
+        // taken through: no RELEASE is to drop them again (see `release`), nor a lock
+        // the process takes later.
+        for f in self.inner.flock_files.by_fh.lock().values_mut() {
+            if f.fid == fid {
+                f.owners.retain(|&o| o != lock_owner);
+            }
+        }
         if !self.inner.client.flock_may_hold(fid, lock_owner) {
             reply.ok();
             return;
@@ -1334,16 +1342,38 @@ impl Filesystem for LodeFs {
             reply.error(libc::EBADF);
             return;
         };
-        // The last close of an open file description ends its flock locks.
-        let flock_owner = lock_owner
-            .and_then(|o| flock_args(h.fid, o, (0, u64::MAX), libc::F_UNLCK, 0, false).ok());
+        // The last close of an open file description ends its flock locks, and its
+        // OFD locks (`F_OFD_SETLK`, owned by the open file description, which the
+        // kernel names in no RELEASE): the owners that took locks through it and
+        // closed no descriptor of the file since (a process's fcntl locks end at
+        // its FLUSH, which takes it off the list).
+        let mut owners: Vec<u64> = self
+            .inner
+            .flock_files
+            .by_fh
+            .lock()
+            .get(&fh.0)
+            .map(|f| f.owners.clone())
+            .unwrap_or_default();
+        if let Some(o) = lock_owner {
+            owners.retain(|&x| x != o);
+        }
+        let unlocks = lock_owner
+            .into_iter()
+            .chain(
+                owners
+                    .into_iter()
+                    .filter(|&o| self.inner.client.flock_may_hold(h.fid, o)),
+            )
+            .filter_map(|o| flock_args(h.fid, o, (0, u64::MAX), libc::F_UNLCK, 0, false).ok())
+            .collect::<Vec<_>>();
         // close(2) does not wait for RELEASE (the kernel sends it in the background):
         // the answer comes once the MDT closed the file, from this thread (like any
         // call, on the runtime when the threads are busy). Its errors could not reach
         // the application anyway. Answering first would leave a ring entry, to which
         // the kernel sends its next request, behind this thread's call to the MDT.
         self.spawn(|i| async move {
-            if let Some(a) = flock_owner {
+            for a in unlocks {
                 if let Err(e) = i.client.flock(&a).await {
                     tracing::warn!(fid = %h.fid, "dropping flock locks at close failed: {e}");
                 }
