@@ -620,6 +620,17 @@ impl Client {
         if !fh.writable() {
             return Err(Errno::EBADF);
         }
+        // A file made immutable or append-only after this handle was opened for
+        // writing (`chattr` on an open file): Linux refuses the write (EPERM), as the
+        // MDT refuses such an open. Known from the attributes held under a lock;
+        // without them the write goes (the OSTs do not know the flags).
+        let open = fh.flags & !libc::O_TRUNC;
+        if self
+            .cached_iflags(fh.fid)
+            .is_some_and(|f| lode_base::perm::iflags::forbid_open(f, open))
+        {
+            return Err(Errno::EPERM);
+        }
         self.check_live(fh)?;
         self.data_epoch.fetch_add(1, Ordering::AcqRel);
         if !fh.wrote.swap(true, Ordering::AcqRel) {

@@ -795,17 +795,22 @@ impl Client {
             .map_or(0, |(_, h)| *h)
     }
 
-    /// Attributes known under a lock, if any (no RPC).
-    pub(crate) fn cached_attrs(&self, fid: Fid) -> Option<MdtBody> {
+    /// What `f` reads of the attributes of `fid` held under a lock, if they are.
+    fn cached<T>(&self, fid: Fid, f: impl FnOnce(&MdtBody) -> T) -> Option<T> {
         if !self.locks.up.load(Ordering::Acquire) {
             return None;
         }
-        self.locks
-            .cache
-            .lock()
-            .attrs
-            .get(&fid)
-            .map(|(b, _)| b.clone())
+        self.locks.cache.lock().attrs.get(&fid).map(|(b, _)| f(b))
+    }
+
+    /// The inode flags (`chattr`) of `fid` as held under a lock, if they are.
+    pub(crate) fn cached_iflags(&self, fid: Fid) -> Option<u32> {
+        self.cached(fid, |b| b.attr.flags)
+    }
+
+    /// Attributes known under a lock, if any (no RPC).
+    pub(crate) fn cached_attrs(&self, fid: Fid) -> Option<MdtBody> {
+        self.cached(fid, MdtBody::clone)
     }
 
     /// A lookup answered from the cache: the name's binding, the child's attributes and

@@ -881,6 +881,16 @@ fn immutable_and_append_only_files_refuse_what_linux_refuses() {
     File::create(f.p("ad/new")).unwrap();
     assert_eq!(ioe(fs::remove_file(f.p("ad/old"))), EPERM);
     assert_eq!(ioe(fs::rename(f.p("ad/old"), f.p("moved"))), EPERM);
+    // Made immutable while open for writing: the open file writes no more either
+    // (xfstests generic/553), as on Linux.
+    let mut w = OpenOptions::new().write(true).open(f.p("x")).unwrap();
+    w.write_all(b"before").unwrap();
+    assert_eq!(set_iflags(&f.p("x"), I), Ok(0));
+    assert_eq!(ioe(w.write_all(b"after")), EPERM);
+    assert_eq!(set_iflags(&f.p("x"), 0), Ok(0));
+    w.write_all(b" after").unwrap();
+    drop(w);
+    assert_eq!(fs::read(f.p("x")).unwrap(), b"before after");
     // Cleared, all is allowed again.
     for p in ["i", "a", "d", "ad"] {
         assert_eq!(set_iflags(&f.p(p), 0), Ok(0));
