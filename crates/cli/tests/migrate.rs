@@ -16,7 +16,7 @@ use lode_testkit::{wait_for, Cluster};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Bytes no two offsets of which are alike over a few MiB (a misplaced piece shows).
@@ -155,6 +155,9 @@ fn migrate_under_a_reader(
     println!("seed {seed} (LODE_TEST_SEED={seed} repeats it)");
     let path = m.path().join(name);
     let stop = AtomicBool::new(false);
+    // Reads done so far: each swap waits for the reader to read again (and so take the
+    // new layout's lock) before the next, however slowly the reader's thread runs.
+    let done = AtomicU64::new(0);
     let reads = std::thread::scope(|sc| {
         let reader = sc.spawn(|| {
             let sess = c.client();
@@ -177,6 +180,7 @@ fn migrate_under_a_reader(
                     "read of {len} at {off} during a migration returned wrong data (seed {seed})"
                 );
                 reads += 1;
+                done.fetch_add(1, Ordering::Release);
             }
             sess.run(sess.client.close(&fh)).expect("close");
             (reads, sess.client.lock_callbacks() - called_back)
@@ -195,6 +199,12 @@ fn migrate_under_a_reader(
             let p = s(&path);
             a.push(&p);
             ok(c, &a);
+            let swapped = done.load(Ordering::Acquire);
+            wait_for(
+                "the reader to read after the swap",
+                Duration::from_secs(30),
+                || done.load(Ordering::Acquire) >= swapped + 2,
+            );
             let sess = c.client();
             let l = layout(&sess, name);
             assert!(check(&l), "lode migrate {args:?} gave {l:?}");
