@@ -620,14 +620,14 @@ impl Client {
         if !fh.writable() {
             return Err(Errno::EBADF);
         }
-        // A file made immutable or append-only after this handle was opened for
-        // writing (`chattr` on an open file): Linux refuses the write (EPERM), as the
-        // MDT refuses such an open. Known from the attributes held under a lock;
-        // without them the write goes (the OSTs do not know the flags).
-        let open = fh.flags & !libc::O_TRUNC;
+        // A file made immutable after this handle was opened for writing (`chattr +i`
+        // on an open file): Linux refuses the write (EPERM), as the MDT refuses such
+        // an open. Known from the attributes held under a lock; without them the write
+        // goes (the OSTs do not know the flags). Not append-only's rule: a writeback
+        // mount's kernel opens without O_APPEND and places appends itself.
         if self
             .cached_iflags(fh.fid)
-            .is_some_and(|f| lode_base::perm::iflags::forbid_open(f, open))
+            .is_some_and(|f| f & lode_base::perm::FS_IMMUTABLE_FL != 0)
         {
             return Err(Errno::EPERM);
         }
