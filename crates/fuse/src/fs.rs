@@ -1299,25 +1299,27 @@ impl Filesystem for LodeFs {
     fn flush(&self, _req: &Request, ino: INodeNo, fh: Fh, lock_owner: u64, reply: ReplyEmpty) {
         // Writes are sent to the OSTs as they come; nothing is buffered here. What a
         // close ends is the closing process's record locks on the file, if it has any.
-        if let Some(f) = self.inner.flock_files.by_fh.lock().get_mut(&fh.0) {
-            // The close of a descriptor by a process that does not own all of the
-            // file's locks: a flock's open file may be going (its RELEASE follows).
-            if f.owners.len() >= FLOCK_OWNERS_MAX || f.owners.iter().any(|&o| o != lock_owner) {
-                f.closed = Some(Instant::now());
+        let fid = self.inner.fid(ino).ok();
+        {
+            let mut by_fh = self.inner.flock_files.by_fh.lock();
+            if let Some(f) = by_fh.get_mut(&fh.0) {
+                // The close of a descriptor by a process that does not own all of the
+                // file's locks: a flock's open file may be going (its RELEASE follows).
+                if f.owners.len() >= FLOCK_OWNERS_MAX || f.owners.iter().any(|&o| o != lock_owner) {
+                    f.closed = Some(Instant::now());
+                }
             }
-        }
-        let Ok(fid) = self.inner.fid(ino) else {
-            reply.ok();
-            return;
-        };
-        // A process's fcntl locks on the file end here, whichever descriptor they were
-        // taken through: no RELEASE is to drop them again (see `release`), nor a lock
-        // the process takes later.
-        for f in self.inner.flock_files.by_fh.lock().values_mut() {
-            if f.fid == fid {
+            // A process's fcntl locks on the file end here, whichever descriptor they
+            // were taken through: no RELEASE is to drop them again (see `release`), nor
+            // a lock the process takes later.
+            for f in by_fh.values_mut().filter(|f| Some(f.fid) == fid) {
                 f.owners.retain(|&o| o != lock_owner);
             }
         }
+        let Some(fid) = fid else {
+            reply.ok();
+            return;
+        };
         if !self.inner.client.flock_may_hold(fid, lock_owner) {
             reply.ok();
             return;
@@ -1347,7 +1349,7 @@ impl Filesystem for LodeFs {
         // kernel names in no RELEASE): the owners that took locks through it and
         // closed no descriptor of the file since (a process's fcntl locks end at
         // its FLUSH, which takes it off the list).
-        let mut owners: Vec<u64> = self
+        let owners: Vec<u64> = self
             .inner
             .flock_files
             .by_fh
@@ -1355,16 +1357,12 @@ impl Filesystem for LodeFs {
             .get(&fh.0)
             .map(|f| f.owners.clone())
             .unwrap_or_default();
-        if let Some(o) = lock_owner {
-            owners.retain(|&x| x != o);
-        }
+        let others = owners
+            .into_iter()
+            .filter(|&o| Some(o) != lock_owner && self.inner.client.flock_may_hold(h.fid, o));
         let unlocks = lock_owner
             .into_iter()
-            .chain(
-                owners
-                    .into_iter()
-                    .filter(|&o| self.inner.client.flock_may_hold(h.fid, o)),
-            )
+            .chain(others)
             .filter_map(|o| flock_args(h.fid, o, (0, u64::MAX), libc::F_UNLCK, 0, false).ok())
             .collect::<Vec<_>>();
         // close(2) does not wait for RELEASE (the kernel sends it in the background):

@@ -1872,15 +1872,12 @@ impl Mdt {
         .and_then(|p| Some((p, self.ns.inode(p).ok()?.ctime)));
         // A replay past a gap must find what the change found the first time (one
         // from a reply record, or a committed open sent again, has no digest).
-        let replay = h.flags & FLAG_REPLAY != 0 && h.pre_version != 0;
-        let expected = (replay && self.recovery.lock().st.gaps > 0).then_some(h.pre_version);
+        let replay = h.flags & FLAG_REPLAY != 0;
+        let digest = replay && h.pre_version != 0;
+        let expected = (digest && self.recovery.lock().st.gaps > 0).then_some(h.pre_version);
         crate::inode::vbr::begin(expected);
-        let replayed_at = if h.flags & FLAG_REPLAY != 0 {
-            h.op_time
-        } else {
-            0
-        };
-        crate::inode::clock::begin(replayed_at);
+        // A replay stamps the time its first run was given.
+        crate::inode::clock::begin(if replay { h.op_time } else { 0 });
         let mut out = self.run(inc, exp, req);
         out.op_time = crate::inode::clock::end();
         out.pre_version = crate::inode::vbr::end();
