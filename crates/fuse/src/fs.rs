@@ -1148,6 +1148,9 @@ impl Filesystem for LodeFs {
                     i.files.lock().insert_keeping(fh, Arc::new(h), keep);
                     reply.opened(Fh(fh), open_flags);
                 }
+                // The inode the kernel holds is gone from the MDT: a stale handle (the VFS
+                // walks the path again; `open_by_handle_at` says ESTALE, as Linux).
+                Err(Errno::ENOENT) => reply.error(libc::ESTALE),
                 Err(e) => reply.error(ferr(e)),
             }
         });

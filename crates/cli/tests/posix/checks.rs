@@ -493,10 +493,16 @@ fn file_handles_open_what_the_kernel_has_forgotten_and_are_stale_once_removed() 
     for (rel, h) in &mut handles {
         assert!(open(h).is_ok(), "{rel}: {:?}", open(h));
     }
-    let (_, mut file) = handles.pop().unwrap();
-    fs::remove_file(f.p("d/sub/f")).unwrap();
-    forget();
-    assert_eq!(open(&mut file), Err(libc::ESTALE), "a removed file's handle");
+    // A removed file's handle is stale once its last close reached the MDT (the
+    // kernel's RELEASE comes after close(2) returns, and a file removed while still
+    // open there stays until then).
+    fs::write(f.p("d/sub/g"), b"x").unwrap();
+    let mut file = handle("d/sub/g");
+    fs::remove_file(f.p("d/sub/g")).unwrap();
+    wait_for("a removed file's handle to be stale", Duration::from_secs(10), || {
+        forget();
+        open(&mut file) == Err(libc::ESTALE)
+    });
 }
 
 // ---- attributes and times ----
