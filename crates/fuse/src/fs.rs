@@ -1644,13 +1644,11 @@ impl Filesystem for LodeFs {
             reply.ok();
             return;
         };
-        // Answered once the MDT closed it, as RELEASE is (see `release`): not riding
-        // ahead of a later request, so a directory is open on the MDT no longer than
-        // the kernel holds it (a removed one goes at once).
+        // Answered once the MDT closed it, as RELEASE is (see `release`).
         self.spawn(|i| async move {
             let open = d.lock().await.open.take();
             if let Some(h) = open {
-                if let Err(e) = i.client.close_now(&h).await {
+                if let Err(e) = i.client.close(&h).await {
                     tracing::warn!(fid = %h.fid, "closing a directory on the MDT failed: {e}");
                 }
             }
