@@ -745,3 +745,59 @@ fn listings_of_eight_directories_walked_side_by_side_are_each_fetched_ahead() {
         "one page ahead per directory"
     );
 }
+
+#[test]
+fn an_open_waiting_for_locks_when_its_client_is_evicted_is_refused_and_keeps_no_handle() {
+    let c = cluster(1);
+    c.set_param("mdt.*.ldlm_timeout=2");
+    let f = made(&c, &["held"])[0];
+    let maker = c.client();
+    let fid = maker.run(maker.client.alloc_fid()).expect("a FID");
+    let mut peer = RawPeer::connect(&c.addr("mdt0"));
+    let handle = peer
+        .connect_as(
+            &c.fsname,
+            &format!("{}-MDT0000", c.fsname),
+            "evicted-opener",
+        )
+        .handle;
+    let mut chan = RawPeer::connect(&c.addr("mdt0"));
+    let rep = chan
+        .call(&Request::LdlmCallbackChannel(Default::default()), handle)
+        .expect("channel registered");
+    assert_eq!(rep.header.status, 0);
+    raw_enqueue(&mut peer, handle, pr_lock(f)).expect("granted");
+    // Its own open of the file wants the attributes lock it never gives back: the open
+    // waits until the client is evicted for keeping it, and the eviction frees it.
+    let open = Request::Create(lode_proto::CreateReq {
+        cred: root(),
+        parent: lode_base::Fid::ROOT,
+        name: b"held".to_vec(),
+        fid,
+        mode: libc::S_IFREG | 0o644,
+        umask: 0,
+        rdev: 0,
+        target: Vec::new(),
+        layout: None,
+        open_flags: Some((libc::O_CREAT | libc::O_RDWR) as u32),
+    });
+    let header = lode_proto::Header {
+        opcode: open.opcode() as u16,
+        tag: 1,
+        xid: 100,
+        handle,
+        ..Default::default()
+    };
+    peer.send_request(&header, &open);
+    let rep = peer
+        .next_frame(Duration::from_secs(10))
+        .expect("the open answered once its client was evicted");
+    assert!(
+        c.log("mdt0").contains("evicting client"),
+        "the eviction is logged"
+    );
+    // An evicted client's waiting request is not run (Lustre aborts them): had it
+    // been, the MDT would hold a handle that nobody can close.
+    assert_eq!(c.get_param("mdt.*.open_files"), "0", "no handle left open");
+    assert_eq!(rep.header.status, Errno::ENOTCONN.status());
+}

@@ -104,6 +104,9 @@ pub(crate) struct Opens {
     write_slots: HashMap<(Fid, u32), u32>,
     /// Layout migrations under way, by file (see `migrate`).
     migrations: HashMap<Fid, migrate::Migration>,
+    /// Per client slot, how many times its handles were all closed (it left or was
+    /// evicted): an open its client made before that registers no handle.
+    departures: HashMap<u32, u64>,
     next: u64,
 }
 
@@ -201,6 +204,10 @@ pub struct Ctx {
     /// A replay in recovery: its open handle may not be registered again yet (opens
     /// are replayed by their clients too), so it is not asked for.
     pub replay: bool,
+    /// The client's [`Namespace::open_epoch`] when it connected: an open finishing
+    /// after the client left or was evicted (a change parked for locks the eviction
+    /// freed) registers no handle, which nobody would ever close. None: no check.
+    pub open_epoch: Option<u64>,
 }
 
 impl Namespace {
@@ -385,6 +392,7 @@ mod tests {
         let ctx = Ctx {
             open_handle: None,
             replay: false,
+            open_epoch: None,
             slot: Some(ReplySlot {
                 slot: 0,
                 tag: 1,

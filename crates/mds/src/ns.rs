@@ -476,7 +476,7 @@ impl Namespace {
             } else {
                 DataMark::Reader
             };
-            self.register_open(h, r.fid, slot, mark);
+            self.register_open(ctx, h, r.fid, slot, mark);
         }
         Ok((rep, transno))
     }
@@ -548,7 +548,7 @@ impl Namespace {
         body.glimpse = false;
         let rep = opened(body, Some(handle));
         let transno = self.commit(ctx, b, &Reply::Create(rep.clone()))?;
-        self.register_open(handle, r.fid, slot, DataMark::Marked);
+        self.register_open(ctx, handle, r.fid, slot, DataMark::Marked);
         Ok((rep, transno))
     }
 
@@ -565,8 +565,28 @@ impl Namespace {
         o.next
     }
 
-    fn register_open(&self, handle: u64, fid: Fid, slot: u32, data: DataMark) {
+    /// How many times the handles of the client in `slot` were all closed (see
+    /// [`Ctx::open_epoch`]).
+    pub(crate) fn open_epoch(&self, slot: u32) -> u64 {
+        self.opens
+            .lock()
+            .departures
+            .get(&slot)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn register_open(&self, ctx: &Ctx, handle: u64, fid: Fid, slot: u32, data: DataMark) {
         let mut o = self.opens.lock();
+        // Checked under the lock `close_all_of` counts under: either this handle is
+        // in the table it closes, or the count has moved.
+        if ctx
+            .open_epoch
+            .is_some_and(|e| o.departures.get(&slot).copied().unwrap_or(0) != e)
+        {
+            tracing::debug!(slot, handle, %fid, "open of a departed client: no handle kept");
+            return;
+        }
         let write = data != DataMark::Reader;
         let (alone, events) = if write {
             o.break_migration(fid);
@@ -637,7 +657,7 @@ impl Namespace {
         } else {
             DataMark::Reader
         };
-        self.register_open(handle, fid, slot, mark);
+        self.register_open(&Ctx::default(), handle, fid, slot, mark);
         // Who else wrote while it was open is gone with the restart: the size its
         // client knows at close is not to be kept (lazy size on MDT).
         if let Some(h) = self.opens.lock().handles.get_mut(&handle) {
@@ -734,7 +754,7 @@ impl Namespace {
         } else {
             self.commit(ctx, b, &Reply::Open(rep.clone()))?
         };
-        self.register_open(handle, fid, slot, mark);
+        self.register_open(ctx, handle, fid, slot, mark);
         if !write && ft == FileType::Regular {
             rep.data_token = self.data_token(&rec);
             rep.cache_current = self.data_unchanged(fid, cached, rep.data_token, rec.version);
@@ -830,14 +850,15 @@ impl Namespace {
 
     /// Closes every handle of a client that disconnected on purpose.
     pub(crate) fn close_all_of(&self, slot: u32) {
-        let handles: Vec<u64> = self
-            .opens
-            .lock()
-            .handles
-            .iter()
-            .filter(|(_, h)| h.slot == slot)
-            .map(|(k, _)| *k)
-            .collect();
+        let handles: Vec<u64> = {
+            let mut o = self.opens.lock();
+            *o.departures.entry(slot).or_insert(0) += 1;
+            o.handles
+                .iter()
+                .filter(|(_, h)| h.slot == slot)
+                .map(|(k, _)| *k)
+                .collect()
+        };
         for h in handles {
             if let Err(e) = self.close_handle(h) {
                 tracing::warn!("closing handle of a departing client: {e:?}");

@@ -35,6 +35,9 @@ pub struct Export {
     pub conn_id: u64,
     /// Modify RPCs in flight granted at CONNECT (tags 1..=this, and one more for close).
     pub max_mod: u16,
+    /// The namespace's `open_epoch` of its slot at CONNECT: moved on since, the client
+    /// left or was evicted, and what it asked for before is not done.
+    pub open_epoch: u64,
 }
 
 /// What the target knows of one client's tags (Lustre's per-export reply state).
@@ -673,6 +676,7 @@ impl Mdt {
                 slot,
                 conn_id: inc.conn_id,
                 max_mod,
+                open_epoch: self.ns.open_epoch(slot),
             }),
         );
         drop(exports);
@@ -788,6 +792,7 @@ impl Mdt {
             slot,
             open_handle: (replay && inc.header.last_xid != 0).then_some(inc.header.last_xid),
             replay,
+            open_epoch: Some(exp.open_epoch),
         };
         Ok(match req {
             MdtRequest::Ping(_) => (Reply::Ping(Empty {}), 0),
@@ -1662,6 +1667,14 @@ impl Mdt {
                 return;
             };
             let inc = Incoming::local(header, body, peer, conn_id);
+            if mdt.ns.open_epoch(exp2.slot) != exp2.open_epoch {
+                // Its client was evicted (the eviction may be what freed the locks):
+                // Lustre aborts an evicted client's queued requests.
+                drop(locks);
+                mdt.untag(exp2.slot, header.tag, header.xid);
+                d.send(mdt.error_out(Errno::ENOTCONN.into()));
+                return;
+            }
             if let Ran::Now(out, Some(d)) = mdt.run_held(&inc, &exp2, req, &want2, locks, d) {
                 if Service::flush(&*mdt) {
                     d.send(out);
