@@ -67,6 +67,21 @@ fn made(c: &lode_testkit::Cluster, names: &[&str]) -> Vec<lode_base::Fid> {
     fids
 }
 
+/// A hand-made client `uuid` with a callback channel (which it never answers): its
+/// request connection, its channel's, and its export handle.
+fn hand_made(c: &lode_testkit::Cluster, uuid: &str) -> (RawPeer, RawPeer, u64) {
+    let mut peer = RawPeer::connect(&c.addr("mdt0"));
+    let handle = peer
+        .connect_as(&c.fsname, &format!("{}-MDT0000", c.fsname), uuid)
+        .handle;
+    let mut chan = RawPeer::connect(&c.addr("mdt0"));
+    let rep = chan
+        .call(&Request::LdlmCallbackChannel(Default::default()), handle)
+        .expect("channel registered");
+    assert_eq!(rep.header.status, 0);
+    (peer, chan, handle)
+}
+
 fn channel_up(s: &Session) {
     wait_for(
         "the callback channel to come up",
@@ -139,19 +154,7 @@ fn a_client_that_keeps_a_called_back_lock_is_evicted_and_the_change_goes_ahead()
     let f = create(&b, "g");
     // A hand-made client: it registers a callback channel, takes a lock and then never
     // answers the callback.
-    let mut peer = RawPeer::connect(&c.addr("mdt0"));
-    let handle = peer
-        .connect_as(
-            &c.fsname,
-            &format!("{}-MDT0000", c.fsname),
-            "stubborn-client",
-        )
-        .handle;
-    let mut chan = RawPeer::connect(&c.addr("mdt0"));
-    let rep = chan
-        .call(&Request::LdlmCallbackChannel(Default::default()), handle)
-        .expect("channel registered");
-    assert_eq!(rep.header.status, 0);
+    let (mut peer, mut chan, handle) = hand_made(&c, "stubborn-client");
     let granted = raw_enqueue(&mut peer, handle, pr_lock(f)).expect("granted");
     // A cancel of a lock it does not hold is ignored; the connection stays usable.
     let rep = peer
@@ -753,19 +756,7 @@ fn an_open_waiting_for_locks_when_its_client_is_evicted_is_refused_and_keeps_no_
     let f = made(&c, &["held"])[0];
     let maker = c.client();
     let fid = maker.run(maker.client.alloc_fid()).expect("a FID");
-    let mut peer = RawPeer::connect(&c.addr("mdt0"));
-    let handle = peer
-        .connect_as(
-            &c.fsname,
-            &format!("{}-MDT0000", c.fsname),
-            "evicted-opener",
-        )
-        .handle;
-    let mut chan = RawPeer::connect(&c.addr("mdt0"));
-    let rep = chan
-        .call(&Request::LdlmCallbackChannel(Default::default()), handle)
-        .expect("channel registered");
-    assert_eq!(rep.header.status, 0);
+    let (mut peer, _chan, handle) = hand_made(&c, "evicted-opener");
     raw_enqueue(&mut peer, handle, pr_lock(f)).expect("granted");
     // Its own open of the file wants the attributes lock it never gives back: the open
     // waits until the client is evicted for keeping it, and the eviction frees it.
