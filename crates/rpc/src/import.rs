@@ -425,6 +425,9 @@ pub struct Import {
     /// Read-only handles the caller closed, whose CLOSE rides ahead of the next request
     /// (see [`Import::close_ahead`]).
     ahead: Mutex<AheadCloses>,
+    /// Held by the one caller asking for a commit because the replay list is full:
+    /// the others wait for its answer instead of each sending one.
+    committing: tokio::sync::Mutex<()>,
 }
 
 /// What goes with a request besides its body.
@@ -748,6 +751,7 @@ impl Import {
             lock_replay: Mutex::new(None),
             pruned: AtomicU64::new(0),
             ahead: Mutex::new(AheadCloses::default()),
+            committing: tokio::sync::Mutex::new(()),
             cfg,
         });
         let weak = Arc::downgrade(&imp);
@@ -1031,8 +1035,8 @@ impl Import {
         } else {
             None
         };
-        let _permit = self.rif.take().await;
-        let _bulk = match &req {
+        let permit = self.rif.take().await;
+        let bulk = match &req {
             Request::OstRead(r) => Some(InFlightGuard::enter(
                 &self.reads,
                 r.offset,
@@ -1082,19 +1086,28 @@ impl Import {
         );
         self.last_committed
             .fetch_max(frame.header.last_committed, Ordering::Relaxed);
+        // This RPC is answered: its place in flight goes before any wait for a commit,
+        // which needs a place of its own (with every place held by a caller waiting
+        // for a commit, none could be asked for).
+        drop(bulk);
+        drop(permit);
         if frame.header.transno > frame.header.last_committed
             && op != Opcode::Sync
             && op != Opcode::OstSync
             && self.replay_full()
         {
             // The list is full: wait for a commit, which empties it, instead of growing.
-            debug!(target = %self.cfg.target, "replay list full: asking for a commit");
-            let sync = if self.is_mdc() {
-                Request::Sync(Empty {})
-            } else {
-                Request::OstSync(lode_proto::ObjsReq { objs: Vec::new() })
-            };
-            let _ = Box::pin(self.call_with(sync, 0, &[])).await;
+            // One caller asks; those who find it asking wait for its answer.
+            let _one = self.committing.lock().await;
+            if self.replay_full() {
+                debug!(target = %self.cfg.target, "replay list full: asking for a commit");
+                let sync = if self.is_mdc() {
+                    Request::Sync(Empty {})
+                } else {
+                    Request::OstSync(lode_proto::ObjsReq { objs: Vec::new() })
+                };
+                let _ = Box::pin(self.call_with(sync, 0, &[])).await;
+            }
         }
         if frame.header.status < 0 {
             return Err(Errno::from_status(frame.header.status));
