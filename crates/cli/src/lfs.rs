@@ -886,6 +886,7 @@ pub fn df(a: DfArgs) -> Result<()> {
         let report = getxattr(&mp, &String::from_utf8_lossy(lode_fuse::STATFS_XATTR))
             .map_err(|e| anyhow!("df: {}: {e}", mp.display()))?;
         let mut sum = (0u64, 0u64, 0u64);
+        let mut counted = std::collections::HashSet::new();
         for (name, r) in lode_client::parse_statfs_report(&report) {
             let Ok(st) = r else {
                 println!("{:<20} inactive device", format!("{name}_UUID"));
@@ -914,8 +915,10 @@ pub fn df(a: DfArgs) -> Result<()> {
             } else {
                 format!("[MDT:{idx}]")
             };
-            // Space is the OSTs' sum, inodes the MDTs' (as lfs df).
-            if is_ost != a.inodes {
+            // Space is the OSTs' sum, inodes the MDTs' (as lfs df); OSTs sharing
+            // one file system share its space, counted once (as df counts it).
+            let shared = is_ost && st.space_id != 0 && !counted.insert(st.space_id);
+            if is_ost != a.inodes && !shared {
                 sum = (sum.0 + total, sum.1 + used, sum.2 + avail);
             }
             print_row(

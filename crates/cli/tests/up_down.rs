@@ -268,6 +268,27 @@ fn lfs_commands_on_a_mount() {
         "{df}"
     );
     assert!(run(&["df", "-i", &mp]).contains("Inodes"));
+    // Both OSTs of `lode up` share one disk: the summary counts it once, as df(1).
+    let kib = |line: &str| -> u64 {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        f[1].parse().expect("1K-blocks")
+    };
+    let rows: Vec<&str> = df.lines().collect();
+    let ost0 = rows
+        .iter()
+        .find(|l| l.contains("-OST0000_UUID"))
+        .expect("OST0000");
+    let sum = rows
+        .iter()
+        .find(|l| l.starts_with("filesystem_summary:"))
+        .expect("summary");
+    assert_eq!(kib(sum), kib(ost0), "{df}");
+    let st = nix::sys::statvfs::statvfs(mp.as_str()).expect("statvfs");
+    let disk = st.blocks() * st.fragment_size() / 1024;
+    assert!(
+        disk.abs_diff(kib(ost0)) <= disk / 100,
+        "df {disk} KiB: {df}"
+    );
 }
 
 #[test]

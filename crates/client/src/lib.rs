@@ -357,8 +357,13 @@ impl Client {
             namelen: md.namelen,
             ..Default::default()
         };
+        // OSTs on one file system (as `lode up` makes them) share its space.
+        let mut counted = std::collections::HashSet::new();
         for r in replies {
             if let Reply::Statfs(s) = r?.reply {
+                if s.space_id != 0 && !counted.insert(s.space_id) {
+                    continue;
+                }
                 let scale = u64::from(s.bsize) / 4096;
                 let conv = |v: u64| {
                     if scale >= 1 {
@@ -418,8 +423,8 @@ impl Client {
         for (name, r) in self.statfs_targets().await {
             match r {
                 Ok(s) => out.push_str(&format!(
-                    "{name} {} {} {} {} {} {}\n",
-                    s.bsize, s.blocks, s.bfree, s.bavail, s.files, s.ffree
+                    "{name} {} {} {} {} {} {} {}\n",
+                    s.bsize, s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.space_id
                 )),
                 Err(e) => out.push_str(&format!("{name} inactive {}\n", e.raw())),
             }
@@ -573,6 +578,7 @@ pub fn parse_statfs_report(b: &[u8]) -> Vec<(String, Result<StatfsRep, Errno>)> 
                     files: n(5)?,
                     ffree: n(6)?,
                     namelen: 255,
+                    space_id: n(7).unwrap_or(0),
                 }),
             ))
         })

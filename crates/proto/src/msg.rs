@@ -132,6 +132,10 @@ pub struct StatfsRep {
     pub ffree: u64,
     /// Longest name.
     pub namelen: u32,
+    /// The backing file system's [`lode_base::sys::space_id`] (0: unknown). Targets
+    /// sharing one file system (`lode up` puts every OST in one directory tree) share
+    /// its space: a client's statfs counts it once.
+    pub space_id: u64,
 }
 
 impl From<lode_base::sys::FsSpace> for StatfsRep {
@@ -144,6 +148,7 @@ impl From<lode_base::sys::FsSpace> for StatfsRep {
             files: s.files,
             ffree: s.ffree,
             namelen: lode_base::limits::NAME_MAX as u32,
+            space_id: s.space_id,
         }
     }
 }

@@ -25,7 +25,7 @@ fn header_bytes_are_frozen() {
     h.write(&mut b);
     let expect: Vec<u8> = vec![
         0x45, 0x44, 0x4f, 0x4c, // magic LODE
-        0x07, 0x00, // version (7: the time of a change, for its replay)
+        0x08, 0x00, // version (8: a statfs names its backing file system)
         0x0f, 0x00, // opcode 15
         0x02, 0x00, // flags
         0x03, 0x00, // tag
@@ -99,8 +99,9 @@ fn statfs_reply_bytes_are_frozen() {
         files: 3,
         ffree: 2,
         namelen: 255,
+        space_id: 7,
     });
-    assert_eq!(r.encode(), vec![0x80, 0x20, 10, 5, 4, 3, 2, 0xff, 0x01]);
+    assert_eq!(r.encode(), vec![0x80, 0x20, 10, 5, 4, 3, 2, 0xff, 0x01, 7]);
 }
 
 #[test]
