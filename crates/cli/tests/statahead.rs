@@ -219,12 +219,14 @@ fn stats_in_inode_order_fetch_each_entry_once() {
     );
 }
 
-/// Opening a directory costs no RPC of its own (its attributes come with the lookup
-/// that found it, under a lock), and its first readdir+ page carries every entry's
-/// attributes and layout: `ls -l` of a 100-entry directory on a mount that has seen
-/// nothing of it is one lookup and one page (and ls's xattr lookup of the directory).
+/// A directory's open (an MDT open, so that a removed directory stays until its last
+/// close) carries its first readdir+ page with every entry's attributes and layout
+/// (Lustre 2.17's opendir with the first page): `ls -l` of a 100-entry directory on a
+/// mount that has seen nothing of it is one lookup and one open (and ls's xattr
+/// lookup of the directory). Listed again under the directory's lock, the kernel
+/// lists it from the pages it kept, and the open asks for no page.
 #[test]
-fn ls_l_of_a_small_directory_is_one_lookup_and_one_page() {
+fn ls_l_of_a_small_directory_is_one_lookup_and_one_open_with_its_page() {
     let c = cluster(1);
     let s = c.client();
     filled_dir(&s, "small", 100, |i| format!("f{i}"));
@@ -234,13 +236,27 @@ fn ls_l_of_a_small_directory_is_one_lookup_and_one_page() {
     c.set_param("mdc.*.md_stats=0");
     assert_eq!(gnu_ls_l(&m.path().join("small")).lines().count(), 101);
     let stats = c.get_param("mdc.*.md_stats");
-    assert_eq!(md_stat(&c, "read_page"), 1, "{stats}");
+    assert_eq!(md_stat(&c, "intent_lock"), 1, "the open: {stats}");
+    assert_eq!(
+        md_stat(&c, "read_page"),
+        0,
+        "the page came with it: {stats}"
+    );
     assert!(md_stat(&c, "getattr_name") <= 1, "{stats}");
     // ls asks for the directory's own `security.selinux` once, before its lock is held.
     assert!(md_stat(&c, "getxattr") <= 1, "{stats}");
     for op in ["getattr", "getattr_lock"] {
         assert_eq!(md_stat(&c, op), 0, "{op}: {stats}");
     }
+    // Again: the open alone (its close rides ahead of it).
+    c.set_param("mdc.*.md_stats=0");
+    c.set_param("mdt.*.stats=clear");
+    assert_eq!(gnu_ls_l(&m.path().join("small")).lines().count(), 101);
+    let stats = c.get_param("mdc.*.md_stats");
+    assert_eq!(md_stat(&c, "intent_lock"), 1, "{stats}");
+    assert_eq!(md_stat(&c, "read_page"), 0, "{stats}");
+    let served = c.get_param("mdt.*.stats");
+    assert!(!served.contains("mds_readpage"), "{served}");
 }
 
 /// mdtest's stat phase: numbered names stat'ed in order with no listing. After two

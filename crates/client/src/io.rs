@@ -175,13 +175,52 @@ impl Client {
         flags: i32,
         cached: u64,
     ) -> Result<FileHandle, Errno> {
-        self.open_inner(cred, fid, flags, cached, true).await
+        self.open_inner(cred, fid, flags, cached, true, None)
+            .await
+            .map(|(fh, _)| fh)
+    }
+
+    /// Opens a directory for reading, its first readdir page (`plus`: with
+    /// attributes; at most about `count` entries, 0: a full page) coming with the
+    /// open's reply, taken in as [`Client::readdir_n`] takes a page. None if the reply
+    /// came without it (a resent open's): the caller reads it.
+    pub async fn open_dir(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        plus: bool,
+        count: u32,
+    ) -> Result<(FileHandle, Option<lode_proto::ReaddirRep>), Errno> {
+        let want = lode_proto::FirstPage { plus, count };
+        let (fh, page) = self
+            .open_inner(
+                cred,
+                fid,
+                libc::O_RDONLY | libc::O_DIRECTORY,
+                0,
+                false,
+                Some(want),
+            )
+            .await?;
+        let page = match page {
+            Some(p) => match self.take_page(cred, fid, lode_base::hash::DOT_COOKIE, plus, p) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    let _ = self.close(&fh).await;
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        Ok((fh, page))
     }
 
     /// An open whose handle is its own (never kept, nor a kept one): one whose close
     /// must reach the MDT (a migration's).
     async fn open_own(&self, cred: &Cred, fid: Fid, flags: i32) -> Result<FileHandle, Errno> {
-        self.open_inner(cred, fid, flags, 0, false).await
+        self.open_inner(cred, fid, flags, 0, false, None)
+            .await
+            .map(|(fh, _)| fh)
     }
 
     async fn open_inner(
@@ -191,12 +230,13 @@ impl Client {
         flags: i32,
         cached: u64,
         keep: bool,
-    ) -> Result<FileHandle, Errno> {
+        first_page: Option<lode_proto::FirstPage>,
+    ) -> Result<(FileHandle, Option<lode_proto::ReaddirRep>), Errno> {
         let plain = keep && lode_base::perm::plain_read(flags);
         if plain && !self.opencache.is_empty() {
             self.close_expired();
             if let Some(fh) = self.reuse_open(cred, fid, flags, cached) {
-                return Ok(fh);
+                return Ok((fh, None));
             }
         }
         // Taken before the request leaves: a local write or truncate that starts while
@@ -212,6 +252,7 @@ impl Client {
             flags: flags as u32,
             cached,
             open_lock,
+            first_page,
         });
         let rep = match self.md(req.clone()).await {
             // Over the MDT's `max_open_files_per_client`: the idle kept handles go
@@ -219,10 +260,11 @@ impl Client {
             Err(Errno::ENFILE) if self.close_idle_kept().await => self.md(req).await,
             r => r,
         };
-        let rep = match rep? {
+        let mut rep = match rep? {
             Reply::Open(r) => r,
             _ => return Err(Errno::EPROTO),
         };
+        let dir_page = rep.dir_page.take();
         // The attributes lock that vouches for the reply: one granted with it, or the
         // one held across it.
         let attr_lock = if rep.body.lock != 0 {
@@ -271,7 +313,7 @@ impl Client {
                 return Err(e);
             }
         }
-        Ok(fh)
+        Ok((fh, dir_page))
     }
 
     /// Creates and opens a regular file in one RPC (open intent); without `O_EXCL` an

@@ -310,7 +310,8 @@ impl Client {
             // granted while another client had the file open for writing (it then
             // vouched for nothing), so a file is cached again once its writers are
             // gone. An open for writing gave its own back (see `release_for_change`).
-            Request::Open(o) => !self.pages_vouched(o.fid),
+            // A directory's first readdir+ page, as a READDIR's, under locks.
+            Request::Open(o) => o.first_page.is_some_and(|p| p.plus) || !self.pages_vouched(o.fid),
             _ => false,
         };
         let flags = if locks_wanted && self.callback_channel_up() && !self.being_changed(&req) {

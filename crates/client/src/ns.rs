@@ -547,20 +547,31 @@ impl Client {
             }))
             .await?
         {
-            Reply::Readdir(r) => {
-                // Cookies must advance, or a malicious server could loop us forever.
-                if r.next <= cookie && r.next != lode_base::hash::END_COOKIE {
-                    return Err(Errno::EPROTO);
-                }
-                if !plus {
-                    self.note_listing(fid, &r.entries);
-                }
-                // A readdir+ with an intent: each entry's name and attributes under locks.
-                self.remember_page(fid, cred, &r.entries);
-                Ok(r)
-            }
+            Reply::Readdir(r) => self.take_page(cred, fid, cookie, plus, r),
             _ => Err(Errno::EPROTO),
         }
+    }
+
+    /// Takes in a readdir page of `fid` that starts at `cookie` (a READDIR's reply, or
+    /// the first page an opendir's reply carried).
+    pub(crate) fn take_page(
+        &self,
+        cred: &Cred,
+        fid: Fid,
+        cookie: u64,
+        plus: bool,
+        r: ReaddirRep,
+    ) -> Result<ReaddirRep, Errno> {
+        // Cookies must advance, or a malicious server could loop us forever.
+        if r.next <= cookie && r.next != lode_base::hash::END_COOKIE {
+            return Err(Errno::EPROTO);
+        }
+        if !plus {
+            self.note_listing(fid, &r.entries);
+        }
+        // A readdir+ with an intent: each entry's name and attributes under locks.
+        self.remember_page(fid, cred, &r.entries);
+        Ok(r)
     }
 
     /// Every entry of a directory (including `.` and `..`), in cookie order.

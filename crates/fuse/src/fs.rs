@@ -112,6 +112,9 @@ struct DirHandle {
     /// The next page, asked for while the kernel takes this one, so that the MDT
     /// reads it while the kernel and the client work.
     ahead: Option<Ahead>,
+    /// Opened with the kernel keeping the pages it reads (under the directory's lock),
+    /// at this invalidation count.
+    kept_since: Option<u64>,
 }
 
 /// A directory page being read ahead: its cookie, whether with attributes, the
@@ -139,6 +142,9 @@ struct Inner {
     inodes: RwLock<HashMap<u64, (Fid, u64)>>,
     files: Mutex<OpenFiles>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
+    /// Directories the kernel read to their end keeping the pages, and the
+    /// invalidation count then (see `kernel_lists`); bounded by `LISTED_MAX`.
+    listed: Mutex<HashMap<Fid, u64>>,
     next_fh: AtomicU64,
     groups: Groups,
     /// Where the kernel is told what to forget, once the session is up.
@@ -403,6 +409,7 @@ impl LodeFs {
                 inodes: RwLock::new(inodes),
                 files: Mutex::new(OpenFiles::default()),
                 dirs: Mutex::new(HashMap::new()),
+                listed: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 groups: Groups::default(),
                 invals: Mutex::new(None),
@@ -732,6 +739,31 @@ impl Inner {
         self.invalidate(what, Box::new(|| {}));
     }
 
+    /// Whether the kernel likely lists `fid` from the pages it kept: it read them to
+    /// the end under the directory's lock, which this client has not lost since. An
+    /// opendir then asks for no first page (the kernel would not ask for it).
+    fn kernel_lists(&self, fid: Fid) -> bool {
+        let seq = self.listed.lock().get(&fid).copied();
+        match seq {
+            Some(s) if !self.client.forgotten_since(s, None, fid) => true,
+            Some(_) => {
+                self.listed.lock().remove(&fid);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Notes that the kernel read `fid` to its end keeping the pages, its lock held
+    /// since invalidation count `seq`.
+    fn listed(&self, fid: Fid, seq: u64) {
+        let mut l = self.listed.lock();
+        if l.len() >= LISTED_MAX {
+            l.clear();
+        }
+        l.insert(fid, seq);
+    }
+
     /// Queues `what` for the kernel to forget; `done` runs once it has (at once if
     /// there is no session yet).
     fn invalidate(&self, what: Vec<Inval>, done: Box<dyn FnOnce() + Send>) {
@@ -814,6 +846,11 @@ const GLIMPSE_BATCH: usize = 32;
 /// Entries of the first readdir+ page of a directory: a 100-entry directory is still
 /// listed, attributes included, in one RPC.
 const FIRST_PLUS_ENTRIES: u32 = 128;
+
+/// Directories remembered as listed by the kernel from its own pages (see
+/// `kernel_lists`); forgotten all at once past this (the cost: a first page asked for
+/// again).
+const LISTED_MAX: usize = 65_536;
 
 impl LodeFs {
     /// The `FUSE_INIT` flags this file system asks the kernel for.
@@ -1415,17 +1452,26 @@ impl Filesystem for LodeFs {
                 if flags & libc::O_ACCMODE != libc::O_RDONLY {
                     return Err(Errno::EISDIR);
                 }
-                // The MDT checks type and read permission (ACLs included).
-                let open = i
-                    .client
-                    .open(&cred, f, libc::O_RDONLY | libc::O_DIRECTORY)
-                    .await?;
-                Ok((f, open))
+                // The MDT checks type and read permission (ACLs included). Its first
+                // page comes with the open, as the kernel's first readdir asks for it
+                // (with attributes unless statahead is off), unless the kernel keeps
+                // the listing it read last time.
+                if i.kernel_lists(f) {
+                    let open = i
+                        .client
+                        .open(&cred, f, libc::O_RDONLY | libc::O_DIRECTORY)
+                        .await?;
+                    return Ok((f, open, None, false));
+                }
+                let plus = i.client.statahead_max() != 0;
+                let count = if plus { FIRST_PLUS_ENTRIES } else { 0 };
+                let (open, page) = i.client.open_dir(&cred, f, plus, count).await?;
+                Ok((f, open, page, plus))
             };
             match r.await {
-                Ok((f, open)) => {
+                Ok((f, open, page, plus)) => {
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
-                    let d = DirHandle {
+                    let mut d = DirHandle {
                         fid: f,
                         open: Some(open),
                         page: Arc::default(),
@@ -1433,13 +1479,20 @@ impl Filesystem for LodeFs {
                         plus: false,
                         seq: 0,
                         ahead: None,
+                        kept_since: None,
                     };
-                    i.dirs
-                        .lock()
-                        .insert(fh, Arc::new(tokio::sync::Mutex::new(d)));
+                    if let Some(page) = page {
+                        i.take_dir_page(&cred, &mut d, page, seq, plus, 0);
+                    }
                     // Under the directory's lock the kernel may keep its pages (and
                     // read them again without asking): the lock's callback drops them.
                     let (_, locked) = i.ttls(None, f);
+                    if locked == LOCKED_TTL {
+                        d.kept_since = Some(seq);
+                    }
+                    i.dirs
+                        .lock()
+                        .insert(fh, Arc::new(tokio::sync::Mutex::new(d)));
                     if locked == LOCKED_TTL {
                         reply.opened(
                             Fh(fh),
@@ -1646,7 +1699,18 @@ impl Filesystem for LodeFs {
         };
         // Answered once the MDT closed it, as RELEASE is (see `release`).
         self.spawn(|i| async move {
-            let open = d.lock().await.open.take();
+            let open = {
+                let mut d = d.lock().await;
+                // Listed to its end with the kernel keeping the pages: the next opendir
+                // needs no first page while the lock that vouches for them lasts.
+                if let Some(seq) = d
+                    .kept_since
+                    .filter(|_| d.next == lode_base::hash::END_COOKIE)
+                {
+                    i.listed(d.fid, seq);
+                }
+                d.open.take()
+            };
             if let Some(h) = open {
                 if let Err(e) = i.client.close(&h).await {
                     tracing::warn!(fid = %h.fid, "closing a directory on the MDT failed: {e}");
@@ -2165,35 +2229,46 @@ impl Inner {
                     (page, seq)
                 }
             };
-            d.plus = page.entries.iter().all(|e| e.body.is_some());
-            d.page = Arc::new(page.entries);
-            d.next = page.next;
-            d.seq = seq;
-            if page.next != lode_base::hash::END_COOKIE {
-                // In `auto` mode the kernel asks for attributes with the first page
-                // always, and with a later one only if stats followed the page before
-                // it (`ls -l`, not `ls` or `find`): the page after a later one is read
-                // ahead as that one was asked for, the page after the first with names
-                // only (unless every page carries attributes).
-                let plus = plus && (self.opts.readdirplus_always || offset != 0);
-                let (client, cred, fid, cookie) =
-                    (self.client.clone(), cred.clone(), d.fid, page.next);
-                let seq = client.inval_seq();
-                let page =
-                    tokio::spawn(
-                        async move { client.readdir_n(&cred, fid, cookie, plus, 0).await },
-                    );
-                d.ahead = Some(Ahead {
-                    cookie,
-                    plus,
-                    seq,
-                    page,
-                });
-            }
+            self.take_dir_page(cred, &mut d, page, seq, plus, offset);
         }
         // Cookies increase through a page.
         let start = d.page.partition_point(|e| e.cookie < offset);
         Ok((d.page.clone(), start, d.seq))
+    }
+
+    /// Makes `page` (read at `offset`, `plus` if attributes were asked for, after
+    /// invalidation count `seq`) the handle's page, and reads the next one ahead.
+    fn take_dir_page(
+        &self,
+        cred: &Cred,
+        d: &mut DirHandle,
+        page: lode_client::ReaddirRep,
+        seq: u64,
+        plus: bool,
+        offset: u64,
+    ) {
+        d.plus = page.entries.iter().all(|e| e.body.is_some());
+        d.page = Arc::new(page.entries);
+        d.next = page.next;
+        d.seq = seq;
+        if page.next != lode_base::hash::END_COOKIE {
+            // In `auto` mode the kernel asks for attributes with the first page
+            // always, and with a later one only if stats followed the page before
+            // it (`ls -l`, not `ls` or `find`): the page after a later one is read
+            // ahead as that one was asked for, the page after the first with names
+            // only (unless every page carries attributes).
+            let plus = plus && (self.opts.readdirplus_always || offset != 0);
+            let (client, cred, fid, cookie) = (self.client.clone(), cred.clone(), d.fid, page.next);
+            let seq = client.inval_seq();
+            let page =
+                tokio::spawn(async move { client.readdir_n(&cred, fid, cookie, plus, 0).await });
+            d.ahead = Some(Ahead {
+                cookie,
+                plus,
+                seq,
+                page,
+            });
+        }
     }
 }
 

@@ -1084,5 +1084,6 @@ fn opened(body: MdtBody, handle: Option<u64>) -> CreateRep {
         cache_current: false,
         layout_lock: 0,
         open_lock: 0,
+        dir_page: None,
     }
 }

@@ -449,6 +449,26 @@ impl Mdt {
         rep.open_lock = lock;
     }
 
+    /// A readdir page (a READDIR's, or the first one an opendir asks for), with locks
+    /// if it is a readdir+ with an intent.
+    fn readdir_reply(
+        &self,
+        inc: &Incoming,
+        exp: &Export,
+        r: &lode_proto::ReaddirReq,
+    ) -> OpResult<ReaddirRep> {
+        if r.cookie == lode_base::hash::DOT_COOKIE {
+            // Read from its start: about to be walked.
+            self.warmer.request(r.fid);
+        }
+        if r.plus && self.intent(inc, exp) {
+            self.readdir_locked(exp, r)
+        } else {
+            self.ns
+                .readdir(&r.cred, r.fid, r.cookie, r.plus, r.count as usize)
+        }
+    }
+
     /// A readdir+ page with locks: each entry's name (PR LOOKUP) and attributes (PR
     /// UPDATE|PERM), so the client may keep what `ls -l` reads. The names are read
     /// while the MDT holds the directory in PR (no change of its entries can be under
@@ -861,17 +881,7 @@ impl Mdt {
             }
             MdtRequest::Readdir(r) => {
                 check_cred(&r.cred)?;
-                if r.cookie == lode_base::hash::DOT_COOKIE {
-                    // Read from its start: about to be walked.
-                    self.warmer.request(r.fid);
-                }
-                let rep = if r.plus && self.intent(inc, exp) {
-                    self.readdir_locked(exp, &r)?
-                } else {
-                    self.ns
-                        .readdir(&r.cred, r.fid, r.cookie, r.plus, r.count as usize)?
-                };
-                (Reply::Readdir(rep), 0)
+                (Reply::Readdir(self.readdir_reply(inc, exp, &r)?), 0)
             }
             MdtRequest::Batch(r) => (Reply::Batch(self.batch_reads(inc, exp, r)?), 0),
             // Admitted and run by `modify`.
@@ -917,6 +927,17 @@ impl Mdt {
                 self.grant_layout(exp, &mut rep);
                 if r.open_lock {
                     self.grant_open(exp, r.flags, &mut rep);
+                }
+                // After the reply record was written (the page is not kept in it).
+                if let Some(p) = r.first_page.filter(|_| rep.body.attr.is_dir()) {
+                    let rr = lode_proto::ReaddirReq {
+                        cred: r.cred.clone(),
+                        fid: r.fid,
+                        cookie: lode_base::hash::DOT_COOKIE,
+                        plus: p.plus,
+                        count: p.count,
+                    };
+                    rep.dir_page = self.readdir_reply(inc, exp, &rr).ok();
                 }
                 (Reply::Open(rep), t)
             }

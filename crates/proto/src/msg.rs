@@ -419,6 +419,10 @@ pub struct CreateRep {
     /// granted), which the client gives back after closing the handle, and which an
     /// unlink or a rename over the file calls back.
     pub open_lock: u64,
+    /// With `OpenReq::first_page`, of a directory: its first readdir page (none if it
+    /// could not be read). Never kept in a reply record (a reconstructed reply comes
+    /// without, and the client reads the page itself).
+    pub dir_page: Option<ReaddirRep>,
 }
 
 /// The first bytes of a Data-on-MDT file, sent with its open.
@@ -467,6 +471,19 @@ pub struct OpenReq {
     /// cache): while the client holds it, it keeps the handle after the last close
     /// and opens the file again without an RPC.
     pub open_lock: bool,
+    /// An open of a directory asks for its first readdir page in the reply (Lustre
+    /// 2.17's opendir with the first pages): a small directory is then listed with
+    /// no RPC besides its open.
+    pub first_page: Option<FirstPage>,
+}
+
+/// The first readdir page an opendir wants (see [`OpenReq::first_page`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirstPage {
+    /// With attributes (readdir+).
+    pub plus: bool,
+    /// At most about this many entries (0: a full page), as [`ReaddirReq::count`].
+    pub count: u32,
 }
 
 /// close of an open handle.

@@ -1522,6 +1522,7 @@ impl Import {
                     | nix::libc::O_TMPFILE) as u32),
             cached: 0,
             open_lock: false,
+            first_page: None,
         })
         .encode();
         self.opens.lock().held.insert(
