@@ -173,6 +173,21 @@ fn evict(c: &Cluster, uuid: &str) {
     );
 }
 
+/// `kill -9` of mount `m` (client `uuid` of the OST), then an OSS power cut that the
+/// mount does not live through (evicted, it replays nothing); waits for the recovery.
+fn power_cut_without(c: &mut Cluster, m: &Mount, uuid: &str) {
+    let pid = m.pid().expect("mount daemon") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the mount");
+    lode_testkit::abort_fuse(m.path());
+    power_cut_oss(c);
+    evict(c, uuid);
+    wait_recovered(c);
+}
+
 /// The UUID of the last client other than the MDT to connect to the OST.
 fn last_client_uuid(c: &Cluster) -> String {
     last_uuid(c, false)
@@ -209,17 +224,8 @@ fn without_its_writer_a_power_cut_loses_what_the_oss_had_not_synced() {
         || unstable(&c, "unstable_rpcs").iter().any(|n| *n > 0),
     );
     let uuid = last_client_uuid(&c);
-    let pid = m.pid().expect("mount daemon") as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill the mount");
-    lode_testkit::abort_fuse(m.path());
+    power_cut_without(&mut c, &m, &uuid);
     drop(f);
-    power_cut_oss(&mut c);
-    evict(&c, &uuid);
-    wait_recovered(&c);
     let status = c.get_param("obdfilter.*.recovery_status");
     assert!(status.contains("replayed_requests: 0"), "{status}");
     let reader = c.mount();
@@ -315,4 +321,110 @@ fn writers_over_max_unstable_mb_get_a_commit_and_never_wait_for_each_other() {
             );
         }
     }
+}
+
+/// Appends from two mounts, answered and not committed, then an OSS power cut that
+/// one of the mounts does not live through: the other's appends are replayed where
+/// their replies said they went, not packed at the end of the object as the replay
+/// finds it (the dead writer's records, lost with the power cut, leave a hole), and
+/// an append after the recovery follows them.
+#[test]
+fn appends_replayed_after_an_oss_power_cut_land_where_they_were_answered() {
+    let mut c = power_cut_cluster();
+    let line = |w: usize, i: usize| format!("writer{w} record {i:04} {}\n", "y".repeat(30));
+    let len = line(0, 0).len();
+    let open = |m: &Mount| {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(m.path().join("log"))
+            .expect("open for appending")
+    };
+    let append = |mut f: &std::fs::File, w: usize, i: usize| {
+        std::io::Write::write_all(&mut f, line(w, i).as_bytes()).expect("append");
+    };
+    let survivor = c.mount();
+    let s = open(&survivor);
+    append(&s, 0, 0);
+    let victim = c.mount();
+    let v = open(&victim);
+    append(&v, 1, 0);
+    let victim_uuid = last_client_uuid(&c);
+    for i in 1..40 {
+        append(&s, 0, i);
+        append(&v, 1, i);
+    }
+    wait_for(
+        "unstable appends on both mounts",
+        Duration::from_secs(30),
+        || {
+            let u = unstable(&c, "unstable_rpcs");
+            u.len() == 2 && u.iter().all(|n| *n > 0)
+        },
+    );
+    power_cut_without(&mut c, &victim, &victim_uuid);
+    drop(v);
+    assert!(
+        unstable(&c, "replayed_rpcs").iter().any(|n| *n > 0),
+        "the survivor replays its appends"
+    );
+    append(&s, 0, 40);
+    s.sync_all().expect("fsync");
+    let reader = c.mount();
+    let got = std::fs::read(reader.path().join("log")).expect("read");
+    // The end the OST knew after the recovery: the survivor's last replayed record
+    // (the dead writer's after it is gone).
+    assert_eq!(
+        got.len(),
+        80 * len,
+        "the survivor's new append ends the file"
+    );
+    for i in 0..40 {
+        let at = 2 * i * len;
+        assert_eq!(
+            &got[at..at + len],
+            line(0, i).as_bytes(),
+            "the survivor's record {i} where it was answered"
+        );
+        if i < 39 {
+            assert!(
+                got[at + len..at + 2 * len].iter().all(|&b| b == 0),
+                "the dead writer's record {i}, lost with the power cut, is a hole"
+            );
+        }
+    }
+    assert_eq!(&got[79 * len..], line(0, 40).as_bytes());
+}
+
+/// An append whose reply is lost is sent again, and the OST answers the resend with
+/// where the first went instead of appending it twice.
+#[test]
+fn an_append_whose_reply_was_lost_lands_once() {
+    let c = cluster(1);
+    let m = c.mount();
+    let line = |i: usize| format!("record {i:04} {}\n", "z".repeat(20));
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(m.path().join("log"))
+        .expect("open for appending");
+    std::io::Write::write_all(&mut f, line(0).as_bytes()).expect("append");
+    c.set_param(&format!(
+        "obdfilter.*.fail_opc={}",
+        lode_proto::Opcode::OstWrite as u16
+    ));
+    c.set_param(&format!(
+        "obdfilter.*.fail_loc={:#x}",
+        lode_rpc::fail::DROP_REPLY | lode_rpc::fail::ONCE
+    ));
+    std::io::Write::write_all(&mut f, line(1).as_bytes()).expect("append, answered late");
+    assert_eq!(
+        c.get_param("obdfilter.*.fail_loc"),
+        "0x0",
+        "the append's reply was lost once: what answered it was the resend"
+    );
+    c.set_param("obdfilter.*.fail_opc=0");
+    std::io::Write::write_all(&mut f, line(2).as_bytes()).expect("append");
+    let got = std::fs::read_to_string(m.path().join("log")).expect("read");
+    assert_eq!(got, format!("{}{}{}", line(0), line(1), line(2)));
 }

@@ -680,11 +680,49 @@ impl Client {
             self.data_written(fh.fid);
         }
         let off = if fh.flags & libc::O_APPEND != 0 {
+            if let Some(n) = self.append_on_ost(fh, data).await? {
+                return Ok(n);
+            }
             self.size_of(fh.fid, fh.layout().as_ref()).await?
         } else {
             off
         };
         self.write_at(fh, off, data).await
+    }
+
+    /// An append to a file that is one OST object (one component from 0 to EOF, one
+    /// stripe, instantiated): the OST writes it at the object's end, which it finds
+    /// under the object's lock, so appends by several clients (or threads) each land
+    /// whole and none overwrites another, in one RPC. `None` for any other layout (or
+    /// a write larger than one RPC): the caller finds the end of file and writes
+    /// there, which is atomic only among this mount's appends (the kernel's inode
+    /// lock) -- Lustre makes those atomic with extent locks, which lode has not.
+    async fn append_on_ost(&self, fh: &FileHandle, data: &[u8]) -> Result<Option<usize>, Errno> {
+        if data.is_empty() || data.len() > lode_base::limits::BULK_MAX {
+            return Ok(None);
+        }
+        let Some(layout) = fh.layout() else {
+            return Ok(None);
+        };
+        let [comp] = layout.components.as_slice() else {
+            return Ok(None);
+        };
+        let Pattern::Raid0 { osts, .. } = &comp.pattern else {
+            return Ok(None);
+        };
+        let &[ost] = osts.as_slice() else {
+            return Ok(None);
+        };
+        if comp.start != 0 || comp.end != lode_base::layout::EOF {
+            return Ok(None);
+        }
+        let obj = ObjId {
+            fid: fh.fid,
+            comp: comp.id,
+            stripe: 0,
+        };
+        self.ost_write(ost, obj, 0, data.to_vec(), true).await?;
+        Ok(Some(data.len()))
     }
 
     /// [`Client::write`] at `off` whatever the handle's `O_APPEND`, its caller having
@@ -719,7 +757,9 @@ impl Client {
                             }))
                             .await
                             .map(|_| ()),
-                        Dest::Ost(ost, obj) => self.ost_write(ost, obj, p.obj_off, data).await,
+                        Dest::Ost(ost, obj) => {
+                            self.ost_write(ost, obj, p.obj_off, data, false).await
+                        }
                         Dest::Hole => Err(Errno::EIO),
                     }
                 });
@@ -971,10 +1011,16 @@ impl Client {
         obj: ObjId,
         offset: u64,
         data: Vec<u8>,
+        append: bool,
     ) -> Result<(), Errno> {
         let osc = self.osc(ost).await?;
         let r = osc
-            .call(Request::OstWrite(OstWriteReq { obj, offset, data }))
+            .call(Request::OstWrite(OstWriteReq {
+                obj,
+                offset,
+                data,
+                append,
+            }))
             .await;
         let attr = match &r {
             Ok(rep) => match &rep.reply {
@@ -1714,7 +1760,7 @@ impl Client {
                 reqs.push(async move {
                     match dest {
                         Dest::Mdt => dom(at, bytes).await.map(|_| ()),
-                        Dest::Ost(ost, obj) => self.ost_write(ost, obj, at, bytes).await,
+                        Dest::Ost(ost, obj) => self.ost_write(ost, obj, at, bytes, false).await,
                         Dest::Hole => Err(Errno::EIO),
                     }
                 });

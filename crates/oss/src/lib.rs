@@ -77,6 +77,33 @@ pub struct Ost {
     /// `recovery_time_soft` and `recovery_time_hard`, seconds.
     recovery_soft_s: AtomicU64,
     recovery_hard_s: AtomicU64,
+    /// Where recent appends went, by client and xid: an append is not idempotent, so a
+    /// resend of one already done (its reply lost with the connection) is answered
+    /// from here instead of appending again.
+    appends: Mutex<Appends>,
+}
+
+/// Recent appends: (client UUID, xid) → (offset, transno), the oldest forgotten past
+/// [`APPENDS_KEPT`].
+#[derive(Default)]
+struct Appends {
+    done: HashMap<(String, u64), (u64, u64)>,
+    order: std::collections::VecDeque<(String, u64)>,
+}
+
+/// Appends remembered for resends: more than the writes a client has in flight.
+const APPENDS_KEPT: usize = 8192;
+
+impl Appends {
+    fn record(&mut self, key: (String, u64), offset: u64, transno: u64) {
+        if self.order.len() >= APPENDS_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.done.remove(&old);
+            }
+        }
+        self.order.push_back(key.clone());
+        self.done.insert(key, (offset, transno));
+    }
 }
 
 /// A client's connection to the OST.
@@ -374,6 +401,7 @@ impl Ost {
             instance: rand::random::<u64>() | 1,
             recovery_soft_s: lode_base::limits::RECOVERY_TIME_SOFT_DEFAULT_S.into(),
             recovery_hard_s: lode_base::limits::RECOVERY_TIME_HARD_DEFAULT_S.into(),
+            appends: Mutex::default(),
         });
         if recovering {
             recovery::start_timer(&ost)?;
@@ -470,25 +498,38 @@ impl Ost {
     /// Writes `data` at `off` of an object, creating it; returns the change's transno
     /// (`at` for a replay) and the object as the write left it, if its metadata could
     /// be read.
+    /// Writes `data` at `off` of object `o` (at its end, found under its lock, if
+    /// `append`); returns the change's transno (`at` for a replay), the object after
+    /// it, and where the bytes went.
     fn write(
         &self,
         o: &ObjId,
         off: u64,
         data: &[u8],
         at: Option<u64>,
-    ) -> Result<(u64, Option<ObjAttr>), Errno> {
+        append: bool,
+    ) -> Result<(u64, Option<ObjAttr>, u64), Errno> {
         if data.len() > BULK_MAX {
             return Err(Errno::EINVAL);
         }
+        // The object's lock first, then (power-cut model) the journal's: the order
+        // of a punch, fallocate or destroy, which journal under the object's lock.
+        let _obj = self.commit.objs.lock(o);
+        let off = if append {
+            match std::fs::metadata(self.object_path(o)) {
+                Ok(m) => m.len(),
+                Err(e) if e.kind() == ErrorKind::NotFound => 0,
+                Err(e) => return Err(io_errno(&e)),
+            }
+        } else {
+            off
+        };
         if off
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > lode_base::limits::FILE_SIZE_MAX)
         {
             return Err(Errno::EFBIG);
         }
-        // The object's lock first, then (power-cut model) the journal's: the order
-        // of a punch, fallocate or destroy, which journal under the object's lock.
-        let _obj = self.commit.objs.lock(o);
         let _journaled = match &self.commit.undo {
             Some(u) => {
                 Some(u.before_write(&self.objects, &self.object_path(o), off, data.len())?)
@@ -507,7 +548,7 @@ impl Ost {
             return Err(errno);
         }
         let attr = f.metadata().ok().map(|m| obj_attr(&m));
-        Ok((transno, attr))
+        Ok((transno, attr, off))
     }
 
     fn getattr(&self, objs: &[ObjId]) -> Result<ObjAttrsRep, Errno> {
@@ -738,12 +779,26 @@ impl Ost {
                     move |root, undo| fallocate_object(root, &r, undo)
                 })
             }
-            OstRequest::OstWrite(r) => match self.write(&r.obj, r.offset, &r.data, None) {
-                Ok((transno, attr)) => {
-                    self.changed(Ok(transno), Reply::OstWrite(OstWriteRep { attr }))
+            OstRequest::OstWrite(r) => {
+                let key = (exp.uuid.clone(), inc.header.xid);
+                if r.append && inc.header.flags & lode_proto::frame::FLAG_RESENT != 0 {
+                    let done = self.appends.lock().done.get(&key).copied();
+                    if let Some((offset, transno)) = done {
+                        let reply = OstWriteRep { attr: None, offset };
+                        return self.changed(Ok(transno), Reply::OstWrite(reply));
+                    }
                 }
-                Err(e) => self.out(Err(e)),
-            },
+                match self.write(&r.obj, r.offset, &r.data, None, r.append) {
+                    Ok((transno, attr, offset)) => {
+                        if r.append {
+                            self.appends.lock().record(key, offset, transno);
+                        }
+                        let reply = OstWriteRep { attr, offset };
+                        self.changed(Ok(transno), Reply::OstWrite(reply))
+                    }
+                    Err(e) => self.out(Err(e)),
+                }
+            }
             OstRequest::OstSetattr(r) => self.changed(
                 bounded(&r.objs).and_then(|objs| self.set_mtime(objs, r.mtime, None)),
                 Reply::OstSetattr(Empty {}),

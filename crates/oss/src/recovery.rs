@@ -186,7 +186,7 @@ fn reply_of(req: &OstRequest) -> Reply {
         OstRequest::Destroy(_) => Reply::Destroy(Empty {}),
         OstRequest::OstSetattr(_) => Reply::OstSetattr(Empty {}),
         // A replay's object may have changed since: nothing said of it.
-        _ => Reply::OstWrite(lode_proto::OstWriteRep { attr: None }),
+        _ => Reply::OstWrite(lode_proto::OstWriteRep::default()),
     }
 }
 
@@ -276,7 +276,11 @@ impl Ost {
     fn replay(&self, req: &OstRequest, transno: u64) -> Result<u64, Errno> {
         let at = Some(transno);
         match req {
-            OstRequest::OstWrite(r) => self.write(&r.obj, r.offset, &r.data, at).map(|(t, _)| t),
+            // An append is replayed where its reply said it went (the client's
+            // replay says so, `append` cleared).
+            OstRequest::OstWrite(r) => self
+                .write(&r.obj, r.offset, &r.data, at, r.append)
+                .map(|(t, _, _)| t),
             OstRequest::Punch(r) => {
                 crate::punch_object(&self.objects, &r.obj, r.size, self.commit.undo.as_deref())?;
                 Ok(self.commit.wrote(r.obj, at))

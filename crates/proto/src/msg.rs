@@ -793,6 +793,11 @@ pub struct OstWriteReq {
     /// Bytes (≤ BULK_MAX).
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// An O_APPEND write of a file that is this one object: the OST writes at the
+    /// object's end, found under the object's lock, so appends by several clients
+    /// never overwrite each other (`offset` is ignored; the reply says where the bytes
+    /// went, and a replay writes there).
+    pub append: bool,
 }
 
 /// OST write's answer: the object as the write left it (`None` when the OST cannot
@@ -802,6 +807,8 @@ pub struct OstWriteReq {
 pub struct OstWriteRep {
     /// Size, blocks and mtime after the write.
     pub attr: Option<ObjAttr>,
+    /// Where the bytes went (an append's end of object; else the request's offset).
+    pub offset: u64,
 }
 
 /// OST punch: set the object's size.

@@ -594,6 +594,11 @@ fn replay_body(r: &Replayable) -> Arc<Vec<u8>> {
         return r.body.clone();
     };
     match (&mut req, rep) {
+        // An append is written again where it went, not at the end as it is then.
+        (Request::OstWrite(q), Reply::OstWrite(p)) if q.append => {
+            q.append = false;
+            q.offset = p.offset;
+        }
         (Request::LayoutIntent(q), Reply::LayoutIntent(p)) => q.layout = p.layout,
         (Request::Migrate(q), Reply::Migrate(p)) => match (&mut q.step, p.layout) {
             (lode_proto::MigrateStep::Start { layout, .. }, Some(given)) => *layout = given,
@@ -1430,7 +1435,8 @@ impl Import {
                             op_time: frame.header.op_time,
                             reply: (p.opcode == Opcode::Create as u16
                                 || p.opcode == Opcode::LayoutIntent as u16
-                                || p.opcode == Opcode::Migrate as u16)
+                                || p.opcode == Opcode::Migrate as u16
+                                || p.opcode == Opcode::OstWrite as u16)
                                 .then(|| Arc::new(frame.body.clone())),
                         },
                     );
