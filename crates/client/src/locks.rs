@@ -808,6 +808,13 @@ impl Client {
         self.cached(fid, |b| b.attr.flags)
     }
 
+    /// A directory's mtime and ctime as held under a lock, if they are: a listing read
+    /// when they were these is still the directory's (every change of its entries
+    /// moves them, and one by another client first takes the lock back).
+    pub fn cached_dir_times(&self, fid: Fid) -> Option<(i64, i64)> {
+        self.cached(fid, |b| (b.attr.mtime, b.attr.ctime))
+    }
+
     /// Attributes known under a lock, if any (no RPC).
     pub(crate) fn cached_attrs(&self, fid: Fid) -> Option<MdtBody> {
         self.cached(fid, MdtBody::clone)

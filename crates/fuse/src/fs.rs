@@ -115,6 +115,11 @@ struct DirHandle {
     /// Opened with the kernel keeping the pages it reads (under the directory's lock),
     /// at this invalidation count.
     kept_since: Option<u64>,
+    /// The page came with the open, when the directory's mtime and ctime were these:
+    /// the first read from the start takes it only if they still are (files made
+    /// between the opendir and the first readdir must be listed). Cleared once read
+    /// from the start, so a `rewinddir` reads the directory again, as POSIX wants.
+    opened_at: Option<(i64, i64)>,
 }
 
 /// A directory page being read ahead: its cookie, whether with attributes, the
@@ -1471,6 +1476,7 @@ impl Filesystem for LodeFs {
             match r.await {
                 Ok((f, open, page, plus)) => {
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
+                    let attr = open.attr.clone();
                     let mut d = DirHandle {
                         fid: f,
                         open: Some(open),
@@ -1480,8 +1486,10 @@ impl Filesystem for LodeFs {
                         seq: 0,
                         ahead: None,
                         kept_since: None,
+                        opened_at: None,
                     };
                     if let Some(page) = page {
+                        d.opened_at = Some((attr.mtime, attr.ctime));
                         i.take_dir_page(&cred, &mut d, page, seq, plus, 0);
                     }
                     // Under the directory's lock the kernel may keep its pages (and
@@ -2190,7 +2198,15 @@ impl Inner {
         // Attributes with the names are statahead's delivery: `statahead_max=0` turns
         // them off, and each stat is then an RPC of its own, as in Lustre.
         let plus = plus && self.client.statahead_max() != 0;
-        let cached = !d.page.is_empty()
+        // From the start: only the open's page, and only while the directory is as it
+        // was then (a rewind, or files made since the opendir, read it again).
+        let from_start = offset == lode_base::hash::DOT_COOKIE;
+        let current = !from_start
+            || d.opened_at
+                .take()
+                .is_some_and(|t| self.client.cached_dir_times(d.fid) == Some(t));
+        let cached = current
+            && !d.page.is_empty()
             && d.page.first().is_some_and(|e| e.cookie <= offset)
             && (offset < d.next || d.next == lode_base::hash::END_COOKIE)
             && (!plus || d.plus);
