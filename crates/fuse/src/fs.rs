@@ -748,11 +748,11 @@ impl Inner {
     /// the end under the directory's lock, which this client has not lost since. An
     /// opendir then asks for no first page (the kernel would not ask for it).
     fn kernel_lists(&self, fid: Fid) -> bool {
-        let seq = self.listed.lock().get(&fid).copied();
-        match seq {
-            Some(s) if !self.client.forgotten_since(s, None, fid) => true,
+        let mut l = self.listed.lock();
+        match l.get(&fid) {
+            Some(&s) if !self.client.forgotten_since(s, None, fid) => true,
             Some(_) => {
-                self.listed.lock().remove(&fid);
+                l.remove(&fid);
                 false
             }
             None => false,
@@ -1476,7 +1476,7 @@ impl Filesystem for LodeFs {
             match r.await {
                 Ok((f, open, page, plus)) => {
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
-                    let attr = open.attr.clone();
+                    let times = (open.attr.mtime, open.attr.ctime);
                     let mut d = DirHandle {
                         fid: f,
                         open: Some(open),
@@ -1489,7 +1489,7 @@ impl Filesystem for LodeFs {
                         opened_at: None,
                     };
                     if let Some(page) = page {
-                        d.opened_at = Some((attr.mtime, attr.ctime));
+                        d.opened_at = Some(times);
                         i.take_dir_page(&cred, &mut d, page, seq, plus, 0);
                     }
                     // Under the directory's lock the kernel may keep its pages (and

@@ -111,6 +111,11 @@ pub(crate) struct Opens {
 }
 
 impl Opens {
+    /// How many times the handles of the client in `slot` were all closed.
+    fn departures_of(&self, slot: u32) -> u64 {
+        self.departures.get(&slot).copied().unwrap_or(0)
+    }
+
     /// Something other than a write changed `fid`: its open writers can no longer say
     /// they alone changed it (see `writers`).
     fn not_alone(&mut self, fid: Fid) {

@@ -568,22 +568,14 @@ impl Namespace {
     /// How many times the handles of the client in `slot` were all closed (see
     /// [`Ctx::open_epoch`]).
     pub(crate) fn open_epoch(&self, slot: u32) -> u64 {
-        self.opens
-            .lock()
-            .departures
-            .get(&slot)
-            .copied()
-            .unwrap_or(0)
+        self.opens.lock().departures_of(slot)
     }
 
     fn register_open(&self, ctx: &Ctx, handle: u64, fid: Fid, slot: u32, data: DataMark) {
         let mut o = self.opens.lock();
         // Checked under the lock `close_all_of` counts under: either this handle is
         // in the table it closes, or the count has moved.
-        if ctx
-            .open_epoch
-            .is_some_and(|e| o.departures.get(&slot).copied().unwrap_or(0) != e)
-        {
+        if ctx.open_epoch.is_some_and(|e| o.departures_of(slot) != e) {
             tracing::debug!(slot, handle, %fid, "open of a departed client: no handle kept");
             return;
         }

@@ -495,12 +495,10 @@ impl Ost {
         }
     }
 
-    /// Writes `data` at `off` of an object, creating it; returns the change's transno
-    /// (`at` for a replay) and the object as the write left it, if its metadata could
-    /// be read.
     /// Writes `data` at `off` of object `o` (at its end, found under its lock, if
-    /// `append`); returns the change's transno (`at` for a replay), the object after
-    /// it, and where the bytes went.
+    /// `append`), creating it; returns the change's transno (`at` for a replay), the
+    /// object as the write left it (if its metadata could be read), and where the
+    /// bytes went.
     fn write(
         &self,
         o: &ObjId,
@@ -780,9 +778,14 @@ impl Ost {
                 })
             }
             OstRequest::OstWrite(r) => {
-                let key = (exp.uuid.clone(), inc.header.xid);
-                if r.append && inc.header.flags & lode_proto::frame::FLAG_RESENT != 0 {
-                    let done = self.appends.lock().done.get(&key).copied();
+                // Only an append is looked up and recorded (its key is a copy of the
+                // client's UUID: no cost to other writes).
+                let key = r.append.then(|| (exp.uuid.clone(), inc.header.xid));
+                if let Some(key) = key
+                    .as_ref()
+                    .filter(|_| inc.header.flags & lode_proto::frame::FLAG_RESENT != 0)
+                {
+                    let done = self.appends.lock().done.get(key).copied();
                     if let Some((offset, transno)) = done {
                         let reply = OstWriteRep { attr: None, offset };
                         return self.changed(Ok(transno), Reply::OstWrite(reply));
@@ -790,7 +793,7 @@ impl Ost {
                 }
                 match self.write(&r.obj, r.offset, &r.data, None, r.append) {
                     Ok((transno, attr, offset)) => {
-                        if r.append {
+                        if let Some(key) = key {
                             self.appends.lock().record(key, offset, transno);
                         }
                         let reply = OstWriteRep { attr, offset };

@@ -137,6 +137,8 @@ struct Pending {
     held_tag: Option<TagGuard>,
     /// An open (caller and flags): held for replay while the file stays open.
     open: Option<(lode_base::Cred, u32)>,
+    /// Its reply says how to replay it (see [`replay_body`]): kept with it.
+    keep_reply: bool,
 }
 
 #[derive(Default)]
@@ -436,6 +438,8 @@ struct Extra<'a> {
     ahead: &'a [(Opcode, Vec<u8>)],
     /// An open's credentials and flags, for holding it for replay.
     open: Option<(lode_base::Cred, u32)>,
+    /// Keep its reply with it for replay (see `Pending::keep_reply`).
+    keep_reply: bool,
 }
 
 /// Closes waiting for a request to ride ahead of.
@@ -1079,6 +1083,11 @@ impl Import {
         let extra = Extra {
             ahead: &ahead,
             open,
+            keep_reply: match &req {
+                Request::Create(_) | Request::LayoutIntent(_) | Request::Migrate(_) => true,
+                Request::OstWrite(w) => w.append,
+                _ => false,
+            },
         };
         let frame = self
             .wait(op as u16, tag_guard, body, flags, extra, &mut on)
@@ -1146,7 +1155,11 @@ impl Import {
         tag_guard: Option<TagGuard>,
         body: Arc<Vec<u8>>,
         flags: u16,
-        Extra { ahead, open }: Extra<'_>,
+        Extra {
+            ahead,
+            open,
+            keep_reply,
+        }: Extra<'_>,
         on: &mut Option<u32>,
     ) -> Result<Frame, Errno> {
         let tag = tag_guard.as_ref().map_or(0, |t| t.tag);
@@ -1168,6 +1181,7 @@ impl Import {
                     passive: false,
                     held_tag: None,
                     open,
+                    keep_reply,
                 },
             );
             xid
@@ -1433,11 +1447,7 @@ impl Import {
                             open_handle,
                             pre_version: frame.header.pre_version,
                             op_time: frame.header.op_time,
-                            reply: (p.opcode == Opcode::Create as u16
-                                || p.opcode == Opcode::LayoutIntent as u16
-                                || p.opcode == Opcode::Migrate as u16
-                                || p.opcode == Opcode::OstWrite as u16)
-                                .then(|| Arc::new(frame.body.clone())),
+                            reply: p.keep_reply.then(|| Arc::new(frame.body.clone())),
                         },
                     );
                 }
