@@ -168,3 +168,84 @@ impl Cred {
         self.gid == gid || self.groups.contains(&gid)
     }
 }
+
+/// When a read moves a file's access time: mount(8)'s `noatime`, `relatime` (Linux's
+/// default, and lode's) and `strictatime`. FUSE leaves access times to the file system
+/// (the kernel marks its inodes `S_NOATIME`), so the client applies the rule itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtimeMode {
+    /// Never (`noatime`).
+    Never,
+    /// When the access time is not after the last modification or change, or is a
+    /// day old (`relatime`).
+    #[default]
+    Relative,
+    /// At every read (`strictatime`).
+    Strict,
+}
+
+/// This machine's time, ns since the epoch (0 before 1970).
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// How old an access time may get before a read moves it under `relatime` (Linux's
+/// `relatime_need_update`: a day).
+pub const RELATIME_MAX_AGE_NS: i64 = 24 * 3600 * 1_000_000_000;
+
+/// Whether a read at `now` moves an access time `atime` of a file last modified at
+/// `mtime` and changed at `ctime` (ns since the epoch), as Linux's `touch_atime`
+/// decides.
+pub fn atime_due(mode: AtimeMode, atime: i64, mtime: i64, ctime: i64, now: i64) -> bool {
+    match mode {
+        AtimeMode::Never => false,
+        AtimeMode::Strict => atime != now,
+        AtimeMode::Relative => {
+            atime <= mtime || atime <= ctime || now.saturating_sub(atime) >= RELATIME_MAX_AGE_NS
+        }
+    }
+}
+
+#[cfg(test)]
+mod atime_tests {
+    use super::*;
+
+    #[test]
+    fn relatime_moves_an_access_time_not_after_a_change_or_a_day_old_only() {
+        let s = 1_000_000_000;
+        let r = AtimeMode::Relative;
+        // Written and not read since (atime = mtime = ctime at creation).
+        assert!(atime_due(r, 10 * s, 10 * s, 10 * s, 11 * s));
+        // Read after the last change: not again the same day.
+        assert!(!atime_due(r, 12 * s, 10 * s, 10 * s, 13 * s));
+        // Changed (chmod) since the last read.
+        assert!(atime_due(r, 12 * s, 10 * s, 14 * s, 15 * s));
+        // A day old.
+        assert!(atime_due(
+            r,
+            12 * s,
+            10 * s,
+            10 * s,
+            12 * s + RELATIME_MAX_AGE_NS
+        ));
+        assert!(!atime_due(
+            r,
+            12 * s,
+            10 * s,
+            10 * s,
+            12 * s + RELATIME_MAX_AGE_NS - 1
+        ));
+        // strictatime: every read that finds another time; noatime: never.
+        assert!(atime_due(AtimeMode::Strict, 12 * s, 10 * s, 10 * s, 13 * s));
+        assert!(!atime_due(
+            AtimeMode::Strict,
+            13 * s,
+            10 * s,
+            10 * s,
+            13 * s
+        ));
+        assert!(!atime_due(AtimeMode::Never, 10 * s, 10 * s, 10 * s, 11 * s));
+    }
+}

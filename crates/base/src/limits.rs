@@ -134,6 +134,10 @@ pub const CLOSES_AHEAD_MAX: usize = 64;
 /// carries it (an idle client's handles are closed on the MDT within about this).
 pub const CLOSE_AHEAD_WAIT_MS: u64 = 10;
 
+/// Most access times one `AccessAhead` frame may carry; a client with more waiting
+/// sends them without waiting for a request to ride ahead of.
+pub const ACCESS_AHEAD_MAX: usize = 256;
+
 /// Most locks one client may hold on one MDT (`ldlm.namespaces.*.max_locks_per_client`).
 pub const LOCKS_PER_CLIENT_MAX: usize = 1 << 20;
 

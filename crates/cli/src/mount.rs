@@ -2,6 +2,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use lode_base::attr::AtimeMode;
 use lode_client::{Client, ClientConfig};
 use lode_fuse::kernel::MountOption;
 use std::io::{BufRead, Write as _};
@@ -26,7 +27,8 @@ pub struct MountArgs {
     /// machine does not run SELinux; see [`lode_fuse::MountOptions::seclabel`]),
     /// io_uring (the default: the kernel hands requests over io_uring, with one queue
     /// per CPU, where it can; see [`URING_PARAM`]) or noio_uring (over `/dev/fuse`),
-    /// acl (the default: POSIX ACLs, as on Lustre) or noacl.
+    /// acl (the default: POSIX ACLs, as on Lustre) or noacl, relatime (the default),
+    /// strictatime or noatime (when reads move access times), nodiratime.
     #[arg(short = 'o')]
     pub options: Option<String>,
     /// Stay in the foreground instead of daemonizing once mounted.
@@ -62,6 +64,11 @@ struct Opts {
     acl: bool,
     /// Birth times (`btime`, the default) or none (`nobtime`).
     btime: bool,
+    /// When reads move access times (`noatime`, `relatime`: the default,
+    /// `strictatime`).
+    atime: AtimeMode,
+    /// Directories' too (`nodiratime`: no).
+    diratime: bool,
     /// mount(8)'s generic options given (suid, nodev, noexec, ro, ...), for the kernel.
     kernel: Vec<MountOption>,
 }
@@ -92,6 +99,8 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
         io_uring: true,
         acl: true,
         btime: true,
+        atime: AtimeMode::Relative,
+        diratime: true,
         kernel: Vec::new(),
     };
     for opt in s.unwrap_or("").split(',').filter(|x| !x.is_empty()) {
@@ -138,8 +147,22 @@ fn parse_opts(s: Option<&str>) -> Result<Opts> {
             "noexec" => o.kernel.push(MountOption::NoExec),
             "exec" => o.kernel.retain(|m| *m != MountOption::NoExec),
             "ro" => o.kernel.push(MountOption::RO),
-            "noatime" => o.kernel.push(MountOption::NoAtime),
-            "rw" | "defaults" | "relatime" => {}
+            // Access times as mount(8) has them; FUSE leaves them to the client.
+            "noatime" => {
+                o.atime = AtimeMode::Never;
+                o.kernel.push(MountOption::NoAtime);
+            }
+            "atime" | "relatime" => {
+                o.atime = AtimeMode::Relative;
+                o.kernel.retain(|m| *m != MountOption::NoAtime);
+            }
+            "strictatime" => {
+                o.atime = AtimeMode::Strict;
+                o.kernel.retain(|m| *m != MountOption::NoAtime);
+            }
+            "nodiratime" => o.diratime = false,
+            "diratime" => o.diratime = true,
+            "rw" | "defaults" => {}
             _ => bail!("mount: unknown option {opt:?}"),
         }
     }
@@ -198,6 +221,8 @@ pub fn run(a: MountArgs) -> Result<()> {
     cfg.key = opts.key.clone();
     cfg.entry_timeout = opts.entry_timeout;
     cfg.locks = opts.locks;
+    cfg.atime = opts.atime;
+    cfg.diratime = opts.diratime;
     let client = rt
         .block_on(Client::connect(cfg))
         .map_err(|e| anyhow!("mount: {e}"))?;

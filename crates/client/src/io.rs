@@ -83,6 +83,9 @@ pub struct FileHandle {
     /// The open was asked with a token (`Client::open_cached`) that still names the
     /// file's bytes: the caller's copy is current, and no read-on-open bytes came.
     pub cache_current: bool,
+    /// The latest access time a read through this handle gave the file (shared by
+    /// its clones; 0: none yet), so its next reads judge `relatime` by it.
+    pub(crate) accessed: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl FileHandle {
@@ -297,6 +300,7 @@ impl Client {
             own_lock: Arc::default(),
             data_token: rep.data_token,
             cache_current: cached != 0 && rep.cache_current,
+            accessed: Arc::default(),
         };
         if rep.open_lock != 0 {
             // The attributes lock held across the open, if the same one still is.
@@ -448,6 +452,7 @@ impl Client {
             own_lock: Arc::default(),
             data_token: 0,
             cache_current: false,
+            accessed: Arc::default(),
         };
         match &rep.body.layout {
             // Made here, with every byte on OST objects: this client sees every write
@@ -481,6 +486,37 @@ impl Client {
         } else {
             Err(Errno::EIO)
         }
+    }
+
+    /// The access time a read through `fh` gives its file now, if it moves it (see
+    /// [`ClientConfig::atime`]), judged from its attributes as held under a lock, or as
+    /// it was opened, and the reads through it since.
+    fn access_time(&self, fh: &FileHandle) -> Option<i64> {
+        let dir = fh.attr.is_dir();
+        if dir && !self.cfg.diratime {
+            return None;
+        }
+        let (atime, mtime, ctime) =
+            self.cached_times(fh.fid)
+                .unwrap_or((fh.attr.atime, fh.attr.mtime, fh.attr.ctime));
+        let atime = atime.max(fh.accessed.load(Ordering::Acquire));
+        let now = lode_base::attr::now_ns();
+        lode_base::attr::atime_due(self.cfg.atime, atime, mtime, ctime, now).then_some(now)
+    }
+
+    /// A read through `fh` (of a file, or a directory's listing): moves the file's
+    /// access time if [`ClientConfig::atime`]'s rule says so, here at once (what this
+    /// client shows) and on the MDT lazily, ahead of the next request (Lustre's client
+    /// too tells its MDT at close). FUSE leaves access times to the file system.
+    pub fn note_access(&self, fh: &FileHandle) {
+        let Some(now) = self.access_time(fh) else {
+            return;
+        };
+        if fh.accessed.fetch_max(now, Ordering::AcqRel) >= now {
+            return;
+        }
+        self.cache_atime(fh.fid, now);
+        self.mdc.access_ahead(fh.handle, now);
     }
 
     /// Closes an open file.
@@ -1100,6 +1136,7 @@ impl Client {
     /// arrive. The handle's layout lock tells; without one, the MDT is asked.
     pub async fn read(&self, fh: &FileHandle, off: u64, len: usize) -> Result<Vec<u8>, Errno> {
         self.check_live(fh)?;
+        self.note_access(fh);
         if fh.layout().is_none() {
             return Ok(Vec::new());
         }

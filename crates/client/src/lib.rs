@@ -57,6 +57,11 @@ pub struct ClientConfig {
     /// is cached beyond the short timeouts, as before locks existed: for comparison
     /// and diagnosis.
     pub locks: bool,
+    /// When reads move access times (`-o noatime`, `relatime`, the default, or
+    /// `strictatime`).
+    pub atime: lode_base::attr::AtimeMode,
+    /// Whether reading a directory moves its access time too (`-o nodiratime`: no).
+    pub diratime: bool,
 }
 
 impl ClientConfig {
@@ -74,6 +79,8 @@ impl ClientConfig {
             resend_interval: Duration::from_secs(10),
             net_delay: Duration::ZERO,
             locks: true,
+            atime: lode_base::attr::AtimeMode::Relative,
+            diratime: true,
         }
     }
 }

@@ -815,6 +815,23 @@ impl Client {
         self.cached(fid, |b| (b.attr.mtime, b.attr.ctime))
     }
 
+    /// The access, modification and change times of `fid` held under a lock, if they
+    /// are.
+    pub(crate) fn cached_times(&self, fid: Fid) -> Option<(i64, i64, i64)> {
+        self.cached(fid, |b| (b.attr.atime, b.attr.mtime, b.attr.ctime))
+    }
+
+    /// A read through this client moved the access time of `fid` to `t`: so its
+    /// attributes held under a lock say (the lock covers this client's own changes).
+    pub(crate) fn cache_atime(&self, fid: Fid, t: i64) {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some((b, _)) = self.locks.cache.lock().attrs.get_mut(&fid) {
+            b.attr.atime = b.attr.atime.max(t);
+        }
+    }
+
     /// Attributes known under a lock, if any (no RPC).
     pub(crate) fn cached_attrs(&self, fid: Fid) -> Option<MdtBody> {
         self.cached(fid, MdtBody::clone)

@@ -1185,6 +1185,13 @@ impl Filesystem for LodeFs {
                     let keep = i.pages_current(&h) || i.fill_pages(ino, &h);
                     if keep {
                         open_flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                        // The kernel answers the reads from its pages, so they never
+                        // reach the mount: a readable open is taken as the read, for
+                        // the access time (dropping the pages instead would read the
+                        // file again from the servers).
+                        if flags & libc::O_ACCMODE != libc::O_WRONLY {
+                            i.client.note_access(&h);
+                        }
                     }
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
                     i.files.lock().insert_keeping(fh, Arc::new(h), keep);
@@ -1494,9 +1501,14 @@ impl Filesystem for LodeFs {
                     }
                     // Under the directory's lock the kernel may keep its pages (and
                     // read them again without asking): the lock's callback drops them.
+                    // Its listings then never reach the mount: the open is taken as
+                    // one, for the access time.
                     let (_, locked) = i.ttls(None, f);
                     if locked == LOCKED_TTL {
                         d.kept_since = Some(seq);
+                        if let Some(o) = &d.open {
+                            i.client.note_access(o);
+                        }
                     }
                     i.dirs
                         .lock()
@@ -2195,6 +2207,11 @@ impl Inner {
     ) -> Result<(Arc<Vec<DirEntry>>, usize, u64), Errno> {
         let d = self.dirs.lock().get(&fh.0).cloned().ok_or(Errno::EBADF)?;
         let mut d = d.lock().await;
+        // A listing read through the daemon moves the directory's access time (the
+        // kernel forgets its copy of it after each READDIR that reaches here).
+        if let Some(open) = &d.open {
+            self.client.note_access(open);
+        }
         // Attributes with the names are statahead's delivery: `statahead_max=0` turns
         // them off, and each stat is then an RPC of its own, as in Lustre.
         let plus = plus && self.client.statahead_max() != 0;

@@ -840,6 +840,46 @@ impl Namespace {
         (locks, skipped)
     }
 
+    /// Moves the access times an `AccessAhead` of the client in `slot` names (nobody
+    /// waits for its answer): each handle's file takes the time its read gave it, if
+    /// later than the one it has, and never one ahead of this MDT's clock. Like a
+    /// close ahead it takes no transno and writes the inode at its version: an access
+    /// time is lazy (Lustre's too: a crash before the commit loses it), no replay
+    /// depends on it, and a reader's data token (the bytes) does not change. No lock
+    /// is called back: other clients see the time with their next fetch of the
+    /// attributes, as on Lustre. A handle not open, or another client's, is skipped.
+    /// Returns how many were skipped.
+    pub(crate) fn access_ahead(&self, slot: u32, items: &[(u64, i64)]) -> usize {
+        let now = crate::inode::now_ns();
+        let mut skipped = 0;
+        for &(handle, atime) in items {
+            let fid = match self.opens.lock().handles.get(&handle) {
+                Some(h) if h.slot == slot => h.fid,
+                _ => {
+                    skipped += 1;
+                    continue;
+                }
+            };
+            let atime = atime.min(now);
+            let mut held = self.pdo.lock(&[], &[]);
+            self.pdo.lock_inodes(&mut held, &[fid]);
+            let Ok(mut rec) = self.inode(fid) else {
+                continue;
+            };
+            if atime <= rec.atime {
+                continue;
+            }
+            rec.atime = atime;
+            let mut b = Batch::new();
+            put_inode_unversioned(&mut b, fid, &rec);
+            if let Err(e) = self.store.apply_untracked(&b) {
+                tracing::warn!(%fid, "writing an access time: {e}");
+                break;
+            }
+        }
+        skipped
+    }
+
     /// Closes every handle of a client that disconnected on purpose.
     pub(crate) fn close_all_of(&self, slot: u32) {
         let handles: Vec<u64> = {

@@ -1074,6 +1074,16 @@ impl Mdt {
                 }
                 (Reply::CloseAhead(Empty {}), 0)
             }
+            MdtRequest::AccessAhead(r) => {
+                if r.items.len() > lode_base::limits::ACCESS_AHEAD_MAX {
+                    return Err(Errno::EPROTO.into());
+                }
+                let skipped = self.ns.access_ahead(exp.slot, &r.items);
+                if skipped > 0 {
+                    debug!(client = %exp.uuid, skipped, "access times of handles it has not open: ignored");
+                }
+                (Reply::AccessAhead(Empty {}), 0)
+            }
             MdtRequest::Connect(_) => return Err(Errno::EALREADY.into()),
         })
     }
@@ -1476,8 +1486,10 @@ impl Service for Mdt {
             warn!(peer = %inc.peer, client = %exp.uuid, opcode = inc.header.opcode, "tag on a request that modifies nothing: refused");
             return self.error_out(Errno::EPROTO.into());
         }
-        let ahead = matches!(req, MdtRequest::LdlmCancel(_) | MdtRequest::CloseAhead(_))
-            && inc.header.xid == 0;
+        let ahead = matches!(
+            req,
+            MdtRequest::LdlmCancel(_) | MdtRequest::CloseAhead(_) | MdtRequest::AccessAhead(_)
+        ) && inc.header.xid == 0;
         let out = self.run(inc, &exp, req);
         if ahead {
             // An early cancel or a close riding ahead of a request: nobody waits for

@@ -198,6 +198,17 @@ pub struct CloseAheadReq {
     pub handles: Vec<u64>,
 }
 
+/// Reads through open handles that moved their files' access times (lode's), told to
+/// the MDT ahead of another request in the same write, as a read-only close is (at
+/// most [`lode_base::limits::ACCESS_AHEAD_MAX`]). Lustre's client sends the access
+/// time with the close; here the handle may stay open (the open cache), so the time
+/// goes on its own, ahead of whatever the client sends next.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessAheadReq {
+    /// Each handle with the access time its read gave the file (ns since the epoch).
+    pub items: Vec<(u64, i64)>,
+}
+
 /// A file lock request (Lustre's LDLM_FLOCK): POSIX `fcntl` and BSD `flock` locks,
 /// whole-file or byte-range, kept by the MDT for every client of the file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1152,6 +1163,10 @@ messages! {
     /// another request on the same connection, so a read-only close costs no round
     /// trip of its own. Idempotent: a handle that is not open is skipped.
     CloseAhead = 110, Mdt, false: CloseAheadReq => Empty,
+    /// Move access times after reads through open handles (lode's): a frame nobody
+    /// answers, sent ahead of another request as `CloseAhead` is. Only forward: an
+    /// older time, or a handle that is not the sender's, is skipped.
+    AccessAhead = 111, Mdt, false: AccessAheadReq => Empty,
     /// From the MDT to a client on its callback channel: give these locks back
     /// (LDLM_BL_CALLBACK).
     LdlmBlCallback = 104, Client, false: LdlmCancelReq => Empty,
@@ -1211,7 +1226,7 @@ service_requests! {
     MdtRequest, Mdt: Connect, Disconnect, Ping, Statfs, SeqAlloc, Getattr, Lookup, Readdir,
     Batch, BatchModify, Create, Open, Close, Unlink, Rename, Link, Setattr, Getxattr, Setxattr,
     Listxattr, DomRead, DomSeek, DomWrite, LayoutIntent, Migrate, Sync, LdlmEnqueue, LdlmCancel, LdlmCallbackChannel, Flock,
-    CloseAhead,
+    CloseAhead, AccessAhead,
 }
 
 service_requests! {

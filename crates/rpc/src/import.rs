@@ -18,7 +18,7 @@
 
 use crate::auth::{Opener, Sealer, NONCE_LEN};
 use crate::wire::{open_rest, read_frame, read_raw, read_sealed, FrameSink};
-use lode_base::limits::{CLOSES_AHEAD_MAX, CLOSE_AHEAD_WAIT_MS};
+use lode_base::limits::{ACCESS_AHEAD_MAX, CLOSES_AHEAD_MAX, CLOSE_AHEAD_WAIT_MS};
 use lode_base::Errno;
 use lode_proto::frame::{
     check_len, FLAG_INTENT, FLAG_REPLAY, FLAG_REPLAY_DONE, FLAG_REPLY, FLAG_RESENT,
@@ -442,10 +442,13 @@ struct Extra<'a> {
     keep_reply: bool,
 }
 
-/// Closes waiting for a request to ride ahead of.
+/// Closes waiting for a request to ride ahead of, and access times (see
+/// [`Import::access_ahead`]).
 #[derive(Default)]
 struct AheadCloses {
     handles: Vec<u64>,
+    /// Open handles read through, with the access time each read gave its file.
+    access: Vec<(u64, i64)>,
     /// A PING is due to carry them if no request does first.
     armed: bool,
 }
@@ -456,6 +459,9 @@ struct AheadCloses {
 struct AheadTaken<'a> {
     imp: &'a Arc<Import>,
     closes: Vec<u64>,
+    /// Access times: sent once, not again if the request fails (they are lazy, as
+    /// Lustre's are: a lost one leaves the file's access time earlier, nothing else).
+    access: Vec<(u64, i64)>,
 }
 
 impl AheadTaken<'_> {
@@ -1073,6 +1079,13 @@ impl Import {
             ahead.push((Opcode::LdlmCancel, c.encode()));
         }
         let closes = self.take_ahead();
+        if !closes.access.is_empty() {
+            // Before the closes: one of them may close a handle read through.
+            let c = Request::AccessAhead(lode_proto::AccessAheadReq {
+                items: closes.access.clone(),
+            });
+            ahead.push((Opcode::AccessAhead, c.encode()));
+        }
         if !closes.closes.is_empty() {
             let c = Request::CloseAhead(lode_proto::CloseAheadReq {
                 handles: closes.closes.clone(),
@@ -1596,9 +1609,44 @@ impl Import {
         self.ahead.lock().handles.len()
     }
 
+    /// Tells the MDT, ahead of the next request (or with a PING within
+    /// [`CLOSE_AHEAD_WAIT_MS`]), that a read through the open `handle` gave its file
+    /// the access time `atime`. Sent before any close riding with it, so the handle is
+    /// still open when the MDT reads it; best effort, as Lustre's lazy access times:
+    /// one lost with a connection leaves the file's access time as it was. Past
+    /// [`ACCESS_AHEAD_MAX`] waiting, a PING carries them at once; past twice that, the
+    /// newest is dropped.
+    pub fn access_ahead(self: &Arc<Self>, handle: u64, atime: i64) {
+        let mut a = self.ahead.lock();
+        if let Some(e) = a.access.iter_mut().find(|e| e.0 == handle) {
+            e.1 = e.1.max(atime);
+            return;
+        }
+        if a.access.len() >= 2 * ACCESS_AHEAD_MAX {
+            debug!(target = %self.cfg.target, handle, "too many access times waiting: one dropped");
+            return;
+        }
+        a.access.push((handle, atime));
+        if a.access.len() >= ACCESS_AHEAD_MAX {
+            let me = Arc::downgrade(self);
+            self.rt.spawn(async move {
+                if let Some(me) = me.upgrade() {
+                    let _ = me.call(Request::Ping(Empty {})).await;
+                }
+            });
+        } else {
+            self.arm_ahead(&mut a);
+        }
+    }
+
+    /// Access times waiting to ride ahead of a request.
+    pub fn access_waiting(&self) -> usize {
+        self.ahead.lock().access.len()
+    }
+
     /// Starts the wait after which a PING carries the waiting closes.
     fn arm_ahead(self: &Arc<Self>, a: &mut AheadCloses) {
-        if a.armed || a.handles.is_empty() {
+        if a.armed || (a.handles.is_empty() && a.access.is_empty()) {
             return;
         }
         a.armed = true;
@@ -1609,7 +1657,7 @@ impl Import {
             let waiting = {
                 let mut a = me.ahead.lock();
                 a.armed = false;
-                !a.handles.is_empty()
+                !a.handles.is_empty() || !a.access.is_empty()
             };
             if waiting {
                 let _ = me.call(Request::Ping(Empty {})).await;
@@ -1625,8 +1673,14 @@ impl Import {
         let mut a = self.ahead.lock();
         let n = a.handles.len().min(CLOSES_AHEAD_MAX);
         let closes = a.handles.drain(..n).collect();
+        let n = a.access.len().min(ACCESS_AHEAD_MAX);
+        let access = a.access.drain(..n).collect();
         self.arm_ahead(&mut a);
-        AheadTaken { imp: self, closes }
+        AheadTaken {
+            imp: self,
+            closes,
+            access,
+        }
     }
 
     /// `handles` wait again for a request to ride ahead of (once each: a reconnect

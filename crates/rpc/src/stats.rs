@@ -267,6 +267,7 @@ pub fn lustre_name(op: Opcode) -> &'static str {
         Opcode::LdlmEnqueue => "ldlm_enqueue",
         Opcode::LdlmCancel => "ldlm_cancel",
         Opcode::CloseAhead => "mds_close_ahead",
+        Opcode::AccessAhead => "mds_access_ahead",
         Opcode::LdlmBlCallback => "ldlm_bl_callback",
         Opcode::LdlmCallbackChannel => "ldlm_callback_channel",
         Opcode::AuthNonce => "sec_ctx_init",

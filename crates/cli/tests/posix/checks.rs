@@ -907,6 +907,68 @@ fn immutable_and_append_only_files_refuse_what_linux_refuses() {
     File::create(f.p("d/new")).unwrap();
 }
 
+/// A file's access, modification and change times, in ns.
+fn amc(p: &Path) -> (i128, i128, i128) {
+    let m = md(p);
+    (
+        ns(m.atime(), m.atime_nsec()),
+        ns(m.mtime(), m.mtime_nsec()),
+        ns(m.ctime(), m.ctime_nsec()),
+    )
+}
+
+#[test]
+fn reads_move_access_times_as_relatime_does() {
+    let f = fx();
+    let (p, d) = (f.p("f"), f.p("d"));
+    fs::write(&p, b"data").unwrap();
+    fs::create_dir(&d).unwrap();
+    File::create(d.join("x")).unwrap();
+    let (a0, m0, _) = amc(&p);
+    // A read after the last change moves it (Linux's relatime), on this mount at once.
+    assert_eq!(fs::read(&p).unwrap(), b"data");
+    let (a1, _, c1) = amc(&p);
+    assert!(a1 > a0 && a1 > m0, "read: atime {a0} -> {a1}, mtime {m0}");
+    // Read again, nothing changed since: relatime leaves it.
+    assert_eq!(fs::read(&p).unwrap(), b"data");
+    assert_eq!(amc(&p).0, a1, "a second read moved it");
+    // Written since, read again: it moves past the new mtime; the ctime stays the write's.
+    fs::write(&p, b"more").unwrap();
+    let (_, m2, c2) = amc(&p);
+    assert!(c2 >= c1);
+    assert_eq!(fs::read(&p).unwrap(), b"more");
+    let (a3, m3, c3) = amc(&p);
+    assert!(a3 > m2, "after a write: atime {a3}, mtime {m2}");
+    assert_eq!((m3, c3), (m2, c2), "a read changed mtime or ctime");
+    // Listing a directory changed since its last listing moves its access time.
+    let (da0, dm0, _) = amc(&d);
+    assert_eq!(fs::read_dir(&d).unwrap().count(), 1);
+    let (da1, _, _) = amc(&d);
+    assert!(da1 > da0 && da1 > dm0, "listing: atime {da0} -> {da1}");
+    // The MDT has it too (it rides ahead of the mount's next request, or a PING soon
+    // after): another client's next fetch sees it. As on Lustre, an access time calls
+    // no lock back, so that client's copy is dropped first.
+    let fid = lode_base::Fid::from_ino(md(&p).ino()).unwrap();
+    let s = f._c.client();
+    let mdt_atime = || {
+        s.client.lock_cache_clear();
+        i128::from(s.run(s.client.getattr_md(&root(), fid)).unwrap().attr.atime)
+    };
+    wait_for("the MDT to have the access time", Duration::from_secs(10), || {
+        mdt_atime() == a3
+    });
+    // A noatime mount moves nothing.
+    let m = f._c.mount_with(&["noatime"]);
+    set_times(&p, (1_000_000, 0), (1_000_000, 0));
+    let q = m.path().join("f");
+    let before = amc(&q).0;
+    assert_eq!(fs::read(&q).unwrap(), b"more");
+    assert_eq!(fs::read_dir(m.path().join("d")).unwrap().count(), 1);
+    assert_eq!(amc(&q).0, before, "noatime: a read moved it");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(mdt_atime(), before, "noatime: the MDT moved it");
+}
+
 #[test]
 fn birth_time_is_set_at_creation_and_kept() {
     let f = fx();
