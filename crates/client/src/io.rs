@@ -48,6 +48,9 @@ pub(crate) struct Prefetch {
     pub(crate) seq: u64,
 }
 
+/// What a glimpse finds of a file: size, 512-byte blocks, mtime, ctime.
+pub(crate) type Glimpsed = (u64, u64, i64, i64);
+
 /// An open file.
 #[derive(Clone, Debug)]
 pub struct FileHandle {
@@ -508,15 +511,17 @@ impl Client {
     /// access time if [`ClientConfig::atime`]'s rule says so, here at once (what this
     /// client shows) and on the MDT lazily, ahead of the next request (Lustre's client
     /// too tells its MDT at close). FUSE leaves access times to the file system.
-    pub fn note_access(&self, fh: &FileHandle) {
+    /// True if it moved it.
+    pub fn note_access(&self, fh: &FileHandle) -> bool {
         let Some(now) = self.access_time(fh) else {
-            return;
+            return false;
         };
         if fh.accessed.fetch_max(now, Ordering::AcqRel) >= now {
-            return;
+            return false;
         }
         self.cache_atime(fh.fid, now);
         self.mdc.access_ahead(fh.handle, now);
+        true
     }
 
     /// Closes an open file.
@@ -684,7 +689,7 @@ impl Client {
     /// Size, blocks and mtime of a file about to be closed by a writer, from a glimpse;
     /// `None` if the glimpse fails (the MDT then keeps asking the OSTs).
     async fn size_for_close(&self, fid: Fid, layout: &Layout) -> Option<lode_proto::CloseAttrs> {
-        let (size, blocks, mtime) = self.glimpse_now(fid, Some(layout)).await.ok()?;
+        let (size, blocks, mtime, _) = self.glimpse_now(fid, Some(layout)).await.ok()?;
         Some(lode_proto::CloseAttrs {
             size,
             blocks,
@@ -945,7 +950,7 @@ impl Client {
         let body = self.getattr_md(&Cred::root(), fh.fid).await?;
         let mine = fh.layout();
         let layout = newer(mine.as_ref(), body.layout.as_ref()).cloned();
-        let (size, _, _) = self.glimpse(fh.fid, layout.as_ref(), &body.attr).await?;
+        let (size, ..) = self.glimpse(fh.fid, layout.as_ref(), &body.attr).await?;
         if off >= size {
             return Err(Errno::ENXIO);
         }
@@ -1136,7 +1141,7 @@ impl Client {
     /// arrive. The handle's layout lock tells; without one, the MDT is asked.
     pub async fn read(&self, fh: &FileHandle, off: u64, len: usize) -> Result<Vec<u8>, Errno> {
         self.check_live(fh)?;
-        self.note_access(fh);
+        let _ = self.note_access(fh);
         if fh.layout().is_none() {
             return Ok(Vec::new());
         }
@@ -1305,28 +1310,24 @@ impl Client {
         Ok(self.glimpse_now(fid, layout).await?.0)
     }
 
-    /// Size, blocks and mtime now: the MDT's attributes and a glimpse of the objects
-    /// of the newer of `layout` (a handle's: it may have instantiated more) and the
-    /// MDT's (another client may have).
-    async fn glimpse_now(
-        &self,
-        fid: Fid,
-        layout: Option<&Layout>,
-    ) -> Result<(u64, u64, i64), Errno> {
+    /// Size, blocks, mtime and ctime now: the MDT's attributes and a glimpse of the
+    /// objects of the newer of `layout` (a handle's: it may have instantiated more)
+    /// and the MDT's (another client may have).
+    async fn glimpse_now(&self, fid: Fid, layout: Option<&Layout>) -> Result<Glimpsed, Errno> {
         let body = self.getattr_md(&Cred::root(), fid).await?;
         let layout = newer(layout, body.layout.as_ref());
         self.glimpse(fid, layout, &body.attr).await
     }
 
-    /// Size, blocks and mtime from the OST objects, merged with the MDT's view.
+    /// Size, blocks, mtime and ctime from the OST objects, merged with the MDT's view.
     pub(crate) async fn glimpse(
         &self,
         fid: Fid,
         layout: Option<&Layout>,
         md: &Attr,
-    ) -> Result<(u64, u64, i64), Errno> {
+    ) -> Result<Glimpsed, Errno> {
         let Some(layout) = layout else {
-            return Ok((md.size, md.blocks, md.mtime));
+            return Ok((md.size, md.blocks, md.mtime, md.ctime));
         };
         self.glimpse_many(&[(fid, layout, md)])
             .await
@@ -1334,13 +1335,13 @@ impl Client {
             .unwrap_or(Err(Errno::EPROTO))
     }
 
-    /// Size, blocks and mtime of each file from its OST objects and its MDT
+    /// Size, blocks, mtime and ctime of each file from its OST objects and its MDT
     /// attributes: one OST_GETATTR per OST for all the files' objects on it (up to
     /// 4,096 objects each). A file whose objects an OST could not answer gets its error.
-    async fn glimpse_many(
-        &self,
-        files: &[(Fid, &Layout, &Attr)],
-    ) -> Vec<Result<(u64, u64, i64), Errno>> {
+    /// A file with Data-on-MDT bytes has its MDT attributes asked afresh (its DoM
+    /// writes moved mtime and ctime there); an object written since the MDT's mtime
+    /// moves both.
+    async fn glimpse_many(&self, files: &[(Fid, &Layout, &Attr)]) -> Vec<Result<Glimpsed, Errno>> {
         const OBJS_PER_GLIMPSE: usize = 4096;
         // Files with Data-on-MDT bytes: their MDT size, blocks and layout asked afresh
         // (a cached copy predates the writes a glimpse is for).
@@ -1398,12 +1399,12 @@ impl Client {
                 (objs, r)
             })
         });
-        let mut out: Vec<Result<(u64, u64, i64), Errno>> = files
+        let mut out: Vec<Result<Glimpsed, Errno>> = files
             .iter()
             .zip(&fresh)
             .map(|((_, _, md), f)| match f {
-                None => Ok((md.size, 0, md.mtime)),
-                Some(Ok(b)) => Ok((b.attr.size, b.attr.blocks, b.attr.mtime)),
+                None => Ok((md.size, 0, md.mtime, md.ctime)),
+                Some(Ok(b)) => Ok((b.attr.size, b.attr.blocks, b.attr.mtime, b.attr.ctime)),
                 Some(Err(e)) => Err(*e),
             })
             .collect();
@@ -1418,7 +1419,7 @@ impl Client {
                 }
             };
             for ((fi, ci, stripe, _), a) in objs.iter().zip(attrs) {
-                let Ok((size, blocks, mtime)) = &mut out[*fi] else {
+                let Ok((size, blocks, mtime, ctime)) = &mut out[*fi] else {
                     continue;
                 };
                 if let Some((start, ss, count, _)) = raid0_geometry(layouts[*fi], *ci) {
@@ -1427,6 +1428,12 @@ impl Client {
                 *blocks += a.blocks;
                 if a.size > 0 || a.blocks > 0 {
                     *mtime = (*mtime).max(a.mtime);
+                    // A write after the MDT's last word on the times moved the ctime
+                    // too (an object's mtime set by utimes is the MDT's, and moves
+                    // nothing here).
+                    if a.mtime > files[*fi].2.mtime {
+                        *ctime = (*ctime).max(a.mtime);
+                    }
                 }
             }
         }
@@ -1452,9 +1459,10 @@ impl Client {
         let mut out: Vec<Result<MdtBody, Errno>> = bodies.into_iter().map(Ok).collect();
         for (i, r) in wanted.into_iter().zip(got) {
             match r {
-                Ok((size, blocks, mtime)) => {
+                Ok((size, blocks, mtime, ctime)) => {
                     if let Ok(b) = &mut out[i] {
                         (b.attr.size, b.attr.blocks, b.attr.mtime) = (size, blocks, mtime);
+                        b.attr.ctime = b.attr.ctime.max(ctime);
                     }
                 }
                 Err(e) => out[i] = Err(e),
@@ -1672,7 +1680,7 @@ impl Client {
         let waited_from = std::time::Instant::now();
         let (size, rep) = loop {
             // The size the pending layout is instantiated for.
-            let (size, _, _) = self.glimpse_now(fh.fid, Some(&old)).await?;
+            let (size, ..) = self.glimpse_now(fh.fid, Some(&old)).await?;
             match step(MigrateStep::Start {
                 layout: template.clone(),
                 size,
@@ -1694,7 +1702,7 @@ impl Client {
             // What the copy copies, asked once the migration is armed (a write open or
             // truncate from now on refuses the swap): a writer that closed just
             // before the start is in it.
-            let (size2, _, mtime) = self.glimpse_now(fh.fid, Some(&old)).await?;
+            let (size2, _, mtime, _) = self.glimpse_now(fh.fid, Some(&old)).await?;
             if size2 != size {
                 return Err(Errno::EBUSY);
             }
@@ -1722,7 +1730,7 @@ impl Client {
             self.set_object_mtime(fh.fid, Some(&new), mtime).await?;
             // The old objects as the copy found them: a truncate whose size change
             // preceded the start but whose punch came since shows here.
-            let (size3, _, mtime3) = self.glimpse_now(fh.fid, Some(&old)).await?;
+            let (size3, _, mtime3, _) = self.glimpse_now(fh.fid, Some(&old)).await?;
             if (size3, mtime3) != (size2, mtime) {
                 return Err(Errno::EBUSY);
             }

@@ -112,12 +112,13 @@ impl Client {
     /// Completes a body with the size, blocks and mtime from OST glimpses if needed.
     pub async fn complete(&self, mut body: MdtBody) -> Result<MdtBody, Errno> {
         if body.glimpse {
-            let (size, blocks, mtime) = self
+            let (size, blocks, mtime, ctime) = self
                 .glimpse(body.attr.fid, body.layout.as_ref(), &body.attr)
                 .await?;
             body.attr.size = size;
             body.attr.blocks = blocks;
             body.attr.mtime = mtime;
+            body.attr.ctime = body.attr.ctime.max(ctime);
         }
         Ok(body)
     }

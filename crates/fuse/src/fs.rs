@@ -682,6 +682,13 @@ impl Inner {
         n.inval_inode(ino, 0, 0).is_ok()
     }
 
+    /// Tells the kernel to ask for the attributes of `ino` again (its pages stay).
+    fn forget_attrs(&self, ino: INodeNo) {
+        if let Some(n) = self.pages.lock().clone() {
+            let _ = n.inval_inode(ino, -1, 0);
+        }
+    }
+
     /// With the writeback cache, the kernel writes a file's pages through whichever
     /// handle it likes, even after the one they were written with is closed: no
     /// handle can then say it wrote nothing.
@@ -1188,9 +1195,11 @@ impl Filesystem for LodeFs {
                         // The kernel answers the reads from its pages, so they never
                         // reach the mount: a readable open is taken as the read, for
                         // the access time (dropping the pages instead would read the
-                        // file again from the servers).
-                        if flags & libc::O_ACCMODE != libc::O_WRONLY {
-                            i.client.note_access(&h);
+                        // file again from the servers), and the kernel, which forgets
+                        // its copy of the time only after reads that reach here, is
+                        // told to ask for the attributes again.
+                        if flags & libc::O_ACCMODE != libc::O_WRONLY && i.client.note_access(&h) {
+                            i.forget_attrs(ino);
                         }
                     }
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -1506,8 +1515,8 @@ impl Filesystem for LodeFs {
                     let (_, locked) = i.ttls(None, f);
                     if locked == LOCKED_TTL {
                         d.kept_since = Some(seq);
-                        if let Some(o) = &d.open {
-                            i.client.note_access(o);
+                        if d.open.as_ref().is_some_and(|o| i.client.note_access(o)) {
+                            i.forget_attrs(ino);
                         }
                     }
                     i.dirs
@@ -1575,9 +1584,7 @@ impl Filesystem for LodeFs {
                         };
                         i.client.setattr(&cred, fid, sa).await?;
                         // Its change time moved: the kernel asks again.
-                        if let Some(n) = i.pages.lock().clone() {
-                            let _ = n.inval_inode(ino, -1, 0);
-                        }
+                        i.forget_attrs(ino);
                         Ok(None)
                     }
                 }
