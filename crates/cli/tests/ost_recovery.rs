@@ -396,35 +396,101 @@ fn appends_replayed_after_an_oss_power_cut_land_where_they_were_answered() {
     assert_eq!(&got[79 * len..], line(0, 40).as_bytes());
 }
 
+/// Makes `target` (`mdt` or `obdfilter`) run the next `opcode` request and drop its
+/// reply, once.
+fn drop_next_reply(c: &Cluster, target: &str, opcode: lode_proto::Opcode) {
+    c.set_param(&format!("{target}.*.fail_opc={}", opcode as u16));
+    c.set_param(&format!(
+        "{target}.*.fail_loc={:#x}",
+        lode_rpc::fail::DROP_REPLY | lode_rpc::fail::ONCE
+    ));
+}
+
+/// Record `i` of an appended log.
+fn log_line(i: usize) -> String {
+    format!("record {i:04} {}\n", "z".repeat(20))
+}
+
+/// `log` on mount `m` (made by `setstripe ARGS` if any, else plainly), open for
+/// appending, with its first record appended.
+fn append_log(c: &Cluster, m: &Mount, setstripe: &[&str]) -> (std::path::PathBuf, std::fs::File) {
+    let path = m.path().join("log");
+    if !setstripe.is_empty() {
+        let p = arg(&path);
+        let mut args = vec!["setstripe"];
+        args.extend_from_slice(setstripe);
+        args.push(&p);
+        lode_ok(c, &args);
+    }
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("open for appending");
+    std::io::Write::write_all(&mut f, log_line(0).as_bytes()).expect("append");
+    (path, f)
+}
+
+/// Appends the second and third records to the log of [`append_log`], the second's
+/// reply dropped by `target`, which answers its resend; each record lands once.
+fn append_with_a_lost_reply(setstripe: &[&str], target: &str, opcode: lode_proto::Opcode) {
+    let c = cluster(1);
+    let m = c.mount();
+    let (path, mut f) = append_log(&c, &m, setstripe);
+    drop_next_reply(&c, target, opcode);
+    std::io::Write::write_all(&mut f, log_line(1).as_bytes()).expect("append, answered late");
+    assert_eq!(
+        c.get_param(&format!("{target}.*.fail_loc")),
+        "0x0",
+        "the append's reply was lost once: what answered it was the resend"
+    );
+    c.set_param(&format!("{target}.*.fail_opc=0"));
+    std::io::Write::write_all(&mut f, log_line(2).as_bytes()).expect("append");
+    let got = std::fs::read_to_string(&path).expect("read");
+    assert_eq!(got, (0..3).map(log_line).collect::<String>());
+}
+
+/// An append whose reply was lost with its OSS (killed after the append ran, its bytes
+/// in the page cache) is answered by the restarted OSS from the mark the append left
+/// on its object, where the first went, instead of being appended twice.
+#[test]
+fn an_append_resent_to_a_restarted_oss_lands_once() {
+    let mut c = cluster(1);
+    let m = c.mount();
+    let (path, mut f) = append_log(&c, &m, &[]);
+    drop_next_reply(&c, "obdfilter", lode_proto::Opcode::OstWrite);
+    std::thread::scope(|sc| {
+        let t = sc.spawn(|| std::io::Write::write_all(&mut f, log_line(1).as_bytes()));
+        wait_for(
+            "the append to run, its reply lost",
+            Duration::from_secs(20),
+            || c.get_param("obdfilter.*.fail_loc") == "0x0",
+        );
+        c.kill9("ost0");
+        c.start_target("ost0");
+        t.join()
+            .expect("the appending thread")
+            .expect("the append, answered by the restarted OSS");
+    });
+    std::io::Write::write_all(&mut f, log_line(2).as_bytes()).expect("append");
+    let got = std::fs::read_to_string(&path).expect("read");
+    assert_eq!(got, (0..3).map(log_line).collect::<String>());
+}
+
+/// The same for a Data-on-MDT file, whose appends the MDT places: a DOM_WRITE's reply
+/// record answers its resend.
+#[test]
+fn an_append_to_a_dom_file_whose_reply_was_lost_lands_once() {
+    append_with_a_lost_reply(
+        &["-E", "1M", "-L", "mdt"],
+        "mdt",
+        lode_proto::Opcode::DomWrite,
+    );
+}
+
 /// An append whose reply is lost is sent again, and the OST answers the resend with
 /// where the first went instead of appending it twice.
 #[test]
 fn an_append_whose_reply_was_lost_lands_once() {
-    let c = cluster(1);
-    let m = c.mount();
-    let line = |i: usize| format!("record {i:04} {}\n", "z".repeat(20));
-    let mut f = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(m.path().join("log"))
-        .expect("open for appending");
-    std::io::Write::write_all(&mut f, line(0).as_bytes()).expect("append");
-    c.set_param(&format!(
-        "obdfilter.*.fail_opc={}",
-        lode_proto::Opcode::OstWrite as u16
-    ));
-    c.set_param(&format!(
-        "obdfilter.*.fail_loc={:#x}",
-        lode_rpc::fail::DROP_REPLY | lode_rpc::fail::ONCE
-    ));
-    std::io::Write::write_all(&mut f, line(1).as_bytes()).expect("append, answered late");
-    assert_eq!(
-        c.get_param("obdfilter.*.fail_loc"),
-        "0x0",
-        "the append's reply was lost once: what answered it was the resend"
-    );
-    c.set_param("obdfilter.*.fail_opc=0");
-    std::io::Write::write_all(&mut f, line(2).as_bytes()).expect("append");
-    let got = std::fs::read_to_string(m.path().join("log")).expect("read");
-    assert_eq!(got, format!("{}{}{}", line(0), line(1), line(2)));
+    append_with_a_lost_reply(&[], "obdfilter", lode_proto::Opcode::OstWrite);
 }

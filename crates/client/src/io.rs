@@ -724,6 +724,9 @@ impl Client {
             if let Some(n) = self.append_on_ost(fh, data).await? {
                 return Ok(n);
             }
+            if let Some(n) = self.append_on_mdt(fh, data).await? {
+                return Ok(n);
+            }
             self.size_of(fh.fid, fh.layout().as_ref()).await?
         } else {
             off
@@ -766,6 +769,35 @@ impl Client {
         Ok(Some(data.len()))
     }
 
+    /// An append to a file whose every byte is on the MDT (a Data-on-MDT component,
+    /// no OST object yet), within that component: the MDT writes it at the end of
+    /// file, which it finds under the inode's lock, so appends by several clients each
+    /// land whole, in one RPC (and exactly once: a DOM_WRITE has a reply record, and
+    /// its replay is rewritten to where the reply said it went). `None` for any other
+    /// layout, or when the MDT finds the file has outgrown that (`ERANGE`): the caller
+    /// finds the end of file and writes there.
+    async fn append_on_mdt(&self, fh: &FileHandle, data: &[u8]) -> Result<Option<usize>, Errno> {
+        if data.is_empty() || data.len() > lode_base::limits::BULK_MAX {
+            return Ok(None);
+        }
+        match fh.layout() {
+            Some(l) if l.dom_end() > 0 && !l.has_objects() => {}
+            _ => return Ok(None),
+        }
+        let req = Request::DomWrite(DomWriteReq {
+            fid: fh.fid,
+            handle: fh.handle,
+            offset: 0,
+            data: data.to_vec(),
+            append: true,
+        });
+        match self.md(req).await {
+            Ok(_) => Ok(Some(data.len())),
+            Err(Errno::ERANGE) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// [`Client::write`] at `off` whatever the handle's `O_APPEND`, its caller having
     /// counted the write (`data_epoch`, `wrote`).
     async fn write_at(&self, fh: &FileHandle, off: u64, data: &[u8]) -> Result<usize, Errno> {
@@ -795,6 +827,7 @@ impl Client {
                                 handle: fh.handle,
                                 offset: p.obj_off,
                                 data,
+                                append: false,
                             }))
                             .await
                             .map(|_| ()),
@@ -924,6 +957,7 @@ impl Client {
                 handle: fh.handle,
                 offset: end,
                 data: Vec::new(),
+                append: false,
             };
             self.md(Request::DomWrite(grow)).await?;
         }

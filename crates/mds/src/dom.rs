@@ -4,11 +4,11 @@
 //! transno and reply record, so it is exactly-once, committed and replayed like any
 //! other change. A missing chunk, or a short one, is a hole.
 
-use crate::inode::{now_ns, put_inode};
+use crate::inode::{all_here, now_ns, put_inode};
 use crate::{Ctx, Namespace, OpResult};
 use lode_base::limits::{BULK_MAX, DOM_CHUNK, DOM_SEEK_CHUNKS};
 use lode_base::{Errno, Fid, Layout, Pattern};
-use lode_proto::{DomPrefetch, DomWriteReq, Empty, LayoutIntentReq, MdtBody, Reply, SeekRep};
+use lode_proto::{DomPrefetch, DomWriteRep, DomWriteReq, LayoutIntentReq, MdtBody, Reply, SeekRep};
 use lode_store::records::{self, InodeRec, INODE_DATA};
 use lode_store::{Batch, Cf};
 
@@ -103,8 +103,9 @@ impl Namespace {
         }
     }
 
-    /// DOM_WRITE: `data` at `offset`, all within the file's DoM component.
-    pub(crate) fn dom_write(&self, ctx: &Ctx, slot: u32, r: &DomWriteReq) -> OpResult<u64> {
+    /// DOM_WRITE: `data` at `offset` (an append: at the file's end), all within the
+    /// file's DoM component. Returns where the bytes went, and the transno.
+    pub(crate) fn dom_write(&self, ctx: &Ctx, slot: u32, r: &DomWriteReq) -> OpResult<(u64, u64)> {
         if r.data.len() > BULK_MAX {
             return Err(Errno::EINVAL.into());
         }
@@ -117,8 +118,16 @@ impl Namespace {
         }
         self.check_write_handle(ctx, slot, r.fid, r.handle)?;
         let dom_end = rec.layout.as_ref().map_or(0, Layout::dom_end);
-        let end = r
-            .offset
+        // An append goes at the end, which is exact here only while every byte is.
+        let offset = if r.append {
+            if !all_here(&rec) || rec.size.saturating_add(r.data.len() as u64) > dom_end {
+                return Err(Errno::ERANGE.into());
+            }
+            rec.size
+        } else {
+            r.offset
+        };
+        let end = offset
             .checked_add(r.data.len() as u64)
             .ok_or(Errno::EFBIG)?;
         if end > dom_end {
@@ -126,14 +135,15 @@ impl Namespace {
             return Err(Errno::ENODATA.into());
         }
         let mut b = Batch::new();
-        self.put_dom_bytes(&mut b, r.fid, r.offset, &r.data, &mut rec.blocks)?;
+        self.put_dom_bytes(&mut b, r.fid, offset, &r.data, &mut rec.blocks)?;
         let now = now_ns();
         rec.size = rec.size.max(end);
         rec.mtime = now;
         rec.ctime = now;
         rec.flags |= INODE_DATA;
         put_inode(&mut b, r.fid, &rec);
-        self.commit(ctx, b, &Reply::DomWrite(Empty {}))
+        let t = self.commit(ctx, b, &Reply::DomWrite(DomWriteRep { offset }))?;
+        Ok((offset, t))
     }
 
     /// Adds to `b` the chunks `data` at `offset` rewrites (partial chunks read,

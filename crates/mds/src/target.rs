@@ -1009,10 +1009,10 @@ impl Mdt {
                 Reply::DomSeek(self.ns.dom_seek(r.fid, r.offset, r.hole)?),
                 0,
             ),
-            MdtRequest::DomWrite(r) => (
-                Reply::DomWrite(Empty {}),
-                self.ns.dom_write(&ctx, exp.slot, &r)?,
-            ),
+            MdtRequest::DomWrite(r) => {
+                let (offset, t) = self.ns.dom_write(&ctx, exp.slot, &r)?;
+                (Reply::DomWrite(lode_proto::DomWriteRep { offset }), t)
+            }
             MdtRequest::LayoutIntent(r) => {
                 let (b, t) = self.ns.layout_intent(&ctx, exp.slot, &r)?;
                 (Reply::LayoutIntent(b), t)

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tracing::{info, warn};
 
+mod marks;
 mod pool;
 pub mod powercut;
 mod recovery;
@@ -81,6 +82,8 @@ pub struct Ost {
     /// resend of one already done (its reply lost with the connection) is answered
     /// from here instead of appending again.
     appends: Mutex<Appends>,
+    /// Marking an append on its object failed once (see [`marks`]; logged once).
+    marks_failed: std::sync::atomic::AtomicBool,
 }
 
 /// Recent appends: (client UUID, xid) → (offset, transno), the oldest forgotten past
@@ -402,6 +405,7 @@ impl Ost {
             recovery_soft_s: lode_base::limits::RECOVERY_TIME_SOFT_DEFAULT_S.into(),
             recovery_hard_s: lode_base::limits::RECOVERY_TIME_HARD_DEFAULT_S.into(),
             appends: Mutex::default(),
+            marks_failed: Default::default(),
         });
         if recovering {
             recovery::start_timer(&ost)?;
@@ -498,7 +502,8 @@ impl Ost {
     /// Writes `data` at `off` of object `o` (at its end, found under its lock, if
     /// `append`), creating it; returns the change's transno (`at` for a replay), the
     /// object as the write left it (if its metadata could be read), and where the
-    /// bytes went.
+    /// bytes went. An append with a `mark` (see [`marks`]) is marked with the object
+    /// before its bytes are written.
     fn write(
         &self,
         o: &ObjId,
@@ -506,6 +511,7 @@ impl Ost {
         data: &[u8],
         at: Option<u64>,
         append: bool,
+        mark: Option<(u64, u64)>,
     ) -> Result<(u64, Option<ObjAttr>, u64), Errno> {
         if data.len() > BULK_MAX {
             return Err(Errno::EINVAL);
@@ -535,6 +541,14 @@ impl Ost {
             None => None,
         };
         let f = self.open_obj(o, true)?.ok_or(Errno::EIO)?;
+        if let Some(k) = mark.filter(|_| append) {
+            if let Err(e) = marks::record(&f, k, off) {
+                // Without it a resend after a restart of this OSS appends again.
+                if !self.marks_failed.swap(true, Ordering::Relaxed) {
+                    warn!(target = %self.cfg.target_name(), "cannot mark appends on objects ({e}): an append resent after a restart of this OSS may land twice; not logged again");
+                }
+            }
+        }
         let written = f.write_all_at(data, off);
         // Even after a failed write: part of it may be there, and a new object is.
         let transno = self.commit.wrote(*o, at);
@@ -547,6 +561,20 @@ impl Ost {
         }
         let attr = f.metadata().ok().map(|m| obj_attr(&m));
         Ok((transno, attr, off))
+    }
+
+    /// Where an append `mark` of `data` to `o` went, if the object's marks say so and
+    /// it holds those bytes there (see [`marks`]).
+    fn appended(&self, o: &ObjId, mark: (u64, u64), data: &[u8]) -> Option<u64> {
+        let _obj = self.commit.objs.lock(o);
+        let f = self.open_obj(o, false).ok()??;
+        match marks::find(&f, mark, data) {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(target = %self.cfg.target_name(), "reading the append marks of {o:?}: {e}");
+                None
+            }
+        }
     }
 
     fn getattr(&self, objs: &[ObjId]) -> Result<ObjAttrsRep, Errno> {
@@ -781,6 +809,7 @@ impl Ost {
                 // Only an append is looked up and recorded (its key is a copy of the
                 // client's UUID: no cost to other writes).
                 let key = r.append.then(|| (exp.uuid.clone(), inc.header.xid));
+                let mark = r.append.then(|| marks::key(&exp.uuid, inc.header.xid));
                 if let Some(key) = key
                     .as_ref()
                     .filter(|_| inc.header.flags & lode_proto::frame::FLAG_RESENT != 0)
@@ -790,8 +819,15 @@ impl Ost {
                         let reply = OstWriteRep { attr: None, offset };
                         return self.changed(Ok(transno), Reply::OstWrite(reply));
                     }
+                    // Not in memory (this OSS restarted since?): the object's marks.
+                    if let Some(offset) = mark.and_then(|m| self.appended(&r.obj, m, &r.data)) {
+                        let transno = self.commit.wrote(r.obj, None);
+                        self.appends.lock().record(key.clone(), offset, transno);
+                        let reply = OstWriteRep { attr: None, offset };
+                        return self.changed(Ok(transno), Reply::OstWrite(reply));
+                    }
                 }
-                match self.write(&r.obj, r.offset, &r.data, None, r.append) {
+                match self.write(&r.obj, r.offset, &r.data, None, r.append, mark) {
                     Ok((transno, attr, offset)) => {
                         if let Some(key) = key {
                             self.appends.lock().record(key, offset, transno);

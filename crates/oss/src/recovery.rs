@@ -279,7 +279,7 @@ impl Ost {
             // An append is replayed where its reply said it went (the client's
             // replay says so, `append` cleared).
             OstRequest::OstWrite(r) => self
-                .write(&r.obj, r.offset, &r.data, at, r.append)
+                .write(&r.obj, r.offset, &r.data, at, r.append, None)
                 .map(|(t, _, _)| t),
             OstRequest::Punch(r) => {
                 crate::punch_object(&self.objects, &r.obj, r.size, self.commit.undo.as_deref())?;

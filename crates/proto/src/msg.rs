@@ -673,11 +673,24 @@ pub struct DomWriteReq {
     /// The writer's open handle (opened for writing): a write after close or
     /// eviction is refused, as the handle is gone.
     pub handle: u64,
-    /// Offset.
+    /// Offset (ignored for an append).
     pub offset: u64,
     /// Bytes.
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// `O_APPEND`: written at the file's end, found under the inode's lock, so appends
+    /// by several clients each land whole and none overwrites another. Only where
+    /// every byte of the file is on the MDT and the bytes fit in its DoM component;
+    /// otherwise refused with `ERANGE` and nothing written (the client then finds the
+    /// end and writes there).
+    pub append: bool,
+}
+
+/// What a DOM_WRITE did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomWriteRep {
+    /// Where the bytes went (an append's end of file; else the request's offset).
+    pub offset: u64,
 }
 
 /// One step of an online layout migration (`lode migrate`, Lustre's `lfs migrate`
@@ -1124,7 +1137,7 @@ messages! {
     /// Read Data-on-MDT bytes.
     DomRead = 25, Mdt, false: DomReadReq => DataRep,
     /// Write Data-on-MDT bytes.
-    DomWrite = 26, Mdt, true: DomWriteReq => Empty,
+    DomWrite = 26, Mdt, true: DomWriteReq => DomWriteRep,
     /// Make everything so far durable.
     Sync = 27, Mdt, false: Empty => SyncRep,
     /// A batch with changes among its sub-requests (Lustre's `MDS_BATCH` with reint

@@ -609,6 +609,10 @@ fn replay_body(r: &Replayable) -> Arc<Vec<u8>> {
             q.append = false;
             q.offset = p.offset;
         }
+        (Request::DomWrite(q), Reply::DomWrite(p)) if q.append => {
+            q.append = false;
+            q.offset = p.offset;
+        }
         (Request::LayoutIntent(q), Reply::LayoutIntent(p)) => q.layout = p.layout,
         (Request::Migrate(q), Reply::Migrate(p)) => match (&mut q.step, p.layout) {
             (lode_proto::MigrateStep::Start { layout, .. }, Some(given)) => *layout = given,
@@ -1099,6 +1103,7 @@ impl Import {
             keep_reply: match &req {
                 Request::Create(_) | Request::LayoutIntent(_) | Request::Migrate(_) => true,
                 Request::OstWrite(w) => w.append,
+                Request::DomWrite(w) => w.append,
                 _ => false,
             },
         };
