@@ -849,32 +849,53 @@ impl Namespace {
     /// is called back: other clients see the time with their next fetch of the
     /// attributes, as on Lustre. A handle not open, or another client's, is skipped.
     /// Returns how many were skipped.
+    /// All of a frame's times go in one write, under their inodes' locks.
     pub(crate) fn access_ahead(&self, slot: u32, items: &[(u64, i64)]) -> usize {
         let now = crate::inode::now_ns();
         let mut skipped = 0;
-        for &(handle, atime) in items {
-            let fid = match self.opens.lock().handles.get(&handle) {
-                Some(h) if h.slot == slot => h.fid,
-                _ => {
+        // Each file once, at the latest time its handles name.
+        let mut times: Vec<(Fid, i64)> = Vec::with_capacity(items.len());
+        {
+            let o = self.opens.lock();
+            for &(handle, atime) in items {
+                let Some(fid) = o
+                    .handles
+                    .get(&handle)
+                    .filter(|h| h.slot == slot)
+                    .map(|h| h.fid)
+                else {
                     skipped += 1;
                     continue;
+                };
+                match times.iter_mut().find(|t| t.0 == fid) {
+                    Some(t) => t.1 = t.1.max(atime),
+                    None => times.push((fid, atime)),
                 }
-            };
-            let atime = atime.min(now);
-            let mut held = self.pdo.lock(&[], &[]);
-            self.pdo.lock_inodes(&mut held, &[fid]);
-            let Ok(mut rec) = self.inode(fid) else {
-                continue;
-            };
-            if atime <= rec.atime {
-                continue;
             }
-            rec.atime = atime;
-            let mut b = Batch::new();
-            put_inode_unversioned(&mut b, fid, &rec);
+        }
+        if times.is_empty() {
+            return skipped;
+        }
+        let fids: Vec<Fid> = times.iter().map(|t| t.0).collect();
+        let mut held = self.pdo.lock(&[], &[]);
+        self.pdo.lock_inodes(&mut held, &fids);
+        let Ok(recs) = self.inodes(&fids) else {
+            return skipped;
+        };
+        let mut b = Batch::new();
+        for ((fid, atime), rec) in times.into_iter().zip(recs) {
+            let atime = atime.min(now);
+            match rec {
+                Ok(mut rec) if atime > rec.atime => {
+                    rec.atime = atime;
+                    put_inode_unversioned(&mut b, fid, &rec);
+                }
+                _ => {}
+            }
+        }
+        if !b.is_empty() {
             if let Err(e) = self.store.apply_untracked(&b) {
-                tracing::warn!(%fid, "writing an access time: {e}");
-                break;
+                tracing::warn!("writing access times: {e}");
             }
         }
         skipped

@@ -86,25 +86,25 @@ pub struct Ost {
     marks_failed: std::sync::atomic::AtomicBool,
 }
 
-/// Recent appends: (client UUID, xid) → (offset, transno), the oldest forgotten past
-/// [`APPENDS_KEPT`].
+/// Recent appends: their mark's key (see [`marks::key`]: the client's UUID hashed,
+/// and the xid) → (offset, transno), the oldest forgotten past [`APPENDS_KEPT`].
 #[derive(Default)]
 struct Appends {
-    done: HashMap<(String, u64), (u64, u64)>,
-    order: std::collections::VecDeque<(String, u64)>,
+    done: HashMap<(u64, u64), (u64, u64)>,
+    order: std::collections::VecDeque<(u64, u64)>,
 }
 
 /// Appends remembered for resends: more than the writes a client has in flight.
 const APPENDS_KEPT: usize = 8192;
 
 impl Appends {
-    fn record(&mut self, key: (String, u64), offset: u64, transno: u64) {
+    fn record(&mut self, key: (u64, u64), offset: u64, transno: u64) {
         if self.order.len() >= APPENDS_KEPT {
             if let Some(old) = self.order.pop_front() {
                 self.done.remove(&old);
             }
         }
-        self.order.push_back(key.clone());
+        self.order.push_back(key);
         self.done.insert(key, (offset, transno));
     }
 }
@@ -502,8 +502,8 @@ impl Ost {
     /// Writes `data` at `off` of object `o` (at its end, found under its lock, if
     /// `append`), creating it; returns the change's transno (`at` for a replay), the
     /// object as the write left it (if its metadata could be read), and where the
-    /// bytes went. An append with a `mark` (see [`marks`]) is marked with the object
-    /// before its bytes are written.
+    /// bytes went. An append with a `mark` (its key, see [`marks`]) is marked on the
+    /// object before its bytes are written.
     fn write(
         &self,
         o: &ObjId,
@@ -541,7 +541,7 @@ impl Ost {
             None => None,
         };
         let f = self.open_obj(o, true)?.ok_or(Errno::EIO)?;
-        if let Some(k) = mark.filter(|_| append) {
+        if let Some(k) = mark {
             if let Err(e) = marks::record(&f, k, off) {
                 // Without it a resend after a restart of this OSS appends again.
                 if !self.marks_failed.swap(true, Ordering::Relaxed) {
@@ -806,28 +806,26 @@ impl Ost {
                 })
             }
             OstRequest::OstWrite(r) => {
-                // Only an append is looked up and recorded (its key is a copy of the
-                // client's UUID: no cost to other writes).
-                let key = r.append.then(|| (exp.uuid.clone(), inc.header.xid));
-                let mark = r.append.then(|| marks::key(&exp.uuid, inc.header.xid));
-                if let Some(key) = key
-                    .as_ref()
-                    .filter(|_| inc.header.flags & lode_proto::frame::FLAG_RESENT != 0)
+                // Only an append is looked up and recorded, in memory and on its
+                // object, by one key (no cost to other writes).
+                let key = r.append.then(|| marks::key(&exp.uuid, inc.header.xid));
+                if let Some(key) =
+                    key.filter(|_| inc.header.flags & lode_proto::frame::FLAG_RESENT != 0)
                 {
-                    let done = self.appends.lock().done.get(key).copied();
+                    let done = self.appends.lock().done.get(&key).copied();
                     if let Some((offset, transno)) = done {
                         let reply = OstWriteRep { attr: None, offset };
                         return self.changed(Ok(transno), Reply::OstWrite(reply));
                     }
                     // Not in memory (this OSS restarted since?): the object's marks.
-                    if let Some(offset) = mark.and_then(|m| self.appended(&r.obj, m, &r.data)) {
+                    if let Some(offset) = self.appended(&r.obj, key, &r.data) {
                         let transno = self.commit.wrote(r.obj, None);
-                        self.appends.lock().record(key.clone(), offset, transno);
+                        self.appends.lock().record(key, offset, transno);
                         let reply = OstWriteRep { attr: None, offset };
                         return self.changed(Ok(transno), Reply::OstWrite(reply));
                     }
                 }
-                match self.write(&r.obj, r.offset, &r.data, None, r.append, mark) {
+                match self.write(&r.obj, r.offset, &r.data, None, r.append, key) {
                     Ok((transno, attr, offset)) => {
                         if let Some(key) = key {
                             self.appends.lock().record(key, offset, transno);

@@ -1082,11 +1082,11 @@ impl Import {
             });
             ahead.push((Opcode::LdlmCancel, c.encode()));
         }
-        let closes = self.take_ahead();
+        let mut closes = self.take_ahead();
         if !closes.access.is_empty() {
             // Before the closes: one of them may close a handle read through.
             let c = Request::AccessAhead(lode_proto::AccessAheadReq {
-                items: closes.access.clone(),
+                items: std::mem::take(&mut closes.access),
             });
             ahead.push((Opcode::AccessAhead, c.encode()));
         }
@@ -1642,11 +1642,6 @@ impl Import {
         } else {
             self.arm_ahead(&mut a);
         }
-    }
-
-    /// Access times waiting to ride ahead of a request.
-    pub fn access_waiting(&self) -> usize {
-        self.ahead.lock().access.len()
     }
 
     /// Starts the wait after which a PING carries the waiting closes.
