@@ -138,6 +138,14 @@ pub const CLOSE_AHEAD_WAIT_MS: u64 = 10;
 /// sends them without waiting for a request to ride ahead of.
 pub const ACCESS_AHEAD_MAX: usize = 256;
 
+/// Most files whose access times an MDT holds in memory before writing them: past
+/// it, the request that brings one more writes them all at once.
+pub const ATIMES_PENDING_MAX: usize = 4096;
+
+/// How often an MDT writes the access times it holds in memory (ms): what a
+/// `kill -9` of it can lose, as a crash before the commit loses Lustre's lazy ones.
+pub const ATIMES_FLUSH_MS: u64 = 1000;
+
 /// Most locks one client may hold on one MDT (`ldlm.namespaces.*.max_locks_per_client`).
 pub const LOCKS_PER_CLIENT_MAX: usize = 1 << 20;
 

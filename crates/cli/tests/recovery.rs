@@ -686,6 +686,68 @@ fn a_clean_mds_stop_keeps_the_open_files_and_file_locks_of_connected_clients() {
     assert_eq!(setlk(&other, libc::F_RDLCK), Ok(()));
 }
 
+/// What the MDT has as `path`'s access time, asked by a new client (no cached copy).
+fn mdt_atime(c: &Cluster, path: &std::path::Path) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    let fid = Fid::from_ino(std::fs::metadata(path).expect("stat").ino()).expect("a lode inode");
+    let s = c.client();
+    s.run(s.client.getattr_md(&root(), fid))
+        .expect("getattr")
+        .attr
+        .atime
+}
+
+/// Reads `path` through its mount (the first read since its write: relatime moves
+/// the access time) and waits until the MDT has the time the mount shows.
+fn read_moving_atime(c: &Cluster, path: &std::path::Path) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::read(path).expect("read"), b"data");
+    let md = std::fs::metadata(path).expect("stat");
+    let ns = |s: i64, n: i64| s * 1_000_000_000 + n;
+    let a = ns(md.atime(), md.atime_nsec());
+    assert!(a > ns(md.mtime(), md.mtime_nsec()), "the read moved it");
+    wait_for(
+        "the MDT to have the access time",
+        Duration::from_secs(10),
+        || mdt_atime(c, path) == a,
+    );
+    a
+}
+
+#[test]
+fn access_times_the_mdt_holds_in_memory_survive_its_kill_after_a_second_and_a_clean_stop() {
+    let mut c = cluster(1);
+    let m = c.mount();
+    let (f, g) = (m.path().join("f"), m.path().join("g"));
+    for p in [&f, &g] {
+        let file = std::fs::File::create(p).expect("create");
+        std::io::Write::write_all(&mut &file, b"data").expect("write");
+        file.sync_all().expect("fsync");
+    }
+    // Written to the store within a second of the read: a `kill -9` after that keeps it.
+    let a = read_moving_atime(&c, &f);
+    std::thread::sleep(Duration::from_millis(
+        2 * lode_base::limits::ATIMES_FLUSH_MS,
+    ));
+    c.kill9("mdt0");
+    c.start_target("mdt0");
+    wait_recovered(&c);
+    assert_eq!(
+        mdt_atime(&c, &f),
+        a,
+        "lost by a kill -9 a second after the read"
+    );
+
+    // A clean stop writes what still waits.
+    let a = read_moving_atime(&c, &g);
+    // SAFETY: kill(2) of a server process this test started.
+    unsafe { libc::kill(server_pid(&c, "mdt0"), libc::SIGTERM) };
+    assert_eq!(c.wait_exit("mdt0", Duration::from_secs(20)), Some(0));
+    c.start_target("mdt0");
+    wait_recovered(&c);
+    assert_eq!(mdt_atime(&c, &g), a, "lost by a clean stop");
+}
+
 #[test]
 fn a_replay_that_depends_on_an_evicted_clients_lost_change_is_refused_and_the_rest_recover() {
     let mut c = cluster(1);

@@ -68,7 +68,8 @@ pub struct Links {
 }
 
 impl Namespace {
-    /// Starts the background work: OST table refresh, OST statfs, object destroy.
+    /// Starts the background work: OST table refresh, OST statfs, object destroy,
+    /// writing the access times reads left in memory.
     pub fn start_background(self: &Arc<Self>, rt: Handle, mgs: Arc<Import>) {
         let links = Arc::new(Links {
             rt: rt.clone(),
@@ -79,6 +80,17 @@ impl Namespace {
             key: self.cfg.key.clone(),
         });
         let _ = self.links.set(links.clone());
+        let me = Arc::downgrade(self);
+        rt.spawn(async move {
+            let every = Duration::from_millis(lode_base::limits::ATIMES_FLUSH_MS);
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(ns) = me.upgrade() else { return };
+                if ns.atimes.is_waiting() {
+                    let _ = tokio::task::spawn_blocking(move || ns.flush_atimes()).await;
+                }
+            }
+        });
         let me = self.clone();
         rt.spawn(async move {
             loop {

@@ -6,6 +6,7 @@ use lode_base::limits::NAME_MAX;
 use lode_base::{Errno, Fid};
 use lode_store::records::{dirent_key, DirentRec, InodeRec};
 use lode_store::{Batch, Cf};
+use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Now, in ns since the epoch: the time of the change under way on this thread, if
@@ -98,6 +99,84 @@ pub(crate) fn check_new_name(name: &[u8]) -> Result<(), Errno> {
     check_name(name)
 }
 
+/// Access times that reads gave files and that are not yet in their inodes: one store
+/// write per file read would cost the MDT more than the read did, so they are
+/// written together, at most [`lode_base::limits::ATIMES_FLUSH_MS`] later or once
+/// [`lode_base::limits::ATIMES_PENDING_MAX`] wait (`Namespace::flush_atimes`). Every
+/// read of an inode takes its pending time in, so no reader, and no change written
+/// from what it read, sees an older one.
+#[derive(Default)]
+pub(crate) struct PendingAtimes {
+    map: parking_lot::Mutex<std::collections::HashMap<Fid, i64>>,
+    /// The map's length, read without its lock: most inode reads find it empty.
+    len: std::sync::atomic::AtomicUsize,
+}
+
+impl PendingAtimes {
+    /// Notes that a read gave `fid` the access time `atime` (the later one wins).
+    /// Returns how many files wait.
+    pub(crate) fn note(&self, fid: Fid, atime: i64) -> usize {
+        let mut m = self.map.lock();
+        let t = m.entry(fid).or_insert(atime);
+        *t = (*t).max(atime);
+        self.len.store(m.len(), Ordering::Release);
+        m.len()
+    }
+
+    /// Gives `rec`, just read from the store, the access time waiting for it, if
+    /// later; one the record already has (a change wrote it) waits no more.
+    pub(crate) fn take_in(&self, fid: Fid, rec: &mut InodeRec) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut m = self.map.lock();
+        match m.get(&fid) {
+            Some(&t) if t > rec.atime => rec.atime = t,
+            Some(_) => {
+                m.remove(&fid);
+                self.len.store(m.len(), Ordering::Release);
+            }
+            None => {}
+        }
+    }
+
+    /// Drops the time waiting for `fid`: its access time was just set explicitly
+    /// (utimes), and the reads before that are past.
+    pub(crate) fn forget(&self, fid: Fid) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut m = self.map.lock();
+        m.remove(&fid);
+        self.len.store(m.len(), Ordering::Release);
+    }
+
+    /// Whether any time waits.
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.len.load(Ordering::Acquire) != 0
+    }
+
+    /// What waits now, for writing.
+    pub(crate) fn snapshot(&self) -> Vec<(Fid, i64)> {
+        if !self.is_waiting() {
+            return Vec::new();
+        }
+        self.map.lock().iter().map(|(f, t)| (*f, *t)).collect()
+    }
+
+    /// `written` are in their inodes now: each waits no more unless a later read
+    /// gave it a later time meanwhile.
+    pub(crate) fn settled(&self, written: &[(Fid, i64)]) {
+        let mut m = self.map.lock();
+        for (fid, t) in written {
+            if m.get(fid).is_some_and(|p| p <= t) {
+                m.remove(fid);
+            }
+        }
+        self.len.store(m.len(), Ordering::Release);
+    }
+}
+
 /// Checks a name for a new or looked-up entry: 1..=255 bytes, no `/` or NUL.
 pub(crate) fn check_name(name: &[u8]) -> Result<(), Errno> {
     if name.len() > NAME_MAX {
@@ -113,7 +192,11 @@ impl Namespace {
     /// The inode record of `fid`, or ENOENT. A change under way notes what it found
     /// (see [`vbr`]).
     pub(crate) fn inode(&self, fid: Fid) -> OpResult<InodeRec> {
-        Self::found(fid, self.store.inode(&fid.to_bytes())?.as_deref())
+        let mut rec = Self::found(fid, self.store.inode(&fid.to_bytes())?.as_deref());
+        if let Ok(r) = &mut rec {
+            self.atimes.take_in(fid, r);
+        }
+        rec
     }
 
     /// [`Namespace::inode`] of many FIDs, read from the store together.
@@ -123,7 +206,13 @@ impl Namespace {
         Ok(fids
             .iter()
             .zip(got)
-            .map(|(f, b)| Self::found(*f, b.as_deref()))
+            .map(|(f, b)| {
+                let mut rec = Self::found(*f, b.as_deref());
+                if let Ok(r) = &mut rec {
+                    self.atimes.take_in(*f, r);
+                }
+                rec
+            })
             .collect())
     }
 
@@ -315,5 +404,56 @@ mod tests {
         assert_eq!(check_new_name(b"."), Err(Errno::EEXIST));
         assert_eq!(check_new_name(b".."), Err(Errno::EEXIST));
         assert!(check_new_name(b"...").is_ok());
+    }
+
+    fn rec(atime: i64) -> InodeRec {
+        InodeRec {
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            size: 0,
+            blocks: 0,
+            atime,
+            mtime: 0,
+            ctime: 0,
+            rdev: 0,
+            flags: 0,
+            version: 1,
+            parent: Fid::ROOT,
+            layout: None,
+            symlink: Vec::new(),
+            links: Vec::new(),
+            btime: 0,
+        }
+    }
+
+    #[test]
+    fn a_pending_access_time_is_seen_until_written_and_never_moves_back() {
+        let p = PendingAtimes::default();
+        let (a, b) = (Fid::new(0x200000400, 1, 0), Fid::new(0x200000400, 2, 0));
+        assert_eq!(p.note(a, 10), 1);
+        assert_eq!(p.note(a, 5), 1, "an earlier read does not move it back");
+        assert_eq!(p.note(b, 7), 2);
+        let mut r = rec(3);
+        p.take_in(a, &mut r);
+        assert_eq!(r.atime, 10, "a reader sees the time waiting");
+        // A change wrote the time (it read it through take_in): it waits no more.
+        let mut r = rec(10);
+        p.take_in(a, &mut r);
+        assert_eq!(r.atime, 10);
+        assert_eq!(p.snapshot(), vec![(b, 7)]);
+        // Written at 7, then read again at 9 before the write settled: 9 stays.
+        p.note(b, 9);
+        p.settled(&[(b, 7)]);
+        assert_eq!(p.snapshot(), vec![(b, 9)]);
+        p.settled(&[(b, 9)]);
+        assert!(p.snapshot().is_empty());
+        // A utimes forgets what reads before it gave.
+        p.note(a, 20);
+        p.forget(a);
+        let mut r = rec(1);
+        p.take_in(a, &mut r);
+        assert_eq!(r.atime, 1);
     }
 }

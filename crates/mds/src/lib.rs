@@ -159,6 +159,9 @@ pub struct Namespace {
     /// bytes at `hi`. Memory only (tokens do not outlive a start), and emptied when it
     /// reaches [`ATTR_STEPS_MAX`] files: a token it forgets is only a cache miss.
     pub(crate) attr_steps: Mutex<HashMap<Fid, (u64, u64)>>,
+    /// Access times reads gave files, not yet written to their inodes (see
+    /// `Namespace::access_ahead`): every inode read takes them in.
+    pub(crate) atimes: inode::PendingAtimes,
     /// Tunables.
     pub tun: Tunables,
 }
@@ -237,6 +240,7 @@ impl Namespace {
             destroyed: std::sync::atomic::AtomicU64::new(0),
             data_salt: rand::random(),
             attr_steps: Mutex::new(HashMap::new()),
+            atimes: inode::PendingAtimes::default(),
             links: std::sync::OnceLock::new(),
             tun: Tunables {
                 max_mod_rpcs: AtomicU32::new(u32::from(lode_base::limits::MAX_MOD_RPCS_PER_CLIENT)),

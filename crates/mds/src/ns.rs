@@ -842,63 +842,78 @@ impl Namespace {
 
     /// Moves the access times an `AccessAhead` of the client in `slot` names (nobody
     /// waits for its answer): each handle's file takes the time its read gave it, if
-    /// later than the one it has, and never one ahead of this MDT's clock. Like a
-    /// close ahead it takes no transno and writes the inode at its version: an access
-    /// time is lazy (Lustre's too: a crash before the commit loses it), no replay
-    /// depends on it, and a reader's data token (the bytes) does not change. No lock
-    /// is called back: other clients see the time with their next fetch of the
-    /// attributes, as on Lustre. A handle not open, or another client's, is skipped.
-    /// Returns how many were skipped.
-    /// All of a frame's times go in one write, under their inodes' locks.
+    /// later than the one it has, and never one ahead of this MDT's clock. The times
+    /// wait in memory (`PendingAtimes`, which every inode read takes in) and are
+    /// written together by [`Namespace::flush_atimes`]: one store write per read
+    /// would cost more than the read. Like a close ahead they take no transno and
+    /// write the inode at its version: an access time is lazy (Lustre's too: a crash
+    /// before the commit loses it), no replay depends on it, and a reader's data
+    /// token (the bytes) does not change. No lock is called back: other clients see
+    /// the time with their next fetch of the attributes, as on Lustre. A handle not
+    /// open, or another client's, is skipped. Returns how many were skipped.
     pub(crate) fn access_ahead(&self, slot: u32, items: &[(u64, i64)]) -> usize {
         let now = crate::inode::now_ns();
         let mut skipped = 0;
-        // Each file once, at the latest time its handles name.
-        let mut times: Vec<(Fid, i64)> = Vec::with_capacity(items.len());
+        let mut waiting = 0;
         {
             let o = self.opens.lock();
             for &(handle, atime) in items {
-                let Some(fid) = o
-                    .handles
-                    .get(&handle)
-                    .filter(|h| h.slot == slot)
-                    .map(|h| h.fid)
-                else {
-                    skipped += 1;
-                    continue;
-                };
-                match times.iter_mut().find(|t| t.0 == fid) {
-                    Some(t) => t.1 = t.1.max(atime),
-                    None => times.push((fid, atime)),
+                match o.handles.get(&handle).filter(|h| h.slot == slot) {
+                    Some(h) => waiting = self.atimes.note(h.fid, atime.min(now)),
+                    None => skipped += 1,
                 }
             }
         }
-        if times.is_empty() {
-            return skipped;
+        if waiting >= lode_base::limits::ATIMES_PENDING_MAX {
+            self.flush_atimes();
         }
-        let fids: Vec<Fid> = times.iter().map(|t| t.0).collect();
-        let mut held = self.pdo.lock(&[], &[]);
-        self.pdo.lock_inodes(&mut held, &fids);
-        let Ok(recs) = self.inodes(&fids) else {
-            return skipped;
-        };
-        let mut b = Batch::new();
-        for ((fid, atime), rec) in times.into_iter().zip(recs) {
-            let atime = atime.min(now);
-            match rec {
-                Ok(mut rec) if atime > rec.atime => {
+        skipped
+    }
+
+    /// Writes the access times waiting in memory into their inodes, a chunk of
+    /// files per store write, each chunk under its inodes' locks (so no change
+    /// reads an inode between the write and the time leaving memory).
+    pub fn flush_atimes(&self) {
+        let waiting = self.atimes.snapshot();
+        if waiting.is_empty() {
+            return;
+        }
+        for chunk in waiting.chunks(lode_base::limits::ACCESS_AHEAD_MAX) {
+            let fids: Vec<Fid> = chunk.iter().map(|t| t.0).collect();
+            let mut held = self.pdo.lock(&[], &[]);
+            self.pdo.lock_inodes(&mut held, &fids);
+            let keys: Vec<_> = fids.iter().map(Fid::to_bytes).collect();
+            let got = match self.store.inodes(&keys) {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!("reading inodes for access times: {e}");
+                    return;
+                }
+            };
+            let mut b = Batch::new();
+            for (&(fid, atime), bytes) in chunk.iter().zip(got) {
+                // Read as stored, not through `inode`, which would take the time in.
+                let Some(Ok(mut rec)) = bytes.as_deref().map(InodeRec::decode) else {
+                    continue;
+                };
+                if atime > rec.atime {
                     rec.atime = atime;
                     put_inode_unversioned(&mut b, fid, &rec);
                 }
-                _ => {}
             }
-        }
-        if !b.is_empty() {
-            if let Err(e) = self.store.apply_untracked(&b) {
-                tracing::warn!("writing access times: {e}");
+            if !b.is_empty() {
+                if let Err(e) = self.store.apply_untracked(&b) {
+                    tracing::warn!("writing access times: {e}");
+                    return;
+                }
             }
+            self.atimes.settled(chunk);
         }
-        skipped
+        // Handed to the OS now, not at the next round of requests: a `kill -9` of an
+        // idle MDS after this loses none of them.
+        if let Err(e) = self.store.flush() {
+            tracing::warn!("writing access times: {e}");
+        }
     }
 
     /// Closes every handle of a client that disconnected on purpose.

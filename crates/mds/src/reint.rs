@@ -463,6 +463,7 @@ impl Namespace {
             changed = true;
         }
         if let Some(t) = sa.atime {
+            self.atimes.forget(fid);
             rec.atime = match t {
                 TimeSet::Now => now,
                 TimeSet::At(ns) => ns,

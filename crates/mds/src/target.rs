@@ -773,6 +773,8 @@ impl Mdt {
     /// SYNC: answered once everything applied so far is committed. Parked, so the
     /// service thread goes on with other requests while the commit runs.
     fn sync(&self, inc: &Incoming) -> Outgoing {
+        // Access times too: a sync leaves nothing the MDT holds only in memory.
+        self.ns.flush_atimes();
         let Some(d) = inc.defer() else {
             return match self.ns.store.sync() {
                 Ok(c) => sync_out(c),
@@ -1310,6 +1312,7 @@ impl Mdt {
     /// MDT waits for them.
     pub fn stop_cleanly(&self) -> Result<(), StoreError> {
         self.stopping.store(true, Ordering::Release);
+        self.ns.flush_atimes();
         self.ns.store.sync().map(|_| ())
     }
 
