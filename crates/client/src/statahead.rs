@@ -268,10 +268,14 @@ impl Client {
             // in listing order finds them there when it gets to them, and one in
             // another order needs them sooner or later too. Taken now, so that no
             // other fetch asks for them again.
+            // Looked for within the next `max` past those (bounded: a directory whose
+            // entries were all taken would otherwise be scanned to its end at every
+            // miss, quadratic over a walk of it).
             let next: Vec<u64> = d
                 .cookies
                 .range(cookie..)
                 .skip(count)
+                .take(2 * max)
                 .skip_while(|(_, taken)| **taken)
                 .take(max)
                 .take_while(|(_, taken)| !**taken)
