@@ -192,11 +192,7 @@ impl Namespace {
     /// The inode record of `fid`, or ENOENT. A change under way notes what it found
     /// (see [`vbr`]).
     pub(crate) fn inode(&self, fid: Fid) -> OpResult<InodeRec> {
-        let mut rec = Self::found(fid, self.store.inode(&fid.to_bytes())?.as_deref());
-        if let Ok(r) = &mut rec {
-            self.atimes.take_in(fid, r);
-        }
-        rec
+        self.found(fid, self.store.inode(&fid.to_bytes())?.as_deref())
     }
 
     /// [`Namespace::inode`] of many FIDs, read from the store together.
@@ -206,22 +202,18 @@ impl Namespace {
         Ok(fids
             .iter()
             .zip(got)
-            .map(|(f, b)| {
-                let mut rec = Self::found(*f, b.as_deref());
-                if let Ok(r) = &mut rec {
-                    self.atimes.take_in(*f, r);
-                }
-                rec
-            })
+            .map(|(f, b)| self.found(*f, b.as_deref()))
             .collect())
     }
 
-    /// The record `fid`'s bytes hold (`None`: there is no such inode), noted as found.
-    fn found(fid: Fid, bytes: Option<&[u8]>) -> OpResult<InodeRec> {
+    /// The record `fid`'s bytes hold (`None`: there is no such inode), noted as found,
+    /// with the access time waiting for it (see [`PendingAtimes`]).
+    fn found(&self, fid: Fid, bytes: Option<&[u8]>) -> OpResult<InodeRec> {
         match bytes {
             Some(b) => {
-                let rec: InodeRec = InodeRec::decode(b)?;
+                let mut rec: InodeRec = InodeRec::decode(b)?;
                 vbr::found(fid, if is_dir(rec.mode) { 0 } else { rec.version });
+                self.atimes.take_in(fid, &mut rec);
                 Ok(rec)
             }
             None => {
