@@ -25,13 +25,7 @@ fn cache_stat(c: &lode_testkit::Cluster, what: &str) -> u64 {
 fn walk(c: &lode_testkit::Cluster, dir: Fid) -> usize {
     let s = c.client();
     let r = root();
-    let names: Vec<Vec<u8>> = s
-        .run(s.client.readdir_all(&r, dir, false))
-        .expect("readdir")
-        .into_iter()
-        .map(|e| e.name)
-        .filter(|n| n != b"." && n != b"..")
-        .collect();
+    let names = listed_names(&s, dir);
     if c.get_param("mdt.*.cache_warm") == "1" {
         wait_for("warming to finish", Duration::from_secs(30), || {
             cache_stat(c, "warm_dirs") >= 1

@@ -518,3 +518,14 @@ pub fn ost_stat(c: &Cluster, names: &[&str]) -> u64 {
         .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         .sum()
 }
+
+/// The names in directory `dir` (without `.` and `..`), listed by `s` without
+/// attributes, as `ls` and `du` list before they stat.
+pub fn listed_names(s: &Session, dir: Fid) -> Vec<Vec<u8>> {
+    s.run(s.client.readdir_all(&root(), dir, false))
+        .expect("readdir")
+        .into_iter()
+        .map(|e| e.name)
+        .filter(|n| n != b"." && n != b"..")
+        .collect()
+}

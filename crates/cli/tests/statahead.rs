@@ -15,7 +15,11 @@ use std::os::unix::fs::PermissionsExt;
 
 /// A counter of `llite.*.statahead_stats`.
 fn stat_of(c: &lode_testkit::Cluster, what: &str) -> u64 {
-    let text = c.get_param("llite.*.statahead_stats");
+    counter(&c.get_param("llite.*.statahead_stats"), what)
+}
+
+/// Counter `what` of a `statahead_stats` text.
+fn counter(text: &str, what: &str) -> u64 {
     text.lines()
         .find_map(|l| l.trim().strip_prefix(&format!("{what}: ")))
         .and_then(|v| v.trim().parse().ok())
@@ -497,4 +501,62 @@ fn names_made_after_opendir_are_listed_after_a_rewind() {
     want.extend([".".to_string(), "..".to_string()]);
     want.sort();
     assert_eq!(names, want, "listed again after a second rewind");
+}
+
+/// A counter of a native client's `statahead_stats`.
+fn client_stat(s: &lode_client::Session, what: &str) -> u64 {
+    counter(&s.client.statahead_stats(), what)
+}
+
+/// A directory larger than the lock LRU, walked twice by one client (listed, then
+/// every name looked up): the second walk finds the first one's entries given back by
+/// the LRU, and statahead fetches them again a page at a time, as in the first walk.
+/// (Before, the entries stayed marked as fetched, and each lookup of the second walk
+/// was an RPC of its own: a warm walk ten times slower than a cold one.)
+#[test]
+fn a_walk_again_of_a_directory_larger_than_the_lock_lru_is_fetched_a_page_at_a_time() {
+    let c = cluster(1);
+    const N: usize = 2000;
+    const WINDOW: usize = 64;
+    let d = filled_dir(&c.client(), "big", N, |i| format!("f{i}"));
+    let w = c.client();
+    lode_testkit::wait_for(
+        "the callback channel to come up",
+        std::time::Duration::from_secs(10),
+        || w.client.callback_channel_up(),
+    );
+    // Room for a quarter of the directory's entries (two locks each).
+    w.client.set_lock_cache_max(N / 2);
+    w.client.set_statahead_max(WINDOW);
+    let r = root();
+    let walk = || {
+        let names = listed_names(&w, d);
+        assert_eq!(names.len(), N);
+        for n in &names {
+            let b = w.run(w.client.lookup(&r, d, n)).expect("lookup");
+            assert_eq!(b.attr.mode & 0o7777, 0o644);
+        }
+    };
+    walk();
+    assert!(
+        w.client.locks_held().len() <= N / 2 + WINDOW * 2,
+        "the cache stays within lru_size"
+    );
+    w.client.statahead_stats_clear();
+    let st = w.client.mdc().stats();
+    let lookups = || st.count(lode_proto::Opcode::Lookup) + st.count(lode_proto::Opcode::Getattr);
+    let before = lookups();
+    walk();
+    let (hits, pages) = (client_stat(&w, "hits"), client_stat(&w, "pages"));
+    assert!(hits >= (N as u64) * 9 / 10, "hits {hits} of {N}");
+    // A page per window, and then some for fetches that run into each other.
+    assert!(
+        pages <= (2 * N / WINDOW) as u64,
+        "{pages} pages for {N} names in windows of {WINDOW}"
+    );
+    assert!(
+        lookups() - before <= (N / 100) as u64,
+        "{} lookups of their own",
+        lookups() - before
+    );
 }

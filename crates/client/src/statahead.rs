@@ -214,7 +214,10 @@ impl Client {
             if e.name != b"." && e.name != b".." {
                 d.listed.insert(name_key(&e.name), e.cookie);
                 if !d.cookies.is_empty() {
-                    d.cookies.entry(e.cookie).or_insert(false);
+                    // Listed again: a new walk, which may miss entries the lock LRU
+                    // gave back since an earlier walk fetched them; were they still
+                    // marked taken, each miss would cost a lookup of its own.
+                    d.cookies.insert(e.cookie, false);
                 }
             }
         }
