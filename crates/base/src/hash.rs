@@ -7,6 +7,11 @@ pub const DOTDOT_COOKIE: u64 = 1;
 /// Readdir end-of-directory cookie, as Lustre shows it to applications.
 pub const END_COOKIE: u64 = 0x7fff_ffff_ffff_ffff;
 
+/// The lock resource `(file, APPEND_HASH)` that serializes appends the OSTs cannot
+/// place themselves (see `lode_client`'s `write`): no name hashes to it (names hash to
+/// 63 bits), and no MDT operation locks it.
+pub const APPEND_HASH: u64 = u64::MAX;
+
 /// The 63-bit hash of a name, never one of the reserved cookies (0, 1, END).
 /// Stable forever: it is part of the on-disk dirent key and of readdir cookies.
 pub fn name_hash(name: &[u8]) -> u64 {

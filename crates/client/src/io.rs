@@ -727,7 +727,7 @@ impl Client {
             if let Some(n) = self.append_on_mdt(fh, data).await? {
                 return Ok(n);
             }
-            self.size_of(fh.fid, fh.layout().as_ref()).await?
+            return self.append_locked(fh, data).await;
         } else {
             off
         };
@@ -738,9 +738,7 @@ impl Client {
     /// stripe, instantiated): the OST writes it at the object's end, which it finds
     /// under the object's lock, so appends by several clients (or threads) each land
     /// whole and none overwrites another, in one RPC. `None` for any other layout (or
-    /// a write larger than one RPC): the caller finds the end of file and writes
-    /// there, which is atomic only among this mount's appends (the kernel's inode
-    /// lock) -- Lustre makes those atomic with extent locks, which lode has not.
+    /// a write larger than one RPC): see [`Client::append_locked`].
     async fn append_on_ost(&self, fh: &FileHandle, data: &[u8]) -> Result<Option<usize>, Errno> {
         if data.is_empty() || data.len() > lode_base::limits::BULK_MAX {
             return Ok(None);
@@ -767,6 +765,54 @@ impl Client {
         };
         self.ost_write(ost, obj, 0, data.to_vec(), true).await?;
         Ok(Some(data.len()))
+    }
+
+    /// An append the OSTs or the MDT cannot place themselves (a striped or composite
+    /// layout, or a write larger than one RPC): the end of file is found and written
+    /// to under an exclusive lock on the file's append resource on the MDT, so appends
+    /// by several clients each land whole and none overwrites another, as Lustre's do
+    /// under their `[0, EOF]` extent locks. The lock is given back at once (appenders
+    /// are rare and a held one would need a callback); a busy one is asked for again,
+    /// a little later each time. Without client locks (no callback channel: a
+    /// `nolocks` mount; or the MDT refusing more) the append is atomic only among this
+    /// mount's, as before.
+    async fn append_locked(&self, fh: &FileHandle, data: &[u8]) -> Result<usize, Errno> {
+        let lock = self.append_lock(fh.fid).await?;
+        let r = match self.size_of(fh.fid, fh.layout().as_ref()).await {
+            Ok(off) => self.write_at(fh, off, data).await,
+            Err(e) => Err(e),
+        };
+        if let Some(h) = lock {
+            if let Err(e) = self.lock_cancel(vec![h]).await {
+                // The MDT drops it with this client's other locks if the connection
+                // went; until then the next appender waits.
+                debug!("append lock {h:#x} of {}: cancel: {e}", fh.fid);
+            }
+        }
+        r
+    }
+
+    /// The append lock of `fid`, waited for; `None` if client locks cannot be had.
+    async fn append_lock(&self, fid: Fid) -> Result<Option<u64>, Errno> {
+        const EX: u32 = 1;
+        const UPDATE: u8 = 0x02;
+        let mut pause = std::time::Duration::from_micros(100);
+        loop {
+            if !self.callback_channel_up() {
+                return Ok(None);
+            }
+            match self
+                .lock_enqueue(fid, lode_base::hash::APPEND_HASH, EX, UPDATE)
+                .await
+            {
+                Ok(Some(h)) => return Ok(Some(h)),
+                Ok(None) => {}
+                Err(Errno::ENOLCK) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(10));
+        }
     }
 
     /// An append to a file whose every byte is on the MDT (a Data-on-MDT component,
