@@ -179,9 +179,13 @@ pub const DIRENT_CACHE_MAX: usize = 1 << 18;
 
 struct CommitState {
     requested: bool,
-    /// Parked waiters: (transno wanted, callback), answered by the commit thread.
-    waiters: Vec<(u64, CommitWaiter)>,
+    /// Parked waiters: (what they wait for, callback), answered by the commit thread.
+    waiters: Vec<(Wanted, CommitWaiter)>,
 }
+
+/// What a sync waits for: the transno applied last, and the count of untracked
+/// writes made, when it was asked for.
+type Wanted = (u64, u64);
 
 /// The MDT's transactional store.
 pub struct MdtStore {
@@ -192,6 +196,11 @@ pub struct MdtStore {
     /// `last_transno` after changes that wrote nothing, until the next commit.
     last_written: AtomicU64,
     last_committed: AtomicU64,
+    /// Writes made outside any transno ([`MdtStore::apply_untracked`]: access times,
+    /// failed changes' reply records, …), and how many of them the last sync covered:
+    /// a SYNC waits for those too, or a power cut after it could still lose them.
+    untracked: AtomicU64,
+    untracked_synced: AtomicU64,
     /// Reply records of changes that wrote nothing, by `reply_key`: a later record
     /// on disk under the same key replaces one here.
     volatile: Mutex<HashMap<Vec<u8>, ReplyRecord>>,
@@ -221,6 +230,8 @@ impl MdtStore {
             last_transno: AtomicU64::new(last),
             last_written: AtomicU64::new(last),
             last_committed: AtomicU64::new(last),
+            untracked: AtomicU64::new(0),
+            untracked_synced: AtomicU64::new(0),
             volatile: Mutex::new(HashMap::new()),
             stopped: AtomicBool::new(false),
             interval_ms: AtomicU64::new(100),
@@ -300,12 +311,12 @@ impl MdtStore {
     /// is, else from the commit thread (which is asked to commit now). The caller does
     /// not wait: a parked SYNC holds no service thread.
     pub fn when_committed(&self, f: CommitWaiter) {
-        let want = self.last_transno();
+        let want = self.wanted();
         if self.is_stopped() {
             f(Err(StoreError::Stopped));
             return;
         }
-        if self.last_committed() >= want {
+        if self.covers(want) {
             f(Ok(self.last_committed()));
             return;
         }
@@ -666,6 +677,7 @@ impl MdtStore {
             return Err(StoreError::Stopped);
         }
         self.engine.write(batch).inspect_err(|e| self.stop(e))?;
+        self.untracked.fetch_add(1, Ordering::AcqRel);
         self.written(batch);
         Ok(())
     }
@@ -707,13 +719,13 @@ impl MdtStore {
 
     /// Commits now and waits until everything applied before the call is durable.
     pub fn sync(&self) -> Result<u64, StoreError> {
-        let want = self.last_transno();
+        let want = self.wanted();
         let mut st = self.commit.lock();
         loop {
             if self.is_stopped() {
                 return Err(StoreError::Stopped);
             }
-            if self.last_committed() >= want {
+            if self.covers(want) {
                 return Ok(self.last_committed());
             }
             st.requested = true;
@@ -721,6 +733,17 @@ impl MdtStore {
             self.committed_cv
                 .wait_for(&mut st, Duration::from_millis(100));
         }
+    }
+
+    /// What a sync asked for now waits for.
+    fn wanted(&self) -> Wanted {
+        (self.last_transno(), self.untracked.load(Ordering::Acquire))
+    }
+
+    /// Whether the syncs so far cover `want`.
+    fn covers(&self, (transno, untracked): Wanted) -> bool {
+        self.last_committed() >= transno
+            && self.untracked_synced.load(Ordering::Acquire) >= untracked
     }
 
     /// Runs the commit loop on a new thread until the store stops.
@@ -746,13 +769,22 @@ impl MdtStore {
                 return;
             }
             // Everything written before the sync starts is covered by it.
-            let target = self.last_transno();
-            if target > self.last_committed() {
-                if let Err(e) = self.write_last_transno().and_then(|()| self.engine.sync()) {
+            let (target, untracked) = self.wanted();
+            let new = target > self.last_committed();
+            if new || untracked > self.untracked_synced.load(Ordering::Acquire) {
+                let r = if new {
+                    self.write_last_transno().and_then(|()| self.engine.sync())
+                } else {
+                    self.engine.sync()
+                };
+                if let Err(e) = r {
                     self.stop(&e);
                     return;
                 }
-                self.last_committed.store(target, Ordering::Release);
+                if new {
+                    self.last_committed.store(target, Ordering::Release);
+                }
+                self.untracked_synced.store(untracked, Ordering::Release);
             }
             let committed = self.last_committed();
             let ready = {
@@ -760,7 +792,7 @@ impl MdtStore {
                 self.committed_cv.notify_all();
                 let (ready, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiters)
                     .into_iter()
-                    .partition(|(want, _)| *want <= committed);
+                    .partition(|(want, _)| self.covers(*want));
                 st.waiters = wait;
                 if !st.waiters.is_empty() {
                     st.requested = true;
@@ -995,6 +1027,52 @@ mod tests {
         assert_eq!((r.xid, r.transno, r.body), (42, 1, vec![9]));
         assert_eq!(s.sync().unwrap(), 1);
         assert_eq!(s.last_committed(), 1);
+    }
+
+    /// Fails nothing; counts the syncs it sees.
+    #[derive(Default)]
+    struct CountSyncs(std::sync::atomic::AtomicUsize);
+
+    impl crate::fault::Injector for CountSyncs {
+        fn fail(&self, point: FaultPoint) -> bool {
+            if point == FaultPoint::Sync {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+            false
+        }
+    }
+
+    #[test]
+    fn a_sync_covers_untracked_writes_made_since_the_last_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let count = Arc::new(CountSyncs::default());
+        let eng = Faulty::new(RocksEngine::open(dir.path(), 8).unwrap(), count.clone());
+        let s = MdtStore::open(Arc::new(eng)).unwrap();
+        s.start_commit_thread().unwrap();
+        let syncs = || count.0.load(Ordering::SeqCst);
+        let mut b = Batch::new();
+        b.put(Cf::Inode, b"k".to_vec(), b"v".to_vec());
+        s.apply(b, None).unwrap();
+        s.sync().unwrap();
+        // Nothing written since: answered without a sync.
+        let before = syncs();
+        s.sync().unwrap();
+        assert_eq!(syncs(), before);
+        // An untracked write (no transno) after the commit: the next sync syncs it,
+        // a parked one too.
+        let mut b = Batch::new();
+        b.put(Cf::Inode, b"k".to_vec(), b"atime".to_vec());
+        s.apply_untracked(&b).unwrap();
+        s.sync().unwrap();
+        assert_eq!(syncs(), before + 1, "a sync after an untracked write syncs");
+        s.apply_untracked(&b).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        s.when_committed(Box::new(move |r| tx.send(r.is_ok()).unwrap()));
+        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+        assert_eq!(syncs(), before + 2, "so does a parked one");
+        let at = syncs();
+        s.sync().unwrap();
+        assert_eq!(syncs(), at, "and then nothing is left");
     }
 
     fn reply(slot: u32, tag: u16, xid: u64) -> (ReplySlot, i32, Vec<u8>) {
