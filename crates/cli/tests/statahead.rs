@@ -549,9 +549,11 @@ fn a_walk_again_of_a_directory_larger_than_the_lock_lru_is_fetched_a_page_at_a_t
     walk();
     let (hits, pages) = (client_stat(&w, "hits"), client_stat(&w, "pages"));
     assert!(hits >= (N as u64) * 9 / 10, "hits {hits} of {N}");
-    // A page per window, and then some for fetches that run into each other.
+    // A page per window, and a page of one entry for each stat that overtakes the
+    // fetch ahead of it (how many depends on the machine's load: 30 to 230 here).
+    // Before, every entry was a page of its own (2,000 here).
     assert!(
-        pages <= (2 * N / WINDOW) as u64,
+        pages <= (N / 2) as u64,
         "{pages} pages for {N} names in windows of {WINDOW}"
     );
     assert!(
