@@ -327,15 +327,26 @@ fn migrate_moves_data_between_mdt_and_osts_both_ways_under_a_concurrent_reader()
     assert!(copied.components.iter().all(|c| c.id > 64), "{copied:?}");
     let f = m.path().join("copy");
     std::fs::File::create(&f).expect("create");
-    // SAFETY: valid C strings and a value of the stated length.
-    let r = unsafe {
-        libc::setxattr(
-            cs(&f).as_ptr(),
-            name.as_ptr(),
-            v.as_ptr().cast(),
-            v.len(),
-            0,
-        )
+    // The kernel sends the create's RELEASE after close(2) returns; until the MDT
+    // has it the file is open for writing, may hold data, and refuses a layout
+    // (EBUSY). Asked again until the close is in.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let r = loop {
+        // SAFETY: valid C strings and a value of the stated length.
+        let r = unsafe {
+            libc::setxattr(
+                cs(&f).as_ptr(),
+                name.as_ptr(),
+                v.as_ptr().cast(),
+                v.len(),
+                0,
+            )
+        };
+        let busy = std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY);
+        if r == 0 || !busy || std::time::Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     };
     assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
     let ids: Vec<u32> = layout(&sess, "copy")
