@@ -794,15 +794,14 @@ impl Client {
 
     /// The append lock of `fid`, waited for; `None` if client locks cannot be had.
     async fn append_lock(&self, fid: Fid) -> Result<Option<u64>, Errno> {
-        const EX: u32 = 1;
-        const UPDATE: u8 = 0x02;
+        use crate::locks::{BIT_UPDATE, MODE_EX};
         let mut pause = std::time::Duration::from_micros(100);
         loop {
             if !self.callback_channel_up() {
                 return Ok(None);
             }
             match self
-                .lock_enqueue(fid, lode_base::hash::APPEND_HASH, EX, UPDATE)
+                .lock_enqueue(fid, lode_base::hash::APPEND_HASH, MODE_EX, BIT_UPDATE)
                 .await
             {
                 Ok(Some(h)) => return Ok(Some(h)),

@@ -70,6 +70,10 @@ pub type Invalidator = Arc<dyn Fn(Vec<Inval>, Box<dyn FnOnce() + Send>) + Send +
 
 /// Lustre's PR lock mode (wire value).
 const MODE_PR: u32 = 4;
+/// Lustre's EX lock mode (wire value).
+pub(crate) const MODE_EX: u32 = 1;
+/// The UPDATE inode bit.
+pub(crate) const BIT_UPDATE: u8 = 0x02;
 /// The LAYOUT inode bit.
 const BIT_LAYOUT: u8 = 0x08;
 
