@@ -542,13 +542,20 @@ fn a_walk_again_of_a_directory_larger_than_the_lock_lru_is_fetched_a_page_at_a_t
         w.client.locks_held().len() <= N / 2 + WINDOW * 2,
         "the cache stays within lru_size"
     );
+    // Entries still cached from the first walk are answered without statahead; how
+    // many the LRU has given back by the time the second walk reaches them depends on
+    // the machine's load.
+    let cached = (w.client.locks_held().len() / 2) as u64;
     w.client.statahead_stats_clear();
     let st = w.client.mdc().stats();
     let lookups = || st.count(lode_proto::Opcode::Lookup) + st.count(lode_proto::Opcode::Getattr);
     let before = lookups();
     walk();
     let (hits, pages) = (client_stat(&w, "hits"), client_stat(&w, "pages"));
-    assert!(hits >= (N as u64) * 9 / 10, "hits {hits} of {N}");
+    assert!(
+        hits + cached >= (N as u64) * 9 / 10,
+        "hits {hits} of {N}, {cached} cached from the first walk"
+    );
     // A page per window, and a page of one entry for each stat that overtakes the
     // fetch ahead of it (how many depends on the machine's load: 30 to 230 here).
     // Before, every entry was a page of its own (2,000 here).
