@@ -322,7 +322,11 @@ impl Client {
             _ => false,
         };
         let flags = if locks_wanted && self.callback_channel_up() && !self.being_changed(&req) {
-            lode_proto::frame::FLAG_INTENT
+            if _changing.shared {
+                lode_proto::frame::FLAG_INTENT | lode_proto::frame::FLAG_NO_DIR_ATTRS
+            } else {
+                lode_proto::frame::FLAG_INTENT
+            }
         } else {
             0
         };
@@ -618,6 +622,10 @@ impl Client {
 struct Changing<'a> {
     client: &'a Client,
     fids: Vec<Fid>,
+    /// Another change of this client's in the directory of a create or unlink is on
+    /// its way too: the reply should bring no lock on the directory's attributes
+    /// (`FLAG_NO_DIR_ATTRS`), which the other change would have to call back.
+    shared: bool,
 }
 
 impl<'a> Changing<'a> {
@@ -631,13 +639,24 @@ impl<'a> Changing<'a> {
             Request::Setxattr(r) => vec![r.fid],
             _ => Vec::new(),
         };
+        let dir = match req {
+            Request::Create(r) => Some(r.parent),
+            Request::Unlink(r) => Some(r.parent),
+            _ => None,
+        };
+        let mut shared = false;
         if !fids.is_empty() {
             let mut c = client.changing.lock();
             for f in &fids {
                 *c.entry(*f).or_default() += 1;
             }
+            shared = dir.is_some_and(|d| c.get(&d).is_some_and(|n| *n > 1));
         }
-        Changing { client, fids }
+        Changing {
+            client,
+            fids,
+            shared,
+        }
     }
 }
 

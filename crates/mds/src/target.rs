@@ -1913,9 +1913,10 @@ impl Mdt {
         };
         // The directory a create or unlink changes, and its ctime before: handed back
         // after, so the client knows whether its copy was current.
+        let dir_attrs = intent && h.flags & lode_proto::frame::FLAG_NO_DIR_ATTRS == 0;
         let parent_intent = match &req {
-            MdtRequest::Create(r) if intent && !is_tmpfile(r) => Some(r.parent),
-            MdtRequest::Unlink(r) if intent => Some(r.parent),
+            MdtRequest::Create(r) if dir_attrs && !is_tmpfile(r) => Some(r.parent),
+            MdtRequest::Unlink(r) if dir_attrs => Some(r.parent),
             _ => None,
         }
         .and_then(|p| Some((p, self.ns.inode(p).ok()?.ctime)));

@@ -22,6 +22,11 @@ pub const FLAG_REPLAY_DONE: u16 = 0x10;
 /// Request flag: grant the locks that cover what the reply says, if they can be
 /// granted at once (Lustre's intent), so the client may cache it.
 pub const FLAG_INTENT: u16 = 0x8;
+/// Request flag, with `FLAG_INTENT` on a create or unlink: no lock on the directory's
+/// attributes with the reply. Another change of the client's in that directory is on
+/// its way to the MDT, and it would have to call such a lock back from the client
+/// that asked for it (threads of one native client creating in one directory).
+pub const FLAG_NO_DIR_ATTRS: u16 = 0x20;
 /// Header flag: the frame ends with a tag under the connection's session key (see
 /// `lode_rpc::auth`); set on every frame of a keyed connection after its handshake.
 pub const FLAG_SEALED: u16 = 0x400;
