@@ -303,7 +303,7 @@ impl Client {
     pub(crate) async fn md(&self, req: Request) -> Result<Reply, Errno> {
         // Marked before its early cancels are chosen, so a getattr that starts after
         // this point cannot be granted a lock the change would have to call back.
-        let _changing = Changing::new(self, &req);
+        let changing = Changing::new(self, &req);
         let (cancels, forgot) = self.release_for_change(&req);
         let locks_wanted = match &req {
             Request::Getattr(_)
@@ -322,7 +322,7 @@ impl Client {
             _ => false,
         };
         let flags = if locks_wanted && self.callback_channel_up() && !self.being_changed(&req) {
-            if _changing.shared {
+            if changing.shared {
                 lode_proto::frame::FLAG_INTENT | lode_proto::frame::FLAG_NO_DIR_ATTRS
             } else {
                 lode_proto::frame::FLAG_INTENT
@@ -630,19 +630,15 @@ struct Changing<'a> {
 
 impl<'a> Changing<'a> {
     fn new(client: &'a Client, req: &Request) -> Changing<'a> {
-        let fids = match req {
-            Request::Create(r) => vec![r.parent],
-            Request::Unlink(r) => vec![r.parent],
-            Request::Link(r) => vec![r.parent, r.fid],
-            Request::Rename(r) => vec![r.src_parent, r.dst_parent],
-            Request::Setattr(r) => vec![r.fid],
-            Request::Setxattr(r) => vec![r.fid],
-            _ => Vec::new(),
-        };
-        let dir = match req {
-            Request::Create(r) => Some(r.parent),
-            Request::Unlink(r) => Some(r.parent),
-            _ => None,
+        // `dir`: the directory whose attributes lock the reply may bring back.
+        let (fids, dir) = match req {
+            Request::Create(r) => (vec![r.parent], Some(r.parent)),
+            Request::Unlink(r) => (vec![r.parent], Some(r.parent)),
+            Request::Link(r) => (vec![r.parent, r.fid], None),
+            Request::Rename(r) => (vec![r.src_parent, r.dst_parent], None),
+            Request::Setattr(r) => (vec![r.fid], None),
+            Request::Setxattr(r) => (vec![r.fid], None),
+            _ => (Vec::new(), None),
         };
         let mut shared = false;
         if !fids.is_empty() {
