@@ -126,11 +126,12 @@ pub const BATCH_SUB_BYTES_MAX: usize = 16 << 10;
 /// Most lock handles in one cancel or blocking callback.
 pub const LOCKS_PER_RPC_MAX: usize = 4096;
 
-/// Most read-only handles a client keeps closed but not yet told to the MDT: their
+/// Most handles (read-only, or written nothing through) a client keeps closed but not
+/// yet told to the MDT: their
 /// CLOSE rides ahead of its next MDT request (`CloseAhead`); one more is closed by an
 /// RPC of its own. Also the most one `CloseAhead` frame may name.
 pub const CLOSES_AHEAD_MAX: usize = 64;
-/// How long a read-only close may wait for a request to ride ahead of, before a PING
+/// How long a close ahead may wait for a request to ride ahead of, before a PING
 /// carries it (an idle client's handles are closed on the MDT within about this).
 pub const CLOSE_AHEAD_WAIT_MS: u64 = 10;
 

@@ -1,7 +1,8 @@
-//! Read-only closes that ride ahead of the next request (`CloseAhead`): no round trip
+//! Closes of handles nothing was written through (read-only ones, and writers that
+//! wrote nothing) that ride ahead of the next request (`CloseAhead`): no round trip
 //! of their own, yet every handle is closed on the MDT soon after, through an idle
 //! spell, an MDS restart and another client's unlink, and a client can close only its
-//! own read-only handles that way.
+//! own handles that way.
 
 mod common;
 
@@ -27,19 +28,19 @@ fn open_and_close_ahead(c: &Cluster, s: &Session, f: Fid) {
     assert_eq!(open_files(c), 0);
 }
 
+/// `s` makes `name` in the root, open with `flags`.
+fn create_in_root(s: &Session, name: &str, flags: i32) -> lode_client::FileHandle {
+    s.run(
+        s.client
+            .create_open(&root(), Fid::ROOT, name.as_bytes(), 0o644, flags, None),
+    )
+    .expect("create")
+}
+
 /// A file of `bytes` bytes named `name` in the root, written and closed (by RPC).
 fn made(s: &Session, name: &str, bytes: usize) -> Fid {
     let cl = &s.client;
-    let fh = s
-        .run(cl.create_open(
-            &root(),
-            Fid::ROOT,
-            name.as_bytes(),
-            0o644,
-            libc::O_RDWR,
-            None,
-        ))
-        .expect("create");
+    let fh = create_in_root(s, name, libc::O_RDWR);
     s.run(cl.write(&fh, 0, &vec![7u8; bytes])).expect("write");
     s.run(cl.close_now(&fh)).expect("close");
     fh.fid
@@ -148,7 +149,7 @@ fn the_last_close_of_an_unlinked_file_ahead_of_a_request_destroys_it() {
 }
 
 #[test]
-fn a_client_closes_ahead_only_its_own_read_only_handles() {
+fn a_client_closes_ahead_only_its_own_handles() {
     let c = cluster(1);
     let (a, b) = (c.client(), c.client());
     let f = made(&a, "f", 10);
@@ -167,9 +168,9 @@ fn a_client_closes_ahead_only_its_own_read_only_handles() {
         )
         .map(|_| ())
     };
-    // Another client's handles, a writer's own, and one that is not open: ignored.
+    // Another client's handles, and one that is not open: ignored.
     close_ahead(&b, vec![w.handle, r.handle]).expect("answered");
-    close_ahead(&a, vec![w.handle, 12345]).expect("answered");
+    close_ahead(&a, vec![12345]).expect("answered");
     assert_eq!(open_files(&c), 2, "nothing closed");
     assert_eq!(
         close_ahead(&a, vec![r.handle; CLOSES_AHEAD_MAX + 1]),
@@ -177,12 +178,113 @@ fn a_client_closes_ahead_only_its_own_read_only_handles() {
         "too many handles in one frame"
     );
     assert_eq!(open_files(&c), 2);
-    a.run(a.client.write(&w, 0, b"x"))
+    let closes = mdt_stat(&c, "mds_close");
+    a.run(a.client.write(&w, 10, b"x"))
         .expect("the writer still writes");
     a.run(a.client.close(&w)).expect("close by RPC");
+    assert_eq!(mdt_stat(&c, "mds_close"), closes + 1, "a writer's close");
     a.run(a.client.close(&r)).expect("close ahead");
     a.run(a.client.statfs()).expect("statfs");
     assert_eq!(open_files(&c), 0);
+    let got = b
+        .run(b.client.lookup(&root(), Fid::ROOT, b"f"))
+        .expect("lookup");
+    assert_eq!(
+        b.run(b.client.complete(got)).expect("size").attr.size,
+        11,
+        "the written byte counts"
+    );
+}
+
+/// `s` makes `name` in the root with `creat` (open for writing) and closes it having
+/// written nothing.
+fn created_and_closed(s: &Session, name: &str) -> Fid {
+    let fh = create_in_root(s, name, libc::O_WRONLY | libc::O_TRUNC);
+    s.run(s.client.close(&fh)).expect("close");
+    fh.fid
+}
+
+#[test]
+fn a_created_file_closed_having_written_nothing_rides_ahead_and_needs_no_glimpse() {
+    let c = cluster(1);
+    let (s, other) = (c.client(), c.client());
+    let (closes, ahead) = (mdt_stat(&c, "mds_close"), mdt_stat(&c, "mds_close_ahead"));
+    let f = created_and_closed(&s, "f");
+    s.run(s.client.statfs()).expect("statfs");
+    assert_eq!(open_files(&c), 0, "closed on the MDT");
+    assert_eq!(mdt_stat(&c, "mds_close"), closes, "no CLOSE RPC");
+    assert_eq!(mdt_stat(&c, "mds_close_ahead"), ahead + 1);
+    // The writer's mark went with it: another client is told the size is the MDT's.
+    let b = other
+        .run(other.client.lookup(&root(), Fid::ROOT, b"f"))
+        .expect("lookup");
+    assert_eq!(b.attr.fid, f);
+    assert!(!b.glimpse, "the mark taken back");
+    assert_eq!(b.attr.size, 0);
+    // A writer that wrote, and another opened meanwhile, keep theirs.
+    let cl = &s.client;
+    let w = s
+        .run(cl.open(&root(), f, libc::O_WRONLY))
+        .expect("open for writing");
+    let w2 = other
+        .run(other.client.open(&root(), f, libc::O_WRONLY))
+        .expect("another writer");
+    s.run(cl.close(&w))
+        .expect("close ahead, another writer open");
+    s.run(cl.statfs()).expect("statfs");
+    other
+        .run(other.client.write(&w2, 0, &[1u8; 3000]))
+        .expect("the other writes");
+    let b = s.run(cl.lookup(&root(), Fid::ROOT, b"f")).expect("lookup");
+    assert!(b.glimpse, "the other writer's mark stays");
+    assert_eq!(s.run(cl.complete(b)).expect("glimpse").attr.size, 3000);
+    other.run(other.client.close(&w2)).expect("close by RPC");
+    let b = s.run(cl.lookup(&root(), Fid::ROOT, b"f")).expect("lookup");
+    assert_eq!(s.run(cl.complete(b)).expect("size").attr.size, 3000);
+}
+
+/// Kills the MDS and starts it again: its recovery replays every change (an open
+/// closed ahead before it committed too: without that replay its transno would be a
+/// gap, and every later replay would have to pass a version check), and the handles
+/// opened again by the replay are closed again.
+fn crash_and_recover_with_no_gap(c: &mut Cluster) {
+    c.kill9("mdt0");
+    c.start_target("mdt0");
+    let status = wait_recovered(c);
+    assert_eq!(status_field(&status, "vbr_gaps"), "0", "{status}");
+    assert_eq!(status_field(&status, "vbr_refused"), "0", "{status}");
+    wait_for("the handles closed again", Duration::from_secs(10), || {
+        open_files(c) == 0
+    });
+}
+
+#[test]
+fn an_uncommitted_create_closed_ahead_is_replayed_and_closed_again() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    hold_commits(&c, 1);
+    let f = created_and_closed(&s, "n");
+    let g = s
+        .run(cl.create(&root(), Fid::ROOT, b"g", 0o644, None))
+        .expect("a change after it")
+        .attr
+        .fid;
+    assert_eq!(open_files(&c), 0, "closed ahead of the change");
+    crash_and_recover_with_no_gap(&mut c);
+    let other = c.client();
+    let b = other
+        .run(other.client.lookup(&root(), Fid::ROOT, b"n"))
+        .expect("the create was replayed");
+    assert_eq!(b.attr.fid, f);
+    assert!(!b.glimpse, "and its mark taken back again");
+    assert_eq!(
+        other
+            .run(other.client.lookup(&root(), Fid::ROOT, b"g"))
+            .map(|b| b.attr.fid),
+        Ok(g),
+        "the later change was replayed"
+    );
 }
 
 #[test]
@@ -199,16 +301,7 @@ fn an_uncommitted_open_closed_ahead_is_replayed_so_recovery_finds_no_gap() {
         .expect("a change after it")
         .attr
         .fid;
-    c.kill9("mdt0");
-    c.start_target("mdt0");
-    let status = wait_recovered(&c);
-    // Without the open's replay its transno would be a gap, and every later replay
-    // would have to pass a version check.
-    assert_eq!(status_field(&status, "vbr_gaps"), "0", "{status}");
-    assert_eq!(status_field(&status, "vbr_refused"), "0", "{status}");
-    wait_for("the handle closed again", Duration::from_secs(10), || {
-        open_files(&c) == 0
-    });
+    crash_and_recover_with_no_gap(&mut c);
     assert_eq!(
         s.run(cl.lookup(&root(), Fid::ROOT, b"g"))
             .map(|b| b.attr.fid),

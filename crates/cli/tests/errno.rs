@@ -98,8 +98,8 @@ fn namespace_errnos() {
             .await
             .expect("open existing");
         assert_eq!(fh.fid, f);
-        cl.close(&fh).await.unwrap();
-        assert_eq!(err(cl.close(&fh).await), Errno::EBADF);
+        cl.close_now(&fh).await.unwrap();
+        assert_eq!(err(cl.close_now(&fh).await), Errno::EBADF);
         // Setattr.
         assert_eq!(
             err(cl

@@ -78,7 +78,7 @@ fn a_resent_create_open_create_close_mkdir_mknod_or_symlink_returns_the_original
     );
 
     // close: a second execution would find the handle gone and say EBADF.
-    with_lost_reply(&c, "close", || s.run(cl.close(&fh)))
+    with_lost_reply(&c, "close", || s.run(cl.close_now(&fh)))
         .unwrap_or_else(|e| panic!("close: resent close must succeed, got {e:?}"));
     assert_eq!(
         c.get_param("mdt.*.open_files"),

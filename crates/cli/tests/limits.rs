@@ -399,7 +399,7 @@ fn a_client_closed_for_idling_reconnects_on_its_next_request_and_keeps_its_open_
         "1",
         "the handle outlived the connection"
     );
-    s.run(s.client.close(&made))
+    s.run(s.client.close_now(&made))
         .expect("close after reconnecting");
     assert_eq!(c.get_param("mdt.*.open_files"), "0");
     assert!(

@@ -92,13 +92,15 @@ fn requests_needing_no_server_are_not_held_by_calls_waiting_on_it(transport: &st
         .map(|i| {
             let p = d.join(format!("o{i}"));
             std::fs::write(&p, b"x").unwrap();
-            // Open for writing: a read-only close would ride ahead of a later
-            // request, with no RELEASE waiting for the MDT.
-            std::fs::OpenOptions::new()
+            // Written through: a close that wrote nothing would ride ahead of a
+            // later request, with no RELEASE waiting for the MDT.
+            let mut f = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .open(&p)
-                .unwrap()
+                .unwrap();
+            std::io::Write::write_all(&mut f, b"y").unwrap();
+            f
         })
         .collect();
     // Names this mount has not seen (another client makes them): looked up on the MDT.

@@ -539,8 +539,8 @@ impl Client {
         self.close_on_mdt(fh).await
     }
 
-    /// [`Client::close`], the MDT's answer awaited: a read-only handle's close does not
-    /// ride ahead of a later request, so the file is closed on the MDT when this
+    /// [`Client::close`], the MDT's answer awaited: the close of a handle nothing was
+    /// written through does not ride ahead of a later request, so the file is closed on the MDT when this
     /// returns (e.g. before another client unlinks it: no orphan is left to clean up).
     pub async fn close_now(&self, fh: &FileHandle) -> Result<(), Errno> {
         if self.opencache.release(fh) {
@@ -549,14 +549,16 @@ impl Client {
         self.close_on_mdt(fh).await.map(|_| ())
     }
 
-    /// Closes a read-only handle with no round trip of its own: its close leaves
-    /// ahead of the next MDT request (see `Import::close_ahead`). Such a close
-    /// changes nothing this client must learn (the MDT's answer to it is about
-    /// writers' sizes). False for any other handle, which the caller closes by RPC.
+    /// Closes a handle nothing was written through with no round trip of its own: its
+    /// close leaves ahead of the next MDT request (see `Import::close_ahead`). Such a
+    /// close changes nothing this client must learn. A read-only handle's answer is
+    /// about writers' sizes; a writer that wrote nothing (a `creat` and its `close`,
+    /// mdtest's create phase, `touch`) at most lets the MDT take back the "data on
+    /// OSTs" mark its open set, and this client, which knows the size from the open,
+    /// need not hear that. False for a handle written through or truncated with, which
+    /// the caller closes by RPC with the size it knows.
     fn close_ahead(&self, fh: &FileHandle) -> bool {
-        // `wants_write` as the MDT decides a write handle, which it would not close.
-        if lode_base::perm::wants_write(fh.flags)
-            || fh.wrote.load(Ordering::Acquire)
+        if fh.wrote.load(Ordering::Acquire)
             || fh.own_lock.load(Ordering::Acquire)
             || self.check_live(fh).is_err()
             || !self.mdc.close_ahead(fh.handle)

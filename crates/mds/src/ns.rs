@@ -804,14 +804,16 @@ impl Namespace {
             .map(drop)
     }
 
-    /// Closes the read-only handles of the client in `slot` that a `CloseAhead` names
-    /// (nobody waits for its answer), with no lock taken and no reply record, since
-    /// such a close changes nothing its client must learn. Nor does it change an inode
-    /// another change could depend on: no reply record means no replay, and a later
-    /// change's replay would find the inode's version short of what it was made
-    /// against. Only an unlinked file's destruction at its last close (which no
-    /// change can depend on; a restart destroys it again) is written. A handle not
-    /// open, another client's, open for writing or migrating the file is skipped.
+    /// Closes the handles of the client in `slot` that a `CloseAhead` names (nobody
+    /// waits for its answer), with no lock taken and no reply record, since such a
+    /// close changes nothing its client must learn: its client wrote nothing through
+    /// them (read-only handles, and writers that wrote nothing, as a `creat` and its
+    /// `close`). Nor does it move an inode's version, which another change could
+    /// depend on: no reply record means no replay, and a later change's replay would
+    /// find the inode's version short of what it was made against. Only an unlinked
+    /// file's destruction at its last close (which no change can depend on; a restart
+    /// destroys it again) and the taking back of a data mark (see `close_inner`) are
+    /// written. A handle not open, another client's or migrating the file is skipped.
     /// Returns the layout locks of the handles closed, and how many were skipped.
     pub(crate) fn close_ahead(&self, slot: u32, handles: &[u64]) -> (Vec<u64>, usize) {
         let (mut locks, mut skipped) = (Vec::new(), 0);
@@ -821,7 +823,6 @@ impl Namespace {
                 match o.handles.get(&handle) {
                     Some(h)
                         if h.slot == slot
-                            && !h.write
                             && o.migrations.get(&h.fid).is_none_or(|m| m.handle != handle) =>
                     {
                         h.layout_lock
@@ -834,7 +835,7 @@ impl Namespace {
             };
             match self.close_inner(&Ctx::default(), handle, false, None, true) {
                 Ok(_) => locks.push(lock),
-                Err(e) => tracing::warn!(handle, "closing a read-only handle: {e:?}"),
+                Err(e) => tracing::warn!(handle, "closing a handle ahead: {e:?}"),
             }
         }
         (locks, skipped)
@@ -1012,6 +1013,18 @@ impl Namespace {
                 if last && rec.nlink == 0 {
                     b.delete(Cf::Orphan, fid.to_bytes().to_vec());
                     self.drop_inode(&mut b, fid, &rec)?;
+                } else if untracked && unmark && rec.flags & INODE_DATA != 0 {
+                    // Closed ahead by the writer that set the mark, having written
+                    // nothing, with no other writer or truncate since: the file holds
+                    // what it held at that open, so the mark goes, at the same version
+                    // (nothing a version names changed). Not synced: a crash that
+                    // loses it leaves the mark, which costs a glimpse, never a wrong
+                    // size. Past a recovery gap, a writer's open that found it gone
+                    // and is replayed over the mark would leave the version where it
+                    // is, and that client's later changes to the file would be refused
+                    // (EOVERFLOW) as any change made after a lost one is.
+                    rec.flags &= !INODE_DATA;
+                    put_inode_unversioned(&mut b, fid, &rec);
                 } else if untracked {
                     // See `close_ahead`: the inode stays as it is, but for the mark a
                     // departed or evicted last writer of a DoM-only file would leave

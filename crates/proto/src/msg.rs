@@ -190,8 +190,9 @@ pub struct LdlmCancelReq {
     pub handles: Vec<u64>,
 }
 
-/// Read-only open handles the client has closed, told to the MDT ahead of another
-/// request in the same write (at most [`lode_base::limits::CLOSES_AHEAD_MAX`]).
+/// Open handles the client has closed having written nothing through them (read-only
+/// ones, and writers that wrote nothing), told to the MDT ahead of another request in
+/// the same write (at most [`lode_base::limits::CLOSES_AHEAD_MAX`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloseAheadReq {
     /// The handles.
@@ -199,7 +200,7 @@ pub struct CloseAheadReq {
 }
 
 /// Reads through open handles that moved their files' access times (lode's), told to
-/// the MDT ahead of another request in the same write, as a read-only close is (at
+/// the MDT ahead of another request in the same write, as a close ahead is (at
 /// most [`lode_base::limits::ACCESS_AHEAD_MAX`]). Lustre's client sends the access
 /// time with the close; here the handle may stay open (the open cache), so the time
 /// goes on its own, ahead of whatever the client sends next.
@@ -1172,9 +1173,9 @@ messages! {
     LdlmEnqueue = 101, Mdt, false: LdlmEnqueueReq => LdlmEnqueueRep,
     /// Give locks back (LDLM_CANCEL).
     LdlmCancel = 103, Mdt, false: LdlmCancelReq => Empty,
-    /// Close read-only handles (lode's): a frame nobody answers, sent just before
-    /// another request on the same connection, so a read-only close costs no round
-    /// trip of its own. Idempotent: a handle that is not open is skipped.
+    /// Close handles nothing was written through (lode's): a frame nobody answers,
+    /// sent just before another request on the same connection, so such a close
+    /// costs no round trip of its own. Idempotent: a handle that is not open is skipped.
     CloseAhead = 110, Mdt, false: CloseAheadReq => Empty,
     /// Move access times after reads through open handles (lode's): a frame nobody
     /// answers, sent ahead of another request as `CloseAhead` is. Only forward: an

@@ -424,7 +424,7 @@ pub struct Import {
     /// The highest `last_committed` the two lists above were pruned to: most replies
     /// repeat it, and then neither list is locked.
     pruned: AtomicU64,
-    /// Read-only handles the caller closed, whose CLOSE rides ahead of the next request
+    /// Handles the caller closed having written nothing, whose CLOSE rides ahead of the next request
     /// (see [`Import::close_ahead`]).
     ahead: Mutex<AheadCloses>,
     /// Held by the one caller asking for a commit because the replay list is full:
@@ -1587,7 +1587,8 @@ impl Import {
         }
     }
 
-    /// Closes the read-only `handle` without a round trip of its own: its CLOSE
+    /// Closes `handle`, which nothing was written through, without a round trip of its
+    /// own: its CLOSE
     /// (`CloseAhead`, answered by nothing) leaves in the same write as the next request
     /// to the target, or with a PING within [`CLOSE_AHEAD_WAIT_MS`] if none comes. The
     /// target runs a connection's frames in order, so the reply to that request, come
@@ -1609,7 +1610,7 @@ impl Import {
         true
     }
 
-    /// Read-only closes waiting to ride ahead of a request.
+    /// Closes waiting to ride ahead of a request.
     pub fn closes_ahead(&self) -> usize {
         self.ahead.lock().handles.len()
     }
