@@ -131,6 +131,9 @@ pub const LOCKS_PER_RPC_MAX: usize = 4096;
 /// CLOSE rides ahead of its next MDT request (`CloseAhead`); one more is closed by an
 /// RPC of its own. Also the most one `CloseAhead` frame may name.
 pub const CLOSES_AHEAD_MAX: usize = 64;
+/// Most files an MDT remembers as having had their data mark taken back by a close
+/// ahead in a write not yet synced; past it, one sync settles them all.
+pub const UNMARKED_MAX: usize = 65_536;
 /// How long a close ahead may wait for a request to ride ahead of, before a PING
 /// carries it (an idle client's handles are closed on the MDT within about this).
 pub const CLOSE_AHEAD_WAIT_MS: u64 = 10;

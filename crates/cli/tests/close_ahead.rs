@@ -243,6 +243,48 @@ fn a_created_file_closed_having_written_nothing_rides_ahead_and_needs_no_glimpse
     assert_eq!(s.run(cl.complete(b)).expect("size").attr.size, 3000);
 }
 
+#[test]
+fn a_handle_that_truncated_closes_by_rpc() {
+    let c = cluster(1);
+    let s = c.client();
+    made(&s, "f", 5000);
+    let closes = mdt_stat(&c, "mds_close");
+    // An existing file opened with O_TRUNC: truncated through the handle.
+    let fh = create_in_root(&s, "f", libc::O_WRONLY | libc::O_TRUNC);
+    s.run(s.client.close(&fh)).expect("close");
+    assert_eq!(mdt_stat(&c, "mds_close"), closes + 1, "closed by RPC");
+    assert_eq!(open_files(&c), 0);
+}
+
+#[test]
+fn a_writer_opening_a_file_whose_mark_a_close_ahead_took_back_waits_for_it_to_commit() {
+    let c = cluster(1);
+    let (s, other) = (c.client(), c.client());
+    hold_commits(&c, 2);
+    let f = created_and_closed(&s, "f");
+    s.run(s.client.statfs())
+        .expect("statfs: the close goes ahead of it");
+    let (last, committed) = transnos(&c);
+    assert!(committed < last, "nothing committed since the create");
+    // Setting the mark again moves the version, which a replay over a mark restored
+    // by a crash would not: the write that took it back is made durable first.
+    let w = other
+        .run(other.client.open(&root(), f, libc::O_WRONLY))
+        .expect("open for writing");
+    assert!(
+        transnos(&c).1 >= last,
+        "the create and the mark's taking back committed before the open"
+    );
+    other
+        .run(other.client.write(&w, 0, b"data"))
+        .expect("write");
+    other.run(other.client.close(&w)).expect("close");
+    let b = s
+        .run(s.client.lookup(&root(), Fid::ROOT, b"f"))
+        .expect("lookup");
+    assert_eq!(s.run(s.client.complete(b)).expect("size").attr.size, 4);
+}
+
 /// Kills the MDS and starts it again: its recovery replays every change (an open
 /// closed ahead before it committed too: without that replay its transno would be a
 /// gap, and every later replay would have to pass a version check), and the handles

@@ -68,6 +68,9 @@ pub struct FileHandle {
     /// Something was (or may have been) written through this handle (shared by its
     /// clones); told to the MDT at close.
     pub wrote: Arc<AtomicBool>,
+    /// The file was truncated through this handle (shared by its clones): its close is
+    /// not one that changes nothing (see `Client::close_ahead`).
+    pub(crate) truncated: Arc<AtomicBool>,
     /// See `Client::open_epoch`: a handle from before an eviction (or an MDT restart)
     /// is gone on the MDT, and its I/O fails with EIO.
     pub(crate) epoch: (u64, u64),
@@ -286,6 +289,7 @@ impl Client {
             layout: Arc::new(RwLock::new(rep.body.layout.clone())),
             attr: rep.body.attr.clone(),
             wrote: Arc::default(),
+            truncated: Arc::default(),
             epoch: self.open_epoch(),
             prefetch: rep
                 .dom_data
@@ -449,6 +453,7 @@ impl Client {
             layout: Arc::new(RwLock::new(rep.body.layout.clone())),
             attr: rep.body.attr.clone(),
             wrote: Arc::default(),
+            truncated: Arc::default(),
             epoch: self.open_epoch(),
             prefetch: None,
             layout_lock: Arc::new(AtomicU64::new(self.keep_layout_lock(rep.layout_lock))),
@@ -559,6 +564,7 @@ impl Client {
     /// the caller closes by RPC with the size it knows.
     fn close_ahead(&self, fh: &FileHandle) -> bool {
         if fh.wrote.load(Ordering::Acquire)
+            || fh.truncated.load(Ordering::Acquire)
             || fh.own_lock.load(Ordering::Acquire)
             || self.check_live(fh).is_err()
             || !self.mdc.close_ahead(fh.handle)
@@ -567,6 +573,7 @@ impl Client {
         }
         // The MDT gives back the layout lock granted with the open when it closes it.
         self.forget_layout_lock(fh.layout_lock.swap(0, Ordering::AcqRel));
+        self.forget_known(fh);
         true
     }
 
@@ -621,17 +628,21 @@ impl Client {
         Ok(0)
     }
 
+    /// What the writes through `fh` left known of the file it made (see [`Known`]),
+    /// forgotten: that handle is closing.
+    fn forget_known(&self, fh: &FileHandle) -> Option<Known> {
+        let mut known = self.known.lock();
+        match known.get(&fh.fid) {
+            Some(k) if k.handle == fh.handle => known.remove(&fh.fid),
+            _ => None,
+        }
+    }
+
     /// Size, blocks and mtime of a file its handle `fh` made, from what its writes'
     /// answers said (see [`Known`]); `None` if this is not that handle or the layout
     /// changed. Forgets the file either way at that handle's close.
     fn known_at_close(&self, fh: &FileHandle) -> Option<lode_proto::CloseAttrs> {
-        let k = {
-            let mut known = self.known.lock();
-            match known.get(&fh.fid) {
-                Some(k) if k.handle == fh.handle => known.remove(&fh.fid)?,
-                _ => return None,
-            }
-        };
+        let k = self.forget_known(fh)?;
         let layout = fh.layout()?;
         if layout.gen != k.gen || layout.dom_end() != 0 {
             return None;
@@ -1564,6 +1575,7 @@ impl Client {
             ..Default::default()
         };
         let opened = fh.writable() || fh.flags & libc::O_TRUNC != 0;
+        fh.truncated.store(true, Ordering::Release);
         self.setattr_as(cred, fh.fid, sa, opened).await.map(|_| ())
     }
 

@@ -162,6 +162,10 @@ pub struct Namespace {
     /// Access times reads gave files, not yet written to their inodes (see
     /// `Namespace::access_ahead`): every inode read takes them in.
     pub(crate) atimes: inode::PendingAtimes,
+    /// Files whose data mark a close ahead took back, by the number of that untracked
+    /// write (see `MdtStore::apply_untracked`), until a sync covers it: a writer's
+    /// open that sets the mark again syncs first (see `Namespace::mark_again`).
+    pub(crate) unmarked: Mutex<HashMap<Fid, u64>>,
     /// Tunables.
     pub tun: Tunables,
 }
@@ -241,6 +245,7 @@ impl Namespace {
             data_salt: rand::random(),
             attr_steps: Mutex::new(HashMap::new()),
             atimes: inode::PendingAtimes::default(),
+            unmarked: Mutex::default(),
             links: std::sync::OnceLock::new(),
             tun: Tunables {
                 max_mod_rpcs: AtomicU32::new(u32::from(lode_base::limits::MAX_MOD_RPCS_PER_CLIENT)),

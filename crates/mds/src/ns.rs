@@ -731,6 +731,7 @@ impl Namespace {
         }
         let mut b = Batch::new();
         let mark = if write && ft == FileType::Regular && rec.flags & INODE_DATA == 0 {
+            self.mark_again(fid)?;
             rec.flags |= INODE_DATA;
             put_inode(&mut b, fid, &rec);
             DataMark::Marked
@@ -755,6 +756,42 @@ impl Namespace {
             }
         }
         Ok((rep, transno))
+    }
+
+    /// A close ahead took back `fid`'s data mark in untracked write number `n`.
+    fn unmarked_at(&self, fid: Fid, n: u64) {
+        let mut u = self.unmarked.lock();
+        if u.len() >= lode_base::limits::UNMARKED_MAX {
+            let synced = self.store.untracked_synced();
+            u.retain(|_, m| *m > synced);
+            if u.len() >= lode_base::limits::UNMARKED_MAX {
+                // Rare (a burst of closes ahead faster than commits): one sync
+                // settles them all.
+                drop(u);
+                if let Err(e) = self.store.sync() {
+                    tracing::warn!("syncing data marks taken back: {e}");
+                }
+                u = self.unmarked.lock();
+                u.clear();
+            }
+        }
+        u.insert(fid, n);
+    }
+
+    /// A writer's open is about to set `fid`'s data mark again (under its inode
+    /// lock): if a close ahead took it back in a write no sync covers yet, that write
+    /// is synced first. Otherwise a crash could lose both, and the open's replay,
+    /// finding the mark, would not move the version as the open did, so that its
+    /// client's later changes to the file, replayed past a recovery gap, would be
+    /// refused.
+    fn mark_again(&self, fid: Fid) -> OpResult<()> {
+        let Some(n) = self.unmarked.lock().remove(&fid) else {
+            return Ok(());
+        };
+        if n > self.store.untracked_synced() {
+            self.store.sync()?;
+        }
+        Ok(())
     }
 
     pub(crate) fn close(
@@ -792,8 +829,8 @@ impl Namespace {
     }
 
     /// Closes a handle outside any request (a client's goodbye, its eviction). Like
-    /// a close ahead, it takes no transno and changes no inode but an unlinked
-    /// file's: no client replays it, so a crash that loses it would leave a gap in
+    /// a close ahead, it takes no transno and moves no inode's version (it changes no
+    /// inode but an unlinked file's and a size mark, below): no client replays it, so a crash that loses it would leave a gap in
     /// the transnos, and every later replay would be version-checked against the
     /// inode it changed (a chmod made after it refused, for one). What the client
     /// wrote is unknown, so an OST file's size marks stay (its next writer's close
@@ -937,8 +974,10 @@ impl Namespace {
 
     /// Closes `handle`. An `untracked` close (one no client waits for: see
     /// `close_ahead` and `close_handle`) is written with no transno and leaves the
-    /// inode as it is, unless the file goes with it or it was a DoM-only file's last
-    /// writer (its size mark cleared at the same version, and synced).
+    /// inode's version as it is. It changes the inode only if the file goes with it,
+    /// if it was the marking writer's and nothing was written since (the data mark
+    /// taken back, see `mark_again`), or if it was a DoM-only file's last writer (its
+    /// size mark cleared, and synced).
     fn close_inner(
         &self,
         ctx: &Ctx,
@@ -1008,6 +1047,7 @@ impl Namespace {
         }
         let mut rep = CloseRep::default();
         let mut settled = false;
+        let mut unmarked = false;
         if last || last_writer || unmark || lazy.is_some() {
             if let Ok(mut rec) = self.inode(fid) {
                 if last && rec.nlink == 0 {
@@ -1017,14 +1057,15 @@ impl Namespace {
                     // Closed ahead by the writer that set the mark, having written
                     // nothing, with no other writer or truncate since: the file holds
                     // what it held at that open, so the mark goes, at the same version
-                    // (nothing a version names changed). Not synced: a crash that
+                    // (nothing a version names changed). Not synced here: a crash that
                     // loses it leaves the mark, which costs a glimpse, never a wrong
-                    // size. Past a recovery gap, a writer's open that found it gone
-                    // and is replayed over the mark would leave the version where it
-                    // is, and that client's later changes to the file would be refused
-                    // (EOVERFLOW) as any change made after a lost one is.
+                    // size. The one change that depends on its being gone, a writer's
+                    // open setting the mark again (and moving the version, which a
+                    // replay over a restored mark would not), syncs first
+                    // (`mark_again`).
                     rec.flags &= !INODE_DATA;
                     put_inode_unversioned(&mut b, fid, &rec);
+                    unmarked = true;
                 } else if untracked {
                     // See `close_ahead`: the inode stays as it is, but for the mark a
                     // departed or evicted last writer of a DoM-only file would leave
@@ -1083,7 +1124,10 @@ impl Namespace {
             // a crash loses the orphan's destruction or the abandoned migration, both
             // are cleaned after recovery.
             if !b.is_empty() {
-                self.store.apply_untracked(&b)?;
+                let n = self.store.apply_untracked(&b)?;
+                if unmarked {
+                    self.unmarked_at(fid, n);
+                }
             }
             if settled {
                 // Rare (an evicted or departed writer): one sync, under the inode lock.

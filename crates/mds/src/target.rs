@@ -1072,7 +1072,7 @@ impl Mdt {
                     self.ungrant(exp, lock);
                 }
                 if skipped > 0 {
-                    debug!(client = %exp.uuid, skipped, "close ahead of handles not open for reading: ignored");
+                    debug!(client = %exp.uuid, skipped, "close ahead of handles it has not open: ignored");
                 }
                 (Reply::CloseAhead(Empty {}), 0)
             }

@@ -1598,7 +1598,8 @@ impl Import {
     /// false (the caller closes it with an RPC) if [`CLOSES_AHEAD_MAX`] wait already.
     ///
     /// Only for handles whose close changes nothing the client must know: the MDT
-    /// closes them as it closes a departed client's handles.
+    /// closes them as it closes a departed client's handles, but for taking back the
+    /// data mark that a writer's open set.
     pub fn close_ahead(self: &Arc<Self>, handle: u64) -> bool {
         let mut a = self.ahead.lock();
         if a.handles.len() >= CLOSES_AHEAD_MAX {

@@ -670,16 +670,23 @@ impl MdtStore {
     }
 
     /// Applies a batch that needs no transno (bookkeeping such as destroy records
-    /// being cleared); still stops the target on failure.
-    pub fn apply_untracked(&self, batch: &Batch) -> Result<(), StoreError> {
+    /// being cleared); still stops the target on failure. Returns its number among
+    /// the untracked writes, which [`MdtStore::untracked_synced`] reaches once a
+    /// sync covers it.
+    pub fn apply_untracked(&self, batch: &Batch) -> Result<u64, StoreError> {
         let _g = self.apply_lock.lock();
         if self.is_stopped() {
             return Err(StoreError::Stopped);
         }
         self.engine.write(batch).inspect_err(|e| self.stop(e))?;
-        self.untracked.fetch_add(1, Ordering::AcqRel);
+        let n = self.untracked.fetch_add(1, Ordering::AcqRel) + 1;
         self.written(batch);
-        Ok(())
+        Ok(n)
+    }
+
+    /// How many untracked writes the syncs so far cover.
+    pub fn untracked_synced(&self) -> u64 {
+        self.untracked_synced.load(Ordering::Acquire)
     }
 
     /// Records the outcome of a modification that failed (no transno: nothing
