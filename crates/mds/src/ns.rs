@@ -760,11 +760,11 @@ impl Namespace {
 
     /// A close ahead took back `fid`'s data mark in untracked write number `n`.
     fn unmarked_at(&self, fid: Fid, n: u64) {
+        const MAX: usize = lode_base::limits::UNMARKED_MAX;
         let mut u = self.unmarked.lock();
-        if u.len() >= lode_base::limits::UNMARKED_MAX {
-            let synced = self.store.untracked_synced();
-            u.retain(|_, m| *m > synced);
-            if u.len() >= lode_base::limits::UNMARKED_MAX {
+        if u.len() >= MAX {
+            self.forget_synced(&mut u);
+            if u.len() >= MAX {
                 // Rare (a burst of closes ahead faster than commits): one sync
                 // settles them all.
                 drop(u);
@@ -772,10 +772,18 @@ impl Namespace {
                     tracing::warn!("syncing data marks taken back: {e}");
                 }
                 u = self.unmarked.lock();
-                u.clear();
+                // Not all of them: one taken back by another thread meanwhile may be
+                // past what that sync covered.
+                self.forget_synced(&mut u);
             }
         }
         u.insert(fid, n);
+    }
+
+    /// Drops from `unmarked` the writes a sync covers.
+    fn forget_synced(&self, u: &mut std::collections::HashMap<Fid, u64>) {
+        let synced = self.store.untracked_synced();
+        u.retain(|_, m| *m > synced);
     }
 
     /// A writer's open is about to set `fid`'s data mark again (under its inode
