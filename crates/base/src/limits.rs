@@ -127,9 +127,9 @@ pub const BATCH_SUB_BYTES_MAX: usize = 16 << 10;
 pub const LOCKS_PER_RPC_MAX: usize = 4096;
 
 /// Most handles (read-only, or written nothing through) a client keeps closed but not
-/// yet told to the MDT: their
-/// CLOSE rides ahead of its next MDT request (`CloseAhead`); one more is closed by an
-/// RPC of its own. Also the most one `CloseAhead` frame may name.
+/// yet told to the MDT: their CLOSE rides ahead of its next MDT request
+/// (`CloseAhead`); one more is closed by an RPC of its own. Also the most one
+/// `CloseAhead` frame may name.
 pub const CLOSES_AHEAD_MAX: usize = 64;
 /// Most files an MDT remembers as having had their data mark taken back by a close
 /// ahead in a write not yet synced; past it, one sync settles them all.

@@ -37,6 +37,14 @@ fn create_in_root(s: &Session, name: &str, flags: i32) -> lode_client::FileHandl
     .expect("create")
 }
 
+/// `name`'s size in the root as `s` finds it (glimpsed if need be).
+fn size_in_root(s: &Session, name: &str) -> u64 {
+    let b = s
+        .run(s.client.lookup(&root(), Fid::ROOT, name.as_bytes()))
+        .expect("lookup");
+    s.run(s.client.complete(b)).expect("size").attr.size
+}
+
 /// A file of `bytes` bytes named `name` in the root, written and closed (by RPC).
 fn made(s: &Session, name: &str, bytes: usize) -> Fid {
     let cl = &s.client;
@@ -186,14 +194,7 @@ fn a_client_closes_ahead_only_its_own_handles() {
     a.run(a.client.close(&r)).expect("close ahead");
     a.run(a.client.statfs()).expect("statfs");
     assert_eq!(open_files(&c), 0);
-    let got = b
-        .run(b.client.lookup(&root(), Fid::ROOT, b"f"))
-        .expect("lookup");
-    assert_eq!(
-        b.run(b.client.complete(got)).expect("size").attr.size,
-        11,
-        "the written byte counts"
-    );
+    assert_eq!(size_in_root(&b, "f"), 11, "the written byte counts");
 }
 
 /// `s` makes `name` in the root with `creat` (open for writing) and closes it having
@@ -239,8 +240,7 @@ fn a_created_file_closed_having_written_nothing_rides_ahead_and_needs_no_glimpse
     assert!(b.glimpse, "the other writer's mark stays");
     assert_eq!(s.run(cl.complete(b)).expect("glimpse").attr.size, 3000);
     other.run(other.client.close(&w2)).expect("close by RPC");
-    let b = s.run(cl.lookup(&root(), Fid::ROOT, b"f")).expect("lookup");
-    assert_eq!(s.run(cl.complete(b)).expect("size").attr.size, 3000);
+    assert_eq!(size_in_root(&s, "f"), 3000);
 }
 
 #[test]
@@ -279,10 +279,7 @@ fn a_writer_opening_a_file_whose_mark_a_close_ahead_took_back_waits_for_it_to_co
         .run(other.client.write(&w, 0, b"data"))
         .expect("write");
     other.run(other.client.close(&w)).expect("close");
-    let b = s
-        .run(s.client.lookup(&root(), Fid::ROOT, b"f"))
-        .expect("lookup");
-    assert_eq!(s.run(s.client.complete(b)).expect("size").attr.size, 4);
+    assert_eq!(size_in_root(&s, "f"), 4);
 }
 
 /// Kills the MDS and starts it again: its recovery replays every change (an open

@@ -545,8 +545,9 @@ impl Client {
     }
 
     /// [`Client::close`], the MDT's answer awaited: the close of a handle nothing was
-    /// written through does not ride ahead of a later request, so the file is closed on the MDT when this
-    /// returns (e.g. before another client unlinks it: no orphan is left to clean up).
+    /// written through does not ride ahead of a later request, so the file is closed
+    /// on the MDT when this returns (e.g. before another client unlinks it: no orphan
+    /// is left to clean up).
     pub async fn close_now(&self, fh: &FileHandle) -> Result<(), Errno> {
         if self.opencache.release(fh) {
             return Ok(());

@@ -838,9 +838,9 @@ impl Namespace {
 
     /// Closes a handle outside any request (a client's goodbye, its eviction). Like
     /// a close ahead, it takes no transno and moves no inode's version (it changes no
-    /// inode but an unlinked file's and a size mark, below): no client replays it, so a crash that loses it would leave a gap in
-    /// the transnos, and every later replay would be version-checked against the
-    /// inode it changed (a chmod made after it refused, for one). What the client
+    /// inode but an unlinked file's and a size mark, below): no client replays it, so
+    /// a crash that loses it would leave a gap in the transnos, and every later replay
+    /// would be version-checked against the inode it changed (a chmod made after it refused, for one). What the client
     /// wrote is unknown, so an OST file's size marks stay (its next writer's close
     /// settles them); a DoM-only file's, whose bytes are all here, is cleared (see
     /// `close_inner`).

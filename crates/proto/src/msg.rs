@@ -1175,7 +1175,8 @@ messages! {
     LdlmCancel = 103, Mdt, false: LdlmCancelReq => Empty,
     /// Close handles nothing was written through (lode's): a frame nobody answers,
     /// sent just before another request on the same connection, so such a close
-    /// costs no round trip of its own. Idempotent: a handle that is not open is skipped.
+    /// costs no round trip of its own. Idempotent: a handle that is not open is
+    /// skipped.
     CloseAhead = 110, Mdt, false: CloseAheadReq => Empty,
     /// Move access times after reads through open handles (lode's): a frame nobody
     /// answers, sent ahead of another request as `CloseAhead` is. Only forward: an

@@ -424,8 +424,8 @@ pub struct Import {
     /// The highest `last_committed` the two lists above were pruned to: most replies
     /// repeat it, and then neither list is locked.
     pruned: AtomicU64,
-    /// Handles the caller closed having written nothing, whose CLOSE rides ahead of the next request
-    /// (see [`Import::close_ahead`]).
+    /// Handles the caller closed having written nothing, whose CLOSE rides ahead of
+    /// the next request (see [`Import::close_ahead`]).
     ahead: Mutex<AheadCloses>,
     /// Held by the one caller asking for a commit because the replay list is full:
     /// the others wait for its answer instead of each sending one.
@@ -1588,11 +1588,10 @@ impl Import {
     }
 
     /// Closes `handle`, which nothing was written through, without a round trip of its
-    /// own: its CLOSE
-    /// (`CloseAhead`, answered by nothing) leaves in the same write as the next request
-    /// to the target, or with a PING within [`CLOSE_AHEAD_WAIT_MS`] if none comes. The
-    /// target runs a connection's frames in order, so the reply to that request, come
-    /// back on the same connection, shows the close done; only then is the handle no
+    /// own: its CLOSE (`CloseAhead`, answered by nothing) leaves in the same write as
+    /// the next request to the target, or with a PING within [`CLOSE_AHEAD_WAIT_MS`]
+    /// if none comes. The target runs a connection's frames in order, so the reply to
+    /// that request, come back on the same connection, shows the close done; only then is the handle no
     /// longer opened again in a recovery. A close that may not have arrived (the
     /// connection changed) is sent again: closing a closed handle does nothing. Returns
     /// false (the caller closes it with an RPC) if [`CLOSES_AHEAD_MAX`] wait already.
