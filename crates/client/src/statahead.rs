@@ -17,6 +17,7 @@ use lode_proto::{DirEntry, LookupReq, MdtBody, ReaddirReq, Reply, Request};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use tokio::sync::watch;
 
 /// Directories whose listings are remembered at once (the least recently used goes
 /// first: a parallel walk has one directory per walker in progress).
@@ -92,6 +93,10 @@ struct Dir {
     /// in inode order) fetches each entry once, not a page from every name it misses.
     /// Empty until the first miss in the directory.
     cookies: BTreeMap<u64, bool>,
+    /// Fetches in the background, by the first and last cookies they take: a lookup of
+    /// a name one of them is bringing waits for it, rather than fetch that name alone
+    /// (a caller that outruns the fetch would otherwise send a page per name).
+    in_flight: Vec<(u64, u64, watch::Receiver<()>)>,
     /// When it was last used (a count of uses across all directories).
     used: u64,
 }
@@ -249,10 +254,27 @@ impl Client {
         if max == 0 {
             return None;
         }
-        let (cookie, count, next) = {
+        let key = name_key(name);
+        let coming = {
             let mut dirs = self.statahead.dirs.lock();
             let d = self.statahead.used(&mut dirs, parent)?;
-            let key = name_key(name);
+            let cookie = *d.listed.get(&key)?;
+            d.in_flight
+                .iter()
+                .find(|(first, last, _)| (*first..=*last).contains(&cookie))
+                .map(|(_, _, rx)| rx.clone())
+        };
+        if let Some(mut rx) = coming {
+            // Ends when the fetch is done (its sender dropped), failed or not.
+            let _ = rx.changed().await;
+            if let Some(r) = self.cached_lookup(cred, parent, name) {
+                self.statahead_answered(parent, name);
+                return Some(r);
+            }
+        }
+        let (cookie, count, next, done) = {
+            let mut dirs = self.statahead.dirs.lock();
+            let d = self.statahead.used(&mut dirs, parent)?;
             if d.cookies.is_empty() && d.listed.contains_key(&key) {
                 // Put in order at the first miss: a listing nobody stats (`find -name`)
                 // costs no ordering.
@@ -287,15 +309,25 @@ impl Client {
             for c in &next {
                 d.cookies.insert(*c, true);
             }
-            (cookie, count, next)
+            let done = match (next.first(), next.last()) {
+                (Some(&first), Some(&last)) => {
+                    let (tx, rx) = watch::channel(());
+                    d.in_flight.push((first, last, rx));
+                    Some(tx)
+                }
+                _ => None,
+            };
+            (cookie, count, next, done)
         };
-        if let (Some(&from), Some(me)) = (next.first(), self.me.upgrade()) {
+        if let (Some(&from), Some(me), Some(done)) = (next.first(), self.me.upgrade(), done) {
             let cred = cred.clone();
             self.rt.spawn(async move {
                 let n = next.len();
-                if me.fetch_ahead(&cred, parent, from, n, b"").await.is_none() {
-                    // Not fetched: misses ask for them again.
-                    if let Some(d) = me.statahead.dirs.lock().get_mut(&parent) {
+                let fetched = me.fetch_ahead(&cred, parent, from, n, b"").await;
+                if let Some(d) = me.statahead.dirs.lock().get_mut(&parent) {
+                    d.in_flight.retain(|(first, _, _)| *first != from);
+                    if fetched.is_none() {
+                        // Not fetched: misses ask for them again.
                         for c in next {
                             if let Some(taken) = d.cookies.get_mut(&c) {
                                 *taken = false;
@@ -303,6 +335,8 @@ impl Client {
                         }
                     }
                 }
+                // Wakes the lookups waiting for these names.
+                drop(done);
             });
         }
         self.fetch_ahead(cred, parent, cookie, count, name).await?;
