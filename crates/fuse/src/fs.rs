@@ -347,6 +347,9 @@ struct FlockFile {
     /// When a descriptor of it was last closed by a process that is not one of those
     /// owners: the last one, if a RELEASE follows at once; a forked child's, if not.
     closed: Option<Instant>,
+    /// Its RELEASE came and is dropping its locks: a refused lock call waits for it
+    /// however long the MDT takes (on a loaded machine, longer than [`RELEASE_WAIT`]).
+    releasing: bool,
 }
 
 /// Owners remembered per open file: beyond them a close always counts (see
@@ -359,7 +362,10 @@ const CLOSE_RECENT: Duration = Duration::from_secs(1);
 
 /// How long a refused lock call waits for the RELEASE of a file a `close(2)` may have
 /// ended: one comes within a round trip, unless the closed descriptor was not the last.
-const RELEASE_WAIT: Duration = Duration::from_millis(250);
+const RELEASE_WAIT: Duration = Duration::from_millis(500);
+
+/// The bound on waiting for a RELEASE that came and is dropping its locks on the MDT.
+const RELEASING_WAIT: Duration = Duration::from_secs(60);
 
 /// Entries for the kernel to forget, and what to call once it has.
 type InvalJob = (Vec<Inval>, Box<dyn FnOnce() + Send>);
@@ -1415,8 +1421,11 @@ impl Filesystem for LodeFs {
             .flock_files
             .by_fh
             .lock()
-            .get(&fh.0)
-            .map(|f| f.owners.clone())
+            .get_mut(&fh.0)
+            .map(|f| {
+                f.releasing = true;
+                f.owners.clone()
+            })
             .unwrap_or_default();
         let others = owners
             .into_iter()
@@ -1961,6 +1970,7 @@ impl Filesystem for LodeFs {
                         fid: a.fid,
                         owners: Vec::new(),
                         closed: None,
+                        releasing: false,
                     });
                     if !f.owners.contains(&lock_owner) && f.owners.len() < FLOCK_OWNERS_MAX {
                         f.owners.push(lock_owner);
@@ -2149,8 +2159,9 @@ fn dtype_mode(d: u8) -> u32 {
 
 impl Inner {
     /// Runs the lock call `call` on `fid` from open file `fh`; if it is `refused`, waits
-    /// (at most [`RELEASE_WAIT`]) for the RELEASEs of this mount's other open files of
-    /// `fid` that took locks and had a descriptor closed, and if any RELEASE ended
+    /// for the RELEASEs of this mount's other open files of `fid` that took locks: to
+    /// its end for one that came, at most [`RELEASE_WAIT`] for one that had a
+    /// descriptor closed and may have one to come. If any RELEASE ended
     /// since the call began, runs it again: a lock that `close(2)` ended on this mount
     /// is free to the next call.
     async fn after_closes<T, F>(
@@ -2165,26 +2176,38 @@ impl Inner {
     {
         let went = self.flock_files.went.load(Ordering::Acquire);
         let r = call().await;
-        let closing = || {
-            let by_fh = self.flock_files.by_fh.lock();
-            by_fh.iter().any(|(&k, f)| {
-                k != fh && f.fid == fid && f.closed.is_some_and(|t| t.elapsed() < CLOSE_RECENT)
-            })
-        };
         if !refused(&r) {
             return r;
         }
+        // This mount's other open files of `fid` that may be dropping locks: whether
+        // one's RELEASE came (it is waited for to its end), and whether one only had a
+        // descriptor closed (its RELEASE may follow, or not: waited for a while).
+        let closing = || {
+            let by_fh = self.flock_files.by_fh.lock();
+            let others = || by_fh.iter().filter(|&(&k, f)| k != fh && f.fid == fid);
+            (
+                others().any(|(_, f)| f.releasing),
+                others().any(|(_, f)| f.closed.is_some_and(|t| t.elapsed() < CLOSE_RECENT)),
+            )
+        };
+        let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
         let released = async {
             loop {
                 // Made before the check, so a RELEASE ending in between still wakes it.
                 let gone = self.flock_files.gone.notified();
-                if !closing() {
-                    return;
+                match closing() {
+                    (true, _) => gone.await,
+                    (false, true) => {
+                        if tokio::time::timeout_at(deadline, gone).await.is_err() {
+                            return;
+                        }
+                    }
+                    (false, false) => return,
                 }
-                gone.await;
             }
         };
-        let _ = tokio::time::timeout(RELEASE_WAIT, released).await;
+        // A RELEASE under way ends with the MDT's answer, or the client's timeout.
+        let _ = tokio::time::timeout(RELEASING_WAIT, released).await;
         // Refused by a lock that a RELEASE dropped since the call began (the call may
         // have passed it on the way to the MDT): asked again.
         if self.flock_files.went.load(Ordering::Acquire) == went {
