@@ -1,8 +1,9 @@
 //! Closes of handles nothing was written through (read-only ones, and writers that
-//! wrote nothing) that ride ahead of the next request (`CloseAhead`): no round trip
-//! of their own, yet every handle is closed on the MDT soon after, through an idle
-//! spell, an MDS restart and another client's unlink, and a client can close only its
-//! own handles that way.
+//! wrote nothing), and of the handle that made a file all on the MDT and alone wrote
+//! it, that ride ahead of the next request (`CloseAhead`): no round trip of their
+//! own, yet every handle is closed on the MDT soon after, through an idle spell, an
+//! MDS restart and another client's unlink, and a client can close only its own
+//! handles that way.
 
 mod common;
 
@@ -408,4 +409,182 @@ fn more_closes_than_one_frame_takes_waiting_through_an_mds_restart_are_all_done(
         open_files(&c) == 0
     });
     assert_eq!(mdt_stat(&c, "mds_close_ahead"), 2, "two frames");
+}
+
+/// A layout with its first 64 KiB on the MDT and the rest, to EOF, on one OST stripe.
+fn dom_then_ost_layout() -> lode_base::Layout {
+    let mut l = dom_only_layout();
+    l.components[0].end = 64 << 10;
+    l.components
+        .push(raid0_component(2, 64 << 10, lode_base::layout::EOF, 1));
+    l
+}
+
+/// `name` in the root, made by `s` with [`dom_then_ost_layout`], open read-write with
+/// `bytes` bytes written at 0.
+fn pfl_file_written(s: &Session, name: &str, bytes: usize) -> lode_client::FileHandle {
+    let fh = s
+        .run(s.client.create_open(
+            &root(),
+            Fid::ROOT,
+            name.as_bytes(),
+            0o644,
+            libc::O_RDWR,
+            Some(dom_then_ost_layout()),
+        ))
+        .expect("create");
+    s.run(s.client.write(&fh, 0, &vec![1u8; bytes]))
+        .expect("write");
+    fh
+}
+
+/// `name` in the root as `s` knows it now, from what it holds (no glimpse).
+fn cached_in_root(s: &Session, name: &str) -> lode_proto::MdtBody {
+    s.run(s.client.lookup(&root(), Fid::ROOT, name.as_bytes()))
+        .expect("lookup")
+}
+
+#[test]
+fn the_maker_of_a_file_all_on_the_mdt_closes_ahead_after_writing_it() {
+    let c = cluster(1);
+    let (s, other) = (c.client(), c.client());
+    let cl = &s.client;
+    let (closes, ahead) = (mdt_stat(&c, "mds_close"), mdt_stat(&c, "mds_close_ahead"));
+    let fh = dom_file_written(&s, b"d", &[5u8; 5000]);
+    s.run(cl.write(&fh, 5000, &[6u8; 3000]))
+        .expect("a second write");
+    s.run(cl.close(&fh)).expect("close");
+    let gets = || mdt_stat(&c, "mds_getattr") + mdt_stat(&c, "mds_getattr_name");
+    let before = gets();
+    // The writer knows the size, blocks and times the MDT has, with no glimpse.
+    let mine = cached_in_root(&s, "d");
+    assert!(!mine.glimpse, "the size is known exactly");
+    assert_eq!(mine.attr.size, 8000);
+    assert_eq!(gets(), before, "no GETATTR, no LOOKUP");
+    s.run(cl.statfs())
+        .expect("statfs: the close goes ahead of it");
+    assert_eq!(open_files(&c), 0, "closed on the MDT");
+    assert_eq!(mdt_stat(&c, "mds_close"), closes, "no CLOSE RPC");
+    assert_eq!(mdt_stat(&c, "mds_close_ahead"), ahead + 1);
+    // Another client finds the mark taken back, and the same attributes.
+    let theirs = cached_in_root(&other, "d");
+    assert!(!theirs.glimpse, "the mark taken back");
+    for (a, b) in [
+        (mine.attr.size, theirs.attr.size),
+        (mine.attr.blocks, theirs.attr.blocks),
+    ] {
+        assert_eq!(a, b, "size and blocks");
+    }
+    assert_eq!(mine.attr.mtime, theirs.attr.mtime, "mtime");
+    assert_eq!(mine.attr.ctime, theirs.attr.ctime, "ctime");
+    // Its bytes come with the open (read-on-open needs the mark gone).
+    let r = other
+        .run(other.client.open(&root(), fh.fid, libc::O_RDONLY))
+        .expect("open");
+    let data = other.run(other.client.read(&r, 0, 8192)).expect("read");
+    assert_eq!(data.len(), 8000);
+    assert!(data[..5000].iter().all(|&b| b == 5) && data[5000..].iter().all(|&b| b == 6));
+    other.run(other.client.close(&r)).expect("close");
+}
+
+#[test]
+fn a_maker_that_is_not_the_only_writer_here_or_whose_bytes_reach_an_ost_closes_by_rpc() {
+    let c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    // Another writer opened here meanwhile: the maker's answers are not the whole story.
+    let fh = dom_file_written(&s, b"two", b"first");
+    let w2 = s
+        .run(cl.open(&root(), fh.fid, libc::O_WRONLY))
+        .expect("another writer");
+    s.run(cl.write(&w2, 5, b" second")).expect("write");
+    let closes = mdt_stat(&c, "mds_close");
+    s.run(cl.close(&fh)).expect("close");
+    assert_eq!(
+        mdt_stat(&c, "mds_close"),
+        closes + 1,
+        "the maker closed by RPC"
+    );
+    s.run(cl.close(&w2)).expect("close");
+    assert_eq!(size_in_root(&s, "two"), 12);
+    // A setattr between the writes and the close (here a chmod).
+    let fh = dom_file_written(&s, b"chmod", b"bytes");
+    let sa = lode_base::SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    s.run(cl.setattr(&root(), fh.fid, sa)).expect("chmod");
+    let closes = mdt_stat(&c, "mds_close");
+    s.run(cl.close(&fh)).expect("close");
+    assert_eq!(mdt_stat(&c, "mds_close"), closes + 1, "closed by RPC");
+    // Bytes past the MDT's component: an OST object holds some.
+    let fh = pfl_file_written(&s, "pfl", 100 << 10);
+    let closes = mdt_stat(&c, "mds_close");
+    s.run(cl.close(&fh)).expect("close");
+    assert_eq!(
+        mdt_stat(&c, "mds_close"),
+        closes + 1,
+        "closed by RPC, with its size"
+    );
+    assert_eq!(size_in_root(&c.client(), "pfl"), 100 << 10);
+    // Small, on the MDT alone, through the same layout: ahead.
+    let fh = pfl_file_written(&s, "small", 4096);
+    let closes = mdt_stat(&c, "mds_close");
+    s.run(cl.close(&fh)).expect("close");
+    s.run(cl.statfs()).expect("statfs");
+    assert_eq!(mdt_stat(&c, "mds_close"), closes, "closed ahead");
+    let b = cached_in_root(&c.client(), "small");
+    assert!(!b.glimpse, "the mark taken back");
+    assert_eq!(b.attr.size, 4096);
+}
+
+#[test]
+fn a_close_ahead_of_a_writer_whose_bytes_reached_an_ost_keeps_the_mark() {
+    let c = cluster(1);
+    let (s, other) = (c.client(), c.client());
+    let cl = &s.client;
+    let fh = pfl_file_written(&s, "pfl", 100 << 10);
+    // A client that says nothing of its size, closing ahead what wrote on an OST: the
+    // MDT, which saw bytes written here while objects exist, keeps the mark.
+    s.run(cl.mdc().call(Request::CloseAhead(CloseAheadReq {
+        handles: vec![fh.handle],
+    })))
+    .expect("answered");
+    assert_eq!(open_files(&c), 0, "closed");
+    let b = cached_in_root(&other, "pfl");
+    assert!(b.glimpse, "the mark stays: the OST has the size");
+    assert_eq!(
+        other
+            .run(other.client.complete(b))
+            .expect("glimpse")
+            .attr
+            .size,
+        100 << 10
+    );
+}
+
+#[test]
+fn an_uncommitted_file_all_on_the_mdt_written_and_closed_ahead_is_replayed_whole() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    hold_commits(&c, 1);
+    let fh = dom_file_written(&s, b"d", &[9u8; 3000]);
+    s.run(cl.close(&fh)).expect("close ahead");
+    s.run(cl.statfs())
+        .expect("statfs: the close goes ahead of it");
+    assert_eq!(open_files(&c), 0);
+    crash_and_recover_with_no_gap(&mut c);
+    let other = c.client();
+    let b = cached_in_root(&other, "d");
+    assert_eq!(b.attr.fid, fh.fid, "the create was replayed");
+    assert_eq!(b.attr.size, 3000, "and its write");
+    assert!(!b.glimpse, "and its mark taken back again");
+    let r = other
+        .run(other.client.open(&root(), fh.fid, libc::O_RDONLY))
+        .expect("open");
+    assert_eq!(
+        other.run(other.client.read(&r, 0, 4096)),
+        Ok(vec![9u8; 3000])
+    );
 }

@@ -385,6 +385,22 @@ pub fn dom_only_layout() -> Layout {
     }
 }
 
+/// A RAID0 component `id` over `[start, end)`, `stripes` OSTs chosen by the MDT,
+/// 64 KiB stripes.
+pub fn raid0_component(id: u32, start: u64, end: u64, stripes: i32) -> Component {
+    Component {
+        id,
+        start,
+        end,
+        pattern: Pattern::Raid0 {
+            stripe_size: 64 << 10,
+            stripe_count: stripes,
+            stripe_offset: -1,
+            osts: Vec::new(),
+        },
+    }
+}
+
 /// `name` in the root, made by `s` as root with [`dom_only_layout`], open read-write
 /// with `bytes` written at 0.
 pub fn dom_file_written(s: &Session, name: &[u8], bytes: &[u8]) -> lode_client::FileHandle {

@@ -747,14 +747,12 @@ fn a_small_dom_file_is_read_with_its_open() {
         &["setstripe", "-E", "1M", "-L", "mdt", "-E", "-1", &s(&d)],
     );
     let body = |i: usize| -> Vec<u8> { (0..4096).map(|k| (i * 31 + k) as u8).collect() };
-    let closes = mdt_stat(&c, "mds_close");
     for i in 0..100 {
         std::fs::write(d.join(format!("f{i}")), body(i)).unwrap();
     }
-    // Every writer's close has reached the MDT (they go in the background).
-    wait_for("the closes", Duration::from_secs(10), || {
-        mdt_stat(&c, "mds_close") >= closes + 100
-    });
+    // Every writer's close has reached the MDT (they go in the background, and
+    // ahead of the next request).
+    all_closed(&c);
     let (reads, opens, ost) = (
         mdt_stat(&c, "dom_read"),
         mdt_stat(&c, "mds_reint_open"),
@@ -780,6 +778,14 @@ fn a_small_dom_file_is_read_with_its_open() {
     std::fs::write(d.join("g"), b"part of a page").unwrap();
     assert_eq!(std::fs::read(d.join("g")).unwrap(), b"part of a page");
     assert!(mdt_stat(&c, "dom_read") > reads);
+}
+
+/// Waits until the MDT holds no file open: every close, by RPC or ahead of a
+/// request, has reached it.
+fn all_closed(c: &Cluster) {
+    wait_for("the closes", Duration::from_secs(10), || {
+        c.get_param("mdt.*.open_files").trim() == "0"
+    });
 }
 
 /// `ost_getattr` (glimpses) summed over the OSTs.
@@ -934,11 +940,8 @@ fn a_dom_files_pages_are_kept_across_opens_until_its_bytes_change() {
         || {
             n += 1;
             let f = d.join(format!("f{n}"));
-            let closes = mdt_stat(&c, "mds_close");
             std::fs::write(&f, body(1)).unwrap();
-            wait_for("the close", Duration::from_secs(10), || {
-                mdt_stat(&c, "mds_close") > closes
-            });
+            all_closed(&c);
             std::thread::sleep(Duration::from_millis(50));
             let reads = mdt_stat(&c, "dom_read");
             assert_eq!(std::fs::read(&f).unwrap(), body(1), "f{n}");

@@ -139,11 +139,14 @@ fn objects(fid: Fid, layout: &Layout) -> Vec<(usize, u32, u32, ObjId)> {
     out
 }
 
-/// A file this client made, as its writes left its OST objects: for the close of the
-/// handle that made it, whose size, blocks and mtime are then known without a glimpse
-/// (Lustre's client sends them from what its locks cover). Only that handle's close
-/// uses it, and the MDT keeps what it says only if that handle was the file's only
-/// writer since its open (anyone else's writes, or a truncate, make it ignore it).
+/// A file this client made, as its writes left its OST objects or its Data-on-MDT
+/// bytes: for the close of the handle that made it, whose size, blocks and mtime are
+/// then known without a glimpse (Lustre's client sends them from what its locks
+/// cover). Only that handle's close uses it. For OST objects, the MDT keeps what the
+/// close says only if that handle was the file's only writer since its open (anyone
+/// else's writes, or a truncate, make it ignore it). For a file all on the MDT, the
+/// close rides ahead with nothing to say (see `Client::close_ahead`). Another writer
+/// here, a setattr, a fallocate or a failed write ends it.
 pub(crate) struct Known {
     /// The MDT's open handle that made the file.
     handle: u64,
@@ -152,6 +155,23 @@ pub(crate) struct Known {
     /// Each object written, as the last answer said: sizes and blocks only grow
     /// without a truncate (which ends this), so the largest seen is the latest.
     objs: HashMap<ObjId, ObjAttr>,
+    /// The MDT's size, blocks and mtime as the DOM_WRITE answers left them, the
+    /// largest of each (they only grow without a truncate or a setattr, which end
+    /// this); `None` before the first answer.
+    dom: Option<lode_proto::CloseAttrs>,
+    /// The data token of the latest of those answers (by mtime; a wrong pick only
+    /// costs a cache miss, as the MDT checks it).
+    dom_token: u64,
+    /// DOM_WRITEs sent and not answered yet: while any is out, `dom` may miss it.
+    dom_out: u32,
+}
+
+/// What a DOM_WRITE's answer says it left of the file (`None`: it failed).
+fn dom_written(rep: &Result<Reply, Errno>) -> Option<&lode_proto::DomWriteRep> {
+    match rep {
+        Ok(Reply::DomWrite(r)) => Some(r),
+        _ => None,
+    }
 }
 
 fn raid0_geometry(layout: &Layout, ci: usize) -> Option<(u64, u64, u32, &[u32])> {
@@ -242,6 +262,11 @@ impl Client {
         first_page: Option<lode_proto::FirstPage>,
     ) -> Result<(FileHandle, Option<lode_proto::ReaddirRep>), Errno> {
         let plain = keep && lode_base::perm::plain_read(flags);
+        if lode_base::perm::wants_write(flags) {
+            // Another writer of a file a handle here made: that handle's close cannot
+            // vouch for the size alone any more.
+            self.forget_made(fid);
+        }
         if plain && !self.opencache.is_empty() {
             self.close_expired();
             if let Some(fh) = self.reuse_open(cred, fid, flags, cached) {
@@ -463,18 +488,24 @@ impl Client {
             accessed: Arc::default(),
         };
         match &rep.body.layout {
-            // Made here, with every byte on OST objects: this client sees every write
-            // its handles make (anyone else's makes the MDT ignore the close's size).
-            Some(l) if rep.body.attr.fid == fid && l.dom_end() == 0 && fh.writable() => {
+            // Made here: this client sees every write its handles make (anyone else's
+            // makes the MDT ignore the close's size, or calls back the attributes
+            // lock a close ahead relies on).
+            Some(l) if rep.body.attr.fid == fid && fh.writable() => {
                 self.known.lock().insert(
                     fid,
                     Known {
                         handle: fh.handle,
                         gen: l.gen,
                         objs: HashMap::new(),
+                        dom: None,
+                        dom_token: 0,
+                        dom_out: 0,
                     },
                 );
             }
+            // An existing file opened for writing: another writer here.
+            _ if fh.writable() => self.forget_made(fh.fid),
             _ => {}
         }
         Ok(fh)
@@ -536,10 +567,13 @@ impl Client {
 
     /// [`Client::close`], returning the close's `data_token` (0: none): set when this
     /// was the last writer of a Data-on-MDT file and nobody else wrote or truncated it
-    /// since its open.
+    /// since its open (for a close ahead, the one its last DOM_WRITE's answer gave).
     pub async fn close_token(&self, fh: &FileHandle) -> Result<u64, Errno> {
-        if self.opencache.release(fh) || self.close_ahead(fh) {
+        if self.opencache.release(fh) {
             return Ok(0);
+        }
+        if let Some(token) = self.close_ahead(fh) {
+            return Ok(token);
         }
         self.close_on_mdt(fh).await
     }
@@ -555,27 +589,43 @@ impl Client {
         self.close_on_mdt(fh).await.map(|_| ())
     }
 
-    /// Closes a handle nothing was written through with no round trip of its own: its
-    /// close leaves ahead of the next MDT request (see `Import::close_ahead`). Such a
-    /// close changes nothing this client must learn. A read-only handle's answer is
-    /// about writers' sizes; a writer that wrote nothing (a `creat` and its `close`,
-    /// mdtest's create phase, `touch`) at most lets the MDT take back the "data on
-    /// OSTs" mark its open set, and this client, which knows the size from the open,
-    /// need not hear that. False for a handle written through or truncated with, which
-    /// the caller closes by RPC with the size it knows.
-    fn close_ahead(&self, fh: &FileHandle) -> bool {
-        if fh.wrote.load(Ordering::Acquire)
-            || fh.truncated.load(Ordering::Acquire)
+    /// Closes a handle with no round trip of its own: its close leaves ahead of the
+    /// next MDT request (see `Import::close_ahead`). Such a close changes nothing this
+    /// client must learn. A read-only handle's answer is about writers' sizes; a
+    /// writer that wrote nothing (a `creat` and its `close`, mdtest's create phase,
+    /// `touch`) at most lets the MDT take back the "data on OSTs" mark its open set,
+    /// and this client, which knows the size from the open, need not hear that. So
+    /// does the handle that made a file all on the MDT and was its only writer (a
+    /// small file's create, write and close: Lustre's Data-on-MDT fast path): the
+    /// answers to its DOM_WRITEs said the size, blocks and mtime they left, and its
+    /// attributes lock, granted while no other client wrote the file and called back
+    /// by any open for writing since, says nobody else changed them (see
+    /// `Client::dom_closed_exact`), and the data token that names its bytes then
+    /// (see `Client::close_token`). `None` for any other handle written through or
+    /// truncated with, which the caller closes by RPC with the size it knows; else
+    /// the close's data token (0: none).
+    fn close_ahead(&self, fh: &FileHandle) -> Option<u64> {
+        if fh.truncated.load(Ordering::Acquire)
             || fh.own_lock.load(Ordering::Acquire)
             || self.check_live(fh).is_err()
-            || !self.mdc.close_ahead(fh.handle)
         {
-            return false;
+            return None;
+        }
+        let mut token = 0;
+        if fh.wrote.load(Ordering::Acquire) {
+            let (a, t) = self.dom_known_at_close(fh)?;
+            if !self.dom_closed_exact(fh.fid, &a) {
+                return None;
+            }
+            token = t;
+        }
+        if !self.mdc.close_ahead(fh.handle) {
+            return None;
         }
         // The MDT gives back the layout lock granted with the open when it closes it.
         self.forget_layout_lock(fh.layout_lock.swap(0, Ordering::AcqRel));
         self.forget_known(fh);
-        true
+        Some(token)
     }
 
     /// Closes `fh` on the MDT.
@@ -627,6 +677,71 @@ impl Client {
             return Ok(r.data_token);
         }
         Ok(0)
+    }
+
+    /// What the DOM_WRITEs through `fh` left of the file it made, if every byte of it
+    /// is on the MDT, the handle wrote nothing anywhere else and nothing else changed
+    /// the file here (see [`Known`]); `None` otherwise.
+    /// With them, the data token they name the bytes by.
+    fn dom_known_at_close(&self, fh: &FileHandle) -> Option<(lode_proto::CloseAttrs, u64)> {
+        let layout = fh.layout()?;
+        if layout.dom_end() == 0 || layout.has_objects() {
+            return None;
+        }
+        let known = self.known.lock();
+        let k = known.get(&fh.fid)?;
+        if k.handle != fh.handle || k.gen != layout.gen || k.dom_out != 0 {
+            return None;
+        }
+        Some((k.dom?, k.dom_token))
+    }
+
+    /// A DOM_WRITE through `fh` is about to leave (see [`Known::dom_out`]).
+    fn dom_write_out(&self, fh: &FileHandle) {
+        if let Some(k) = self.known.lock().get_mut(&fh.fid) {
+            if k.handle == fh.handle {
+                k.dom_out += 1;
+            }
+        }
+    }
+
+    /// A DOM_WRITE through `fh` was answered (`None`: it failed, or its answer is not
+    /// known): kept for the close of the handle that made the file, or the file
+    /// forgotten.
+    fn dom_write_answered(&self, fh: &FileHandle, rep: Option<&lode_proto::DomWriteRep>) {
+        let mut known = self.known.lock();
+        let Some(k) = known.get_mut(&fh.fid) else {
+            return;
+        };
+        if k.handle != fh.handle {
+            return;
+        }
+        k.dom_out = k.dom_out.saturating_sub(1);
+        let Some(r) = rep else {
+            known.remove(&fh.fid);
+            return;
+        };
+        let a = r.attrs;
+        match &mut k.dom {
+            Some(d) => {
+                if a.mtime >= d.mtime {
+                    k.dom_token = r.data_token;
+                }
+                d.size = d.size.max(a.size);
+                d.blocks = d.blocks.max(a.blocks);
+                d.mtime = d.mtime.max(a.mtime);
+            }
+            d @ None => {
+                *d = Some(a);
+                k.dom_token = r.data_token;
+            }
+        }
+    }
+
+    /// `fid` changed here other than by its maker's writes (another writer, a
+    /// setattr, a fallocate): what those writes said is no longer the whole story.
+    pub(crate) fn forget_made(&self, fid: Fid) {
+        self.known.lock().remove(&fid);
     }
 
     /// What the writes through `fh` left known of the file it made (see [`Known`]),
@@ -850,7 +965,10 @@ impl Client {
             data: data.to_vec(),
             append: true,
         });
-        match self.md(req).await {
+        self.dom_write_out(fh);
+        let rep = self.md(req).await;
+        self.dom_write_answered(fh, dom_written(&rep));
+        match rep {
             Ok(_) => Ok(Some(data.len())),
             Err(Errno::ERANGE) => Ok(None),
             Err(e) => Err(e),
@@ -880,16 +998,20 @@ impl Client {
                 let data = data[p.buf_off..p.buf_off + p.len].to_vec();
                 reqs.push(async move {
                     match dest {
-                        Dest::Mdt => self
-                            .md(Request::DomWrite(DomWriteReq {
-                                fid: fh.fid,
-                                handle: fh.handle,
-                                offset: p.obj_off,
-                                data,
-                                append: false,
-                            }))
-                            .await
-                            .map(|_| ()),
+                        Dest::Mdt => {
+                            self.dom_write_out(fh);
+                            let rep = self
+                                .md(Request::DomWrite(DomWriteReq {
+                                    fid: fh.fid,
+                                    handle: fh.handle,
+                                    offset: p.obj_off,
+                                    data,
+                                    append: false,
+                                }))
+                                .await;
+                            self.dom_write_answered(fh, dom_written(&rep));
+                            rep.map(|_| ())
+                        }
                         Dest::Ost(ost, obj) => {
                             self.ost_write(ost, obj, p.obj_off, data, false).await
                         }
@@ -1609,6 +1731,7 @@ impl Client {
         if sa.size.is_some() {
             self.data_epoch.fetch_add(1, Ordering::AcqRel);
         }
+        self.forget_made(fid);
         let body = match self
             .md(Request::Setattr(SetattrReq {
                 cred: cred.clone(),

@@ -753,6 +753,31 @@ impl Client {
         }
     }
 
+    /// The handle that made `fid`, a file all on the MDT, closes ahead as its only
+    /// writer (see `Client::close_ahead`): `a` (what its DOM_WRITEs' answers left) is
+    /// the file's size, blocks and mtime on the MDT now, for the copy kept under an
+    /// attributes lock granted while no other client wrote the file. Any open for
+    /// writing elsewhere since would have called that lock back; this client's own
+    /// other writers, setattrs and fallocates ended what `a` came from. The copy
+    /// needs no glimpse from now on. False, changing nothing, without such a copy.
+    pub(crate) fn dom_closed_exact(&self, fid: Fid, a: &lode_proto::CloseAttrs) -> bool {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut c = self.locks.cache.lock();
+        match c.attrs.get_mut(&fid) {
+            Some((b, _)) if !b.written && b.attr.fid == fid => {
+                b.glimpse = false;
+                b.attr.size = a.size;
+                b.attr.blocks = a.blocks;
+                b.attr.mtime = a.mtime;
+                b.attr.ctime = b.attr.ctime.max(a.mtime);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// This client wrote `fid`'s data: a cached copy that took its size as exact (the
     /// creator's) glimpses from now on.
     pub(crate) fn data_written(&self, fid: Fid) {

@@ -91,21 +91,29 @@ impl Namespace {
     }
 
     /// The open handle `handle` of this client on `fid`, opened for writing (a replay
-    /// is not asked: its open may be replayed after it).
+    /// is not asked: its open may be replayed after it), which from now on has
+    /// written bytes here (see `OpenHandle::dom_wrote`).
     fn check_write_handle(&self, ctx: &Ctx, slot: u32, fid: Fid, handle: u64) -> OpResult<()> {
-        if ctx.replay {
-            return Ok(());
-        }
-        let o = self.opens.lock();
-        match o.handles.get(&handle) {
-            Some(h) if h.fid == fid && h.slot == slot && h.write => Ok(()),
+        let mut o = self.opens.lock();
+        match o.handles.get_mut(&handle) {
+            Some(h) if h.fid == fid && h.slot == slot && h.write => {
+                h.dom_wrote = true;
+                Ok(())
+            }
+            _ if ctx.replay => Ok(()),
             _ => Err(Errno::EBADF.into()),
         }
     }
 
     /// DOM_WRITE: `data` at `offset` (an append: at the file's end), all within the
-    /// file's DoM component. Returns where the bytes went, and the transno.
-    pub(crate) fn dom_write(&self, ctx: &Ctx, slot: u32, r: &DomWriteReq) -> OpResult<(u64, u64)> {
+    /// file's DoM component. Returns the reply (where the bytes went, the attributes
+    /// they left), and the transno.
+    pub(crate) fn dom_write(
+        &self,
+        ctx: &Ctx,
+        slot: u32,
+        r: &DomWriteReq,
+    ) -> OpResult<(DomWriteRep, u64)> {
         if r.data.len() > BULK_MAX {
             return Err(Errno::EINVAL.into());
         }
@@ -142,8 +150,19 @@ impl Namespace {
         rec.ctime = now;
         rec.flags |= INODE_DATA;
         put_inode(&mut b, r.fid, &rec);
-        let t = self.commit(ctx, b, &Reply::DomWrite(DomWriteRep { offset }))?;
-        Ok((offset, t))
+        let rep = DomWriteRep {
+            offset,
+            attrs: lode_proto::CloseAttrs {
+                size: rec.size,
+                blocks: rec.blocks,
+                mtime: now,
+            },
+            // The record's as `put_inode` stores it (one version on), once unmarked:
+            // a regular file with a DoM component, which the checks above made sure.
+            data_token: self.data_salt.wrapping_add(rec.version.wrapping_add(1)),
+        };
+        let t = self.commit(ctx, b, &Reply::DomWrite(rep.clone()))?;
+        Ok((rep, t))
     }
 
     /// Adds to `b` the chunks `data` at `offset` rewrites (partial chunks read,

@@ -85,6 +85,9 @@ pub(crate) struct OpenHandle {
     events: u64,
     /// The PR LAYOUT lock granted with the open (0: none), released at close.
     layout_lock: u64,
+    /// Data-on-MDT bytes were written through it: closed ahead (no size with the
+    /// close), it takes the data mark back only while every byte is on this MDT.
+    dom_wrote: bool,
 }
 
 #[derive(Default)]

@@ -600,6 +600,7 @@ impl Namespace {
                 alone,
                 events,
                 layout_lock: 0,
+                dom_wrote: false,
             },
         );
         *o.per_slot.entry(slot).or_insert(0) += 1;
@@ -1044,9 +1045,16 @@ impl Namespace {
             if migrating {
                 o.migrations.remove(&fid);
             }
-            (last, last_writer, marked && !wrote, sole, migrating)
+            (
+                last,
+                last_writer,
+                marked && !wrote,
+                sole,
+                migrating,
+                h.dom_wrote,
+            )
         };
-        let (last, last_writer, unmark, sole, migrating) = last;
+        let (last, last_writer, unmark, sole, migrating, dom_wrote) = last;
         let lazy = attrs.filter(|_| sole);
         let mut b = Batch::new();
         if migrating {
@@ -1061,11 +1069,19 @@ impl Namespace {
                 if last && rec.nlink == 0 {
                     b.delete(Cf::Orphan, fid.to_bytes().to_vec());
                     self.drop_inode(&mut b, fid, &rec)?;
-                } else if untracked && unmark && rec.flags & INODE_DATA != 0 {
-                    // Closed ahead by the writer that set the mark, having written
-                    // nothing, with no other writer or truncate since: the file holds
-                    // what it held at that open, so the mark goes, at the same version
-                    // (nothing a version names changed). Not synced here: a crash that
+                } else if untracked
+                    && unmark
+                    && rec.flags & INODE_DATA != 0
+                    && (!dom_wrote || all_here(&rec))
+                {
+                    // Closed ahead by the writer that set the mark, with no other
+                    // writer or truncate since, having written nothing or only bytes
+                    // on this MDT (each of its DOM_WRITEs moved the version and left
+                    // the size exact here; no OST object holds anything): the mark
+                    // goes, at the same version (no byte changed since the last
+                    // version, and no data token named it while marked). A handle that
+                    // wrote here while objects exist keeps the mark: OST bytes may
+                    // have moved on without this MDT. Not synced here: a crash that
                     // loses it leaves the mark, which costs a glimpse, never a wrong
                     // size. The one change that depends on its being gone, a writer's
                     // open setting the mark again (and moving the version, which a

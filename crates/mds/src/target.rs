@@ -1012,8 +1012,8 @@ impl Mdt {
                 0,
             ),
             MdtRequest::DomWrite(r) => {
-                let (offset, t) = self.ns.dom_write(&ctx, exp.slot, &r)?;
-                (Reply::DomWrite(lode_proto::DomWriteRep { offset }), t)
+                let (rep, t) = self.ns.dom_write(&ctx, exp.slot, &r)?;
+                (Reply::DomWrite(rep), t)
             }
             MdtRequest::LayoutIntent(r) => {
                 let (b, t) = self.ns.layout_intent(&ctx, exp.slot, &r)?;

@@ -692,6 +692,14 @@ pub struct DomWriteReq {
 pub struct DomWriteRep {
     /// Where the bytes went (an append's end of file; else the request's offset).
     pub offset: u64,
+    /// The file's size, blocks and mtime (which is also its ctime) as this write left
+    /// them on the MDT: the writer that made a Data-on-MDT-only file knows its
+    /// attributes at close from these, with no round trip (see `Client::close_ahead`).
+    pub attrs: CloseAttrs,
+    /// The data token the file's bytes will have once its writer's close takes the
+    /// data mark back, if nothing changes them before (see `CloseRep::data_token`;
+    /// the MDT checks it at the next open, so a stale one only costs a cache miss).
+    pub data_token: u64,
 }
 
 /// One step of an online layout migration (`lode migrate`, Lustre's `lfs migrate`
