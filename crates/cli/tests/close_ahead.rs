@@ -453,6 +453,8 @@ fn the_maker_of_a_file_all_on_the_mdt_closes_ahead_after_writing_it() {
     let fh = dom_file_written(&s, b"d", &[5u8; 5000]);
     s.run(cl.write(&fh, 5000, &[6u8; 3000]))
         .expect("a second write");
+    // A whole chunk written again is charged once.
+    s.run(cl.write(&fh, 0, &[5u8; 4096])).expect("a rewrite");
     s.run(cl.close(&fh)).expect("close");
     let gets = || mdt_stat(&c, "mds_getattr") + mdt_stat(&c, "mds_getattr_name");
     let before = gets();
@@ -460,6 +462,7 @@ fn the_maker_of_a_file_all_on_the_mdt_closes_ahead_after_writing_it() {
     let mine = cached_in_root(&s, "d");
     assert!(!mine.glimpse, "the size is known exactly");
     assert_eq!(mine.attr.size, 8000);
+    assert_eq!(mine.attr.blocks, 16, "two 4 KiB chunks");
     assert_eq!(gets(), before, "no GETATTR, no LOOKUP");
     s.run(cl.statfs())
         .expect("statfs: the close goes ahead of it");
@@ -587,4 +590,28 @@ fn an_uncommitted_file_all_on_the_mdt_written_and_closed_ahead_is_replayed_whole
         other.run(other.client.read(&r, 0, 4096)),
         Ok(vec![9u8; 3000])
     );
+}
+
+#[test]
+fn a_maker_whose_file_another_client_changed_learns_the_size_from_the_mdt() {
+    let c = cluster(1);
+    let (s, other) = (c.client(), c.client());
+    let cl = &s.client;
+    let fh = dom_file_written(&s, b"d", &[5u8; 8000]);
+    // Another client truncates it by path (no open): the maker's lock is called back.
+    let f = cached_in_root(&other, "d").attr.fid;
+    let sa = lode_base::SetAttr {
+        size: Some(10),
+        ..Default::default()
+    };
+    other
+        .run(other.client.setattr(&root(), f, sa))
+        .expect("truncate");
+    // The maker looks again (a new lock), then closes: what its writes said is not
+    // the size any more.
+    assert_eq!(size_in_root(&s, "d"), 10);
+    s.run(cl.close(&fh)).expect("close");
+    s.run(cl.statfs()).expect("statfs");
+    assert_eq!(size_in_root(&s, "d"), 10, "the truncate counts");
+    assert_eq!(cached_in_root(&s, "d").attr.size, 10);
 }

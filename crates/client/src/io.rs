@@ -164,6 +164,9 @@ pub(crate) struct Known {
     dom_token: u64,
     /// DOM_WRITEs sent and not answered yet: while any is out, `dom` may miss it.
     dom_out: u32,
+    /// The attributes lock the create granted (0: none): while the copy kept is
+    /// under it, no other client changed the file (a callback would have ended it).
+    lock: u64,
 }
 
 /// What a DOM_WRITE's answer says it left of the file (`None`: it failed).
@@ -501,6 +504,7 @@ impl Client {
                         dom: None,
                         dom_token: 0,
                         dom_out: 0,
+                        lock: rep.body.lock,
                     },
                 );
             }
@@ -611,17 +615,20 @@ impl Client {
         {
             return None;
         }
-        let mut token = 0;
-        if fh.wrote.load(Ordering::Acquire) {
-            let (a, t) = self.dom_known_at_close(fh)?;
-            if !self.dom_closed_exact(fh.fid, &a) {
-                return None;
-            }
-            token = t;
-        }
+        let written = if fh.wrote.load(Ordering::Acquire) {
+            Some(self.dom_known_at_close(fh)?)
+        } else {
+            None
+        };
         if !self.mdc.close_ahead(fh.handle) {
             return None;
         }
+        // Closed whatever follows: a copy no longer under the create's lock keeps
+        // asking the MDT, which is right, only slower.
+        let token = match written {
+            Some((a, t, lock)) if self.dom_closed_exact(fh.fid, lock, &a) => t,
+            _ => 0,
+        };
         // The MDT gives back the layout lock granted with the open when it closes it.
         self.forget_layout_lock(fh.layout_lock.swap(0, Ordering::AcqRel));
         self.forget_known(fh);
@@ -682,18 +689,19 @@ impl Client {
     /// What the DOM_WRITEs through `fh` left of the file it made, if every byte of it
     /// is on the MDT, the handle wrote nothing anywhere else and nothing else changed
     /// the file here (see [`Known`]); `None` otherwise.
-    /// With them, the data token they name the bytes by.
-    fn dom_known_at_close(&self, fh: &FileHandle) -> Option<(lode_proto::CloseAttrs, u64)> {
+    /// With them, the data token they name the bytes by, and the attributes lock
+    /// the create granted.
+    fn dom_known_at_close(&self, fh: &FileHandle) -> Option<(lode_proto::CloseAttrs, u64, u64)> {
         let layout = fh.layout()?;
         if layout.dom_end() == 0 || layout.has_objects() {
             return None;
         }
         let known = self.known.lock();
         let k = known.get(&fh.fid)?;
-        if k.handle != fh.handle || k.gen != layout.gen || k.dom_out != 0 {
+        if k.handle != fh.handle || k.gen != layout.gen || k.dom_out != 0 || k.lock == 0 {
             return None;
         }
-        Some((k.dom?, k.dom_token))
+        Some((k.dom?, k.dom_token, k.lock))
     }
 
     /// A DOM_WRITE through `fh` is about to leave (see [`Known::dom_out`]).

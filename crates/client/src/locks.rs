@@ -755,18 +755,24 @@ impl Client {
 
     /// The handle that made `fid`, a file all on the MDT, closes ahead as its only
     /// writer (see `Client::close_ahead`): `a` (what its DOM_WRITEs' answers left) is
-    /// the file's size, blocks and mtime on the MDT now, for the copy kept under an
-    /// attributes lock granted while no other client wrote the file. Any open for
-    /// writing elsewhere since would have called that lock back; this client's own
+    /// the file's size, blocks and mtime on the MDT now, for the copy kept under
+    /// `lock`, the attributes lock its create was granted (while nobody else could
+    /// write the file). Any change by another client since (an open for writing, a
+    /// setattr, a layout change) would have called that lock back; this client's own
     /// other writers, setattrs and fallocates ended what `a` came from. The copy
     /// needs no glimpse from now on. False, changing nothing, without such a copy.
-    pub(crate) fn dom_closed_exact(&self, fid: Fid, a: &lode_proto::CloseAttrs) -> bool {
+    pub(crate) fn dom_closed_exact(&self, fid: Fid, lock: u64, a: &lode_proto::CloseAttrs) -> bool {
         if !self.locks.up.load(Ordering::Acquire) {
             return false;
         }
         let mut c = self.locks.cache.lock();
         match c.attrs.get_mut(&fid) {
-            Some((b, _)) if !b.written && b.attr.fid == fid => {
+            Some((b, h))
+                if *h == lock
+                    && !b.written
+                    && b.attr.fid == fid
+                    && b.layout.as_ref().is_some_and(|l| !l.has_objects()) =>
+            {
                 b.glimpse = false;
                 b.attr.size = a.size;
                 b.attr.blocks = a.blocks;

@@ -143,7 +143,7 @@ impl Namespace {
             return Err(Errno::ENODATA.into());
         }
         let mut b = Batch::new();
-        self.put_dom_bytes(&mut b, r.fid, offset, &r.data, &mut rec.blocks)?;
+        self.put_dom_bytes(&mut b, r.fid, (offset, &r.data), rec.size, &mut rec.blocks)?;
         let now = now_ns();
         rec.size = rec.size.max(end);
         rec.mtime = now;
@@ -166,13 +166,16 @@ impl Namespace {
     }
 
     /// Adds to `b` the chunks `data` at `offset` rewrites (partial chunks read,
-    /// patched and written whole), keeping `blocks` (the inode's) in step.
+    /// patched and written whole), keeping `blocks` (the inode's) in step. No chunk
+    /// starts at or past `old_end` (the file's size: a truncate deletes those), so a
+    /// whole one written there is not looked up; one below it is, for what it was
+    /// charged.
     pub(crate) fn put_dom_bytes(
         &self,
         b: &mut Batch,
         fid: Fid,
-        offset: u64,
-        data: &[u8],
+        (offset, data): (u64, &[u8]),
+        old_end: u64,
         blocks: &mut u64,
     ) -> OpResult<()> {
         let end = offset + data.len() as u64;
@@ -182,12 +185,18 @@ impl Namespace {
             let within = (pos % DOM_CHUNK) as usize;
             let take = ((DOM_CHUNK as usize) - within).min((end - pos) as usize);
             let src = &data[(pos - offset) as usize..][..take];
-            let mut chunk = if within == 0 && take == DOM_CHUNK as usize {
-                Vec::new()
+            let (mut chunk, before) = if within == 0 && take == DOM_CHUNK as usize {
+                let old = if pos < old_end {
+                    self.dom_chunk(fid, n)?.len()
+                } else {
+                    0
+                };
+                (Vec::new(), chunk_blocks(old))
             } else {
-                self.dom_chunk(fid, n)?
+                let c = self.dom_chunk(fid, n)?;
+                let before = chunk_blocks(c.len());
+                (c, before)
             };
-            let before = chunk_blocks(chunk.len());
             if chunk.len() < within + take {
                 chunk.resize(within + take, 0);
             }

@@ -196,9 +196,10 @@ impl Namespace {
             return Err(Errno::EINVAL.into());
         }
         let mut b = Batch::new();
-        // Blocks are counted at the swap, from the records then.
+        // Blocks are counted at the swap, from the records then: whole chunks are
+        // not looked up.
         let mut blocks = 0;
-        self.put_dom_bytes(&mut b, r.fid, offset, data, &mut blocks)?;
+        self.put_dom_bytes(&mut b, r.fid, (offset, data), 0, &mut blocks)?;
         let rep = MigrateRep::default();
         let t = self.commit(ctx, b, &Reply::Migrate(rep.clone()))?;
         Ok((rep, t))
