@@ -566,30 +566,40 @@ fn a_close_ahead_of_a_writer_whose_bytes_reached_an_ost_keeps_the_mark() {
     );
 }
 
-#[test]
-fn an_uncommitted_file_all_on_the_mdt_written_and_closed_ahead_is_replayed_whole() {
-    let mut c = cluster(1);
-    let s = c.client();
-    let cl = &s.client;
-    hold_commits(&c, 1);
-    let fh = dom_file_written(&s, b"d", &[9u8; 3000]);
-    s.run(cl.close(&fh)).expect("close ahead");
-    s.run(cl.statfs())
+/// `s` closes `fh` (ahead), the MDS is killed and recovers, and another client finds
+/// `name` holding `bytes`, its mark taken back again.
+fn closed_ahead_through_a_crash(
+    c: &mut Cluster,
+    s: &Session,
+    fh: &lode_client::FileHandle,
+    bytes: &[u8],
+) {
+    s.run(s.client.close(fh)).expect("close ahead");
+    s.run(s.client.statfs())
         .expect("statfs: the close goes ahead of it");
-    assert_eq!(open_files(&c), 0);
-    crash_and_recover_with_no_gap(&mut c);
+    assert_eq!(open_files(c), 0);
+    crash_and_recover_with_no_gap(c);
     let other = c.client();
     let b = cached_in_root(&other, "d");
-    assert_eq!(b.attr.fid, fh.fid, "the create was replayed");
-    assert_eq!(b.attr.size, 3000, "and its write");
+    assert_eq!(b.attr.fid, fh.fid, "the create is there");
+    assert_eq!(b.attr.size, bytes.len() as u64, "and its write");
     assert!(!b.glimpse, "and its mark taken back again");
     let r = other
         .run(other.client.open(&root(), fh.fid, libc::O_RDONLY))
         .expect("open");
     assert_eq!(
-        other.run(other.client.read(&r, 0, 4096)),
-        Ok(vec![9u8; 3000])
+        other.run(other.client.read(&r, 0, 8192)),
+        Ok(bytes.to_vec())
     );
+}
+
+#[test]
+fn an_uncommitted_file_all_on_the_mdt_written_and_closed_ahead_is_replayed_whole() {
+    let mut c = cluster(1);
+    let s = c.client();
+    hold_commits(&c, 1);
+    let fh = dom_file_written(&s, b"d", &[9u8; 3000]);
+    closed_ahead_through_a_crash(&mut c, &s, &fh, &[9u8; 3000]);
 }
 
 #[test]
@@ -614,4 +624,26 @@ fn a_maker_whose_file_another_client_changed_learns_the_size_from_the_mdt() {
     s.run(cl.statfs()).expect("statfs");
     assert_eq!(size_in_root(&s, "d"), 10, "the truncate counts");
     assert_eq!(cached_in_root(&s, "d").attr.size, 10);
+}
+
+#[test]
+fn a_committed_dom_create_whose_writes_were_not_is_opened_again_for_their_replay() {
+    let mut c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let fh = s
+        .run(cl.create_open(
+            &root(),
+            Fid::ROOT,
+            b"d",
+            0o644,
+            libc::O_RDWR,
+            Some(dom_only_layout()),
+        ))
+        .expect("create");
+    // The create commits; the write and the close ahead after it do not. Replayed
+    // with no open, the write would leave the file marked as being written.
+    hold_commits(&c, 1);
+    s.run(cl.write(&fh, 0, &[3u8; 6000])).expect("write");
+    closed_ahead_through_a_crash(&mut c, &s, &fh, &[3u8; 6000]);
 }

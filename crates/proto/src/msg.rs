@@ -687,6 +687,21 @@ pub struct DomWriteReq {
     pub append: bool,
 }
 
+impl DomWriteReq {
+    /// The open handle a DOM_WRITE body names, read without copying its bytes (the
+    /// fields before `data`, decoded alone); `None` if the body is not one.
+    pub fn handle_of(body: &[u8]) -> Option<u64> {
+        #[derive(Deserialize)]
+        struct Head {
+            _fid: Fid,
+            handle: u64,
+        }
+        postcard::take_from_bytes::<Head>(body)
+            .ok()
+            .map(|(h, _)| h.handle)
+    }
+}
+
 /// What a DOM_WRITE did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DomWriteRep {
@@ -1342,5 +1357,28 @@ mod service_table_tests {
             MgsRequest::decode(9999, &body),
             Err(DecodeError::Opcode(9999))
         ));
+    }
+}
+
+#[cfg(test)]
+mod dom_write_tests {
+    use super::*;
+
+    /// The handle is read from a DOM_WRITE body whatever its bytes; anything else,
+    /// or a body cut short before the handle, names none.
+    #[test]
+    fn a_dom_writes_handle_is_read_from_its_body_alone() {
+        for data in [Vec::new(), vec![7u8; 100_000]] {
+            let body = Request::DomWrite(DomWriteReq {
+                fid: Fid::ROOT,
+                handle: 0x1234_5678_9abc,
+                offset: 4096,
+                data,
+                append: false,
+            })
+            .encode();
+            assert_eq!(DomWriteReq::handle_of(&body), Some(0x1234_5678_9abc));
+            assert_eq!(DomWriteReq::handle_of(&body[..3]), None);
+        }
     }
 }

@@ -562,10 +562,14 @@ struct HeldOpen {
     /// The transno of its close, until that commits (0: still open); for one closed
     /// ahead, its own transno.
     closing: u64,
-    /// Closed ahead of a request (see [`Import::close_ahead`]) before its open was
-    /// committed: its open is replayed after a restart, lest its transno be taken
-    /// for a lost change, and it is then closed ahead again.
+    /// Closed ahead of a request (see [`Import::close_ahead`]) before its open, or
+    /// a DOM_WRITE through it, was committed: its open is replayed (or the file
+    /// opened again) after a restart, lest its transno be taken for a lost change or
+    /// a replayed write leave the file marked as being written, and it is then
+    /// closed ahead again.
     ahead: bool,
+    /// The highest transno of a DOM_WRITE through it (0: none).
+    last_write: u64,
 }
 
 /// A change to replay if the target restarts before committing it.
@@ -1449,6 +1453,8 @@ impl Import {
                         open_handle = self.hold_open(&frame, p.tag, transno, cred, *flags);
                     } else if p.opcode == Opcode::Close as u16 {
                         self.closing(&p.body, transno, committed);
+                    } else if p.opcode == Opcode::DomWrite as u16 && transno > committed {
+                        self.written_through(&p.body, transno);
                     }
                 }
                 if transno > committed {
@@ -1568,9 +1574,22 @@ impl Import {
                 reopen: Arc::new(reopen),
                 closing: 0,
                 ahead: false,
+                last_write: 0,
             },
         );
         handle
+    }
+
+    /// A DOM_WRITE (`body`) was answered with `transno`, not committed yet: a close
+    /// ahead of its handle keeps the open for replay until it is (see
+    /// [`HeldOpen::ahead`]).
+    fn written_through(&self, body: &[u8], transno: u64) {
+        let Some(handle) = lode_proto::DomWriteReq::handle_of(body) else {
+            return;
+        };
+        if let Some(h) = self.opens.lock().held.get_mut(&handle) {
+            h.last_write = h.last_write.max(transno);
+        }
     }
 
     /// A close was answered with `transno`: its open is replayed until it commits
@@ -1700,8 +1719,9 @@ impl Import {
     }
 
     /// The MDT closed `handle` ahead of a request: nothing to open again once its open
-    /// is committed. Until then the open is replayed after a restart (a close ahead
-    /// has no transno to be replayed at) and closed ahead again.
+    /// and the DOM_WRITEs through it are committed. Until then the open is replayed
+    /// (or the file opened again) after a restart, a close ahead having no transno to
+    /// be replayed at, and closed ahead again.
     fn closed_ahead(&self, handle: u64) {
         let committed = self.pruned.load(Ordering::Acquire);
         let mut o = self.opens.lock();
@@ -1712,13 +1732,13 @@ impl Import {
             // Closed ahead before and opened again in a recovery: kept as it was.
             return;
         }
-        if h.transno <= committed {
+        let t = h.transno.max(h.last_write);
+        if t <= committed {
             o.held.remove(&handle);
             return;
         }
         h.ahead = true;
-        h.closing = h.transno;
-        let t = h.transno;
+        h.closing = t;
         o.closing.insert(t, handle);
     }
 
