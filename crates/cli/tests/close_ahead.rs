@@ -198,6 +198,14 @@ fn a_client_closes_ahead_only_its_own_handles() {
     assert_eq!(size_in_root(&b, "f"), 11, "the written byte counts");
 }
 
+/// `s` closes `fh`; returns the CLOSE RPCs the MDT counted meanwhile (0: it went
+/// ahead of a later request, or is still waiting to).
+fn close_rpcs(c: &Cluster, s: &Session, fh: &lode_client::FileHandle) -> u64 {
+    let closes = mdt_stat(c, "mds_close");
+    s.run(s.client.close(fh)).expect("close");
+    mdt_stat(c, "mds_close") - closes
+}
+
 /// `s` makes `name` in the root with `creat` (open for writing) and closes it having
 /// written nothing.
 fn created_and_closed(s: &Session, name: &str) -> Fid {
@@ -249,11 +257,9 @@ fn a_handle_that_truncated_closes_by_rpc() {
     let c = cluster(1);
     let s = c.client();
     made(&s, "f", 5000);
-    let closes = mdt_stat(&c, "mds_close");
     // An existing file opened with O_TRUNC: truncated through the handle.
     let fh = create_in_root(&s, "f", libc::O_WRONLY | libc::O_TRUNC);
-    s.run(s.client.close(&fh)).expect("close");
-    assert_eq!(mdt_stat(&c, "mds_close"), closes + 1, "closed by RPC");
+    assert_eq!(close_rpcs(&c, &s, &fh), 1, "closed by RPC");
     assert_eq!(open_files(&c), 0);
 }
 
@@ -501,13 +507,7 @@ fn a_maker_that_is_not_the_only_writer_here_or_whose_bytes_reach_an_ost_closes_b
         .run(cl.open(&root(), fh.fid, libc::O_WRONLY))
         .expect("another writer");
     s.run(cl.write(&w2, 5, b" second")).expect("write");
-    let closes = mdt_stat(&c, "mds_close");
-    s.run(cl.close(&fh)).expect("close");
-    assert_eq!(
-        mdt_stat(&c, "mds_close"),
-        closes + 1,
-        "the maker closed by RPC"
-    );
+    assert_eq!(close_rpcs(&c, &s, &fh), 1, "the maker closed by RPC");
     s.run(cl.close(&w2)).expect("close");
     assert_eq!(size_in_root(&s, "two"), 12);
     // A setattr between the writes and the close (here a chmod).
@@ -517,25 +517,15 @@ fn a_maker_that_is_not_the_only_writer_here_or_whose_bytes_reach_an_ost_closes_b
         ..Default::default()
     };
     s.run(cl.setattr(&root(), fh.fid, sa)).expect("chmod");
-    let closes = mdt_stat(&c, "mds_close");
-    s.run(cl.close(&fh)).expect("close");
-    assert_eq!(mdt_stat(&c, "mds_close"), closes + 1, "closed by RPC");
+    assert_eq!(close_rpcs(&c, &s, &fh), 1, "closed by RPC");
     // Bytes past the MDT's component: an OST object holds some.
     let fh = pfl_file_written(&s, "pfl", 100 << 10);
-    let closes = mdt_stat(&c, "mds_close");
-    s.run(cl.close(&fh)).expect("close");
-    assert_eq!(
-        mdt_stat(&c, "mds_close"),
-        closes + 1,
-        "closed by RPC, with its size"
-    );
+    assert_eq!(close_rpcs(&c, &s, &fh), 1, "closed by RPC, with its size");
     assert_eq!(size_in_root(&c.client(), "pfl"), 100 << 10);
     // Small, on the MDT alone, through the same layout: ahead.
     let fh = pfl_file_written(&s, "small", 4096);
-    let closes = mdt_stat(&c, "mds_close");
-    s.run(cl.close(&fh)).expect("close");
+    assert_eq!(close_rpcs(&c, &s, &fh), 0, "closed ahead");
     s.run(cl.statfs()).expect("statfs");
-    assert_eq!(mdt_stat(&c, "mds_close"), closes, "closed ahead");
     let b = cached_in_root(&c.client(), "small");
     assert!(!b.glimpse, "the mark taken back");
     assert_eq!(b.attr.size, 4096);

@@ -704,18 +704,37 @@ impl Client {
         Some((k.dom?, k.dom_token, k.lock))
     }
 
-    /// A DOM_WRITE through `fh` is about to leave (see [`Known::dom_out`]).
-    fn dom_write_out(&self, fh: &FileHandle) {
+    /// A DOM_WRITE of `data` at `offset` (an append: at the file's end) through `fh`,
+    /// its answer kept for the close of the handle that made the file (see
+    /// [`Known::dom`]).
+    async fn dom_write(
+        &self,
+        fh: &FileHandle,
+        offset: u64,
+        data: Vec<u8>,
+        append: bool,
+    ) -> Result<Reply, Errno> {
         if let Some(k) = self.known.lock().get_mut(&fh.fid) {
             if k.handle == fh.handle {
                 k.dom_out += 1;
             }
         }
+        let rep = self
+            .md(Request::DomWrite(DomWriteReq {
+                fid: fh.fid,
+                handle: fh.handle,
+                offset,
+                data,
+                append,
+            }))
+            .await;
+        self.dom_write_answered(fh, dom_written(&rep));
+        rep
     }
 
     /// A DOM_WRITE through `fh` was answered (`None`: it failed, or its answer is not
-    /// known): kept for the close of the handle that made the file, or the file
-    /// forgotten.
+    /// known; see [`Known::dom_out`]): kept for the close of the handle that made the
+    /// file, or the file forgotten.
     fn dom_write_answered(&self, fh: &FileHandle, rep: Option<&lode_proto::DomWriteRep>) {
         let mut known = self.known.lock();
         let Some(k) = known.get_mut(&fh.fid) else {
@@ -730,20 +749,13 @@ impl Client {
             return;
         };
         let a = r.attrs;
-        match &mut k.dom {
-            Some(d) => {
-                if a.mtime >= d.mtime {
-                    k.dom_token = r.data_token;
-                }
-                d.size = d.size.max(a.size);
-                d.blocks = d.blocks.max(a.blocks);
-                d.mtime = d.mtime.max(a.mtime);
-            }
-            d @ None => {
-                *d = Some(a);
-                k.dom_token = r.data_token;
-            }
+        if k.dom.is_none_or(|d| a.mtime >= d.mtime) {
+            k.dom_token = r.data_token;
         }
+        let d = k.dom.get_or_insert(a);
+        d.size = d.size.max(a.size);
+        d.blocks = d.blocks.max(a.blocks);
+        d.mtime = d.mtime.max(a.mtime);
     }
 
     /// `fid` changed here other than by its maker's writes (another writer, a
@@ -966,17 +978,7 @@ impl Client {
             Some(l) if l.dom_end() > 0 && !l.has_objects() => {}
             _ => return Ok(None),
         }
-        let req = Request::DomWrite(DomWriteReq {
-            fid: fh.fid,
-            handle: fh.handle,
-            offset: 0,
-            data: data.to_vec(),
-            append: true,
-        });
-        self.dom_write_out(fh);
-        let rep = self.md(req).await;
-        self.dom_write_answered(fh, dom_written(&rep));
-        match rep {
+        match self.dom_write(fh, 0, data.to_vec(), true).await {
             Ok(_) => Ok(Some(data.len())),
             Err(Errno::ERANGE) => Ok(None),
             Err(e) => Err(e),
@@ -1006,20 +1008,7 @@ impl Client {
                 let data = data[p.buf_off..p.buf_off + p.len].to_vec();
                 reqs.push(async move {
                     match dest {
-                        Dest::Mdt => {
-                            self.dom_write_out(fh);
-                            let rep = self
-                                .md(Request::DomWrite(DomWriteReq {
-                                    fid: fh.fid,
-                                    handle: fh.handle,
-                                    offset: p.obj_off,
-                                    data,
-                                    append: false,
-                                }))
-                                .await;
-                            self.dom_write_answered(fh, dom_written(&rep));
-                            rep.map(|_| ())
-                        }
+                        Dest::Mdt => self.dom_write(fh, p.obj_off, data, false).await.map(|_| ()),
                         Dest::Ost(ost, obj) => {
                             self.ost_write(ost, obj, p.obj_off, data, false).await
                         }
@@ -1141,14 +1130,7 @@ impl Client {
         if grows && end > size && end <= layout.dom_end() {
             // A tail on the MDT, which sets the size to at least `end` under the
             // inode's lock (another writer may have gone further meanwhile).
-            let grow = DomWriteReq {
-                fid: fh.fid,
-                handle: fh.handle,
-                offset: end,
-                data: Vec::new(),
-                append: false,
-            };
-            self.md(Request::DomWrite(grow)).await?;
+            self.dom_write(fh, end, Vec::new(), false).await?;
         }
         Ok(())
     }

@@ -185,18 +185,15 @@ impl Namespace {
             let within = (pos % DOM_CHUNK) as usize;
             let take = ((DOM_CHUNK as usize) - within).min((end - pos) as usize);
             let src = &data[(pos - offset) as usize..][..take];
-            let (mut chunk, before) = if within == 0 && take == DOM_CHUNK as usize {
-                let old = if pos < old_end {
-                    self.dom_chunk(fid, n)?.len()
-                } else {
-                    0
-                };
-                (Vec::new(), chunk_blocks(old))
+            let whole = within == 0 && take == DOM_CHUNK as usize;
+            let old = if whole && pos >= old_end {
+                Vec::new()
             } else {
-                let c = self.dom_chunk(fid, n)?;
-                let before = chunk_blocks(c.len());
-                (c, before)
+                self.dom_chunk(fid, n)?
             };
+            let before = chunk_blocks(old.len());
+            // A whole chunk is written anew; the old bytes counted only for `before`.
+            let mut chunk = if whole { Vec::new() } else { old };
             if chunk.len() < within + take {
                 chunk.resize(within + take, 0);
             }
