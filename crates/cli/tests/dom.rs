@@ -999,6 +999,8 @@ fn a_dom_file_is_read_with_its_open_after_a_writer_that_a_reader_outlived_and_a_
         .run(r.client.open(&cred, fh.fid, libc::O_RDONLY))
         .expect("open");
     w.run(w.client.close(&fh)).expect("close");
+    // The maker's close rides ahead of its next request: sent here.
+    w.run(w.client.statfs()).expect("statfs");
     r.run(r.client.close(&rh)).expect("close");
     read_with_its_open(&c, &other, fh.fid, b"hello world");
     // A truncate with no writer open leaves the size exact too.
