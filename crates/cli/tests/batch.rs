@@ -32,6 +32,7 @@ fn getattr(fid: Fid) -> Request {
 fn create(s: &Session, parent: Fid, name: &str) -> Request {
     let fid = s.run(s.client.alloc_fid()).expect("a FID");
     Request::Create(CreateReq {
+        dom_writeback: false,
         cred: root(),
         parent,
         name: name.as_bytes().to_vec(),

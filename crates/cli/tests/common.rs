@@ -401,19 +401,24 @@ pub fn raid0_component(id: u32, start: u64, end: u64, stripes: i32) -> Component
     }
 }
 
+/// `name` in the root, made by `s` as root with [`dom_only_layout`], open read-write,
+/// nothing written.
+pub fn dom_created(s: &Session, name: &[u8]) -> lode_client::FileHandle {
+    s.run(s.client.create_open(
+        &root(),
+        Fid::ROOT,
+        name,
+        0o644,
+        libc::O_RDWR,
+        Some(dom_only_layout()),
+    ))
+    .expect("create_open")
+}
+
 /// `name` in the root, made by `s` as root with [`dom_only_layout`], open read-write
 /// with `bytes` written at 0.
 pub fn dom_file_written(s: &Session, name: &[u8], bytes: &[u8]) -> lode_client::FileHandle {
-    let fh = s
-        .run(s.client.create_open(
-            &root(),
-            Fid::ROOT,
-            name,
-            0o644,
-            libc::O_RDWR,
-            Some(dom_only_layout()),
-        ))
-        .expect("create_open");
+    let fh = dom_created(s, name);
     assert_eq!(s.run(s.client.write(&fh, 0, bytes)), Ok(bytes.len()));
     fh
 }

@@ -438,6 +438,7 @@ fn a_resend_arriving_on_another_connection_while_the_original_executes_runs_once
     };
     let fid = Fid::new(seq.seq, 1, 0);
     let mkdir = Request::Create(CreateReq {
+        dom_writeback: false,
         cred: r.clone(),
         parent,
         name: b"twice".to_vec(),
@@ -635,6 +636,7 @@ fn tags_outside_the_grant_and_late_duplicates_are_refused_and_the_connection_sta
     };
     let mkdir = |name: &str, oid: u32| {
         Request::Create(CreateReq {
+            dom_writeback: false,
             cred: r.clone(),
             parent,
             name: name.as_bytes().to_vec(),

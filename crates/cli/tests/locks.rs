@@ -816,6 +816,7 @@ fn an_open_waiting_for_locks_when_its_client_is_evicted_is_refused_and_keeps_no_
     // Its own open of the file wants the attributes lock it never gives back: the open
     // waits until the client is evicted for keeping it, and the eviction frees it.
     let open = Request::Create(lode_proto::CreateReq {
+        dom_writeback: false,
         cred: root(),
         parent: lode_base::Fid::ROOT,
         name: b"held".to_vec(),

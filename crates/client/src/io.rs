@@ -167,6 +167,9 @@ pub(crate) struct Known {
     /// The attributes lock the create granted (0: none): while the copy kept is
     /// under it, no other client changed the file (a callback would have ended it).
     lock: u64,
+    /// The write-back lock the create granted, until the first write uses it or the
+    /// handle closes (0: none, or used; see [`crate::writeback`]).
+    dom_lock: u64,
 }
 
 /// What a DOM_WRITE's answer says it left of the file (`None`: it failed).
@@ -464,6 +467,9 @@ impl Client {
                 target: Vec::new(),
                 layout,
                 open_flags: Some(open_flags as u32),
+                dom_writeback: self.cfg.dom_writeback
+                    && lode_base::perm::wants_write(open_flags)
+                    && self.callback_channel_up(),
             }))
             .await?
         {
@@ -495,6 +501,11 @@ impl Client {
             // makes the MDT ignore the close's size, or calls back the attributes
             // lock a close ahead relies on).
             Some(l) if rep.body.attr.fid == fid && fh.writable() => {
+                let dom_lock = if self.keep_dom_lock(rep.dom_lock) {
+                    rep.dom_lock
+                } else {
+                    0
+                };
                 self.known.lock().insert(
                     fid,
                     Known {
@@ -505,12 +516,16 @@ impl Client {
                         dom_token: 0,
                         dom_out: 0,
                         lock: rep.body.lock,
+                        dom_lock,
                     },
                 );
             }
             // An existing file opened for writing: another writer here.
             _ if fh.writable() => self.forget_made(fh.fid),
             _ => {}
+        }
+        if rep.dom_lock != 0 && !self.known.lock().contains_key(&fid) {
+            self.give_back(rep.dom_lock);
         }
         Ok(fh)
     }
@@ -573,6 +588,43 @@ impl Client {
     /// was the last writer of a Data-on-MDT file and nobody else wrote or truncated it
     /// since its open (for a close ahead, the one its last DOM_WRITE's answer gave).
     pub async fn close_token(&self, fh: &FileHandle) -> Result<u64, Errno> {
+        let failed = self.written_back(fh).await;
+        let closed = self.close_token_inner(fh).await;
+        failed?;
+        closed
+    }
+
+    /// Waits for the write kept back through `fh`'s file, if any, and gives back the
+    /// write-back lock of a handle about to close that did not use it; how a write
+    /// kept back failed, if one did (see [`crate::writeback`]).
+    async fn written_back(&self, fh: &FileHandle) -> Result<(), Errno> {
+        self.wb.wait(fh.fid).await;
+        let unused = {
+            let mut known = self.known.lock();
+            match known.get_mut(&fh.fid) {
+                Some(k) if k.handle == fh.handle => std::mem::take(&mut k.dom_lock),
+                _ => 0,
+            }
+        };
+        self.give_back_dom_lock(unused);
+        self.wb.take_error(fh.fid)
+    }
+
+    /// How a write kept back through `fid` failed, if it did and is known by now
+    /// (told once): `close(2)`'s FLUSH says so without waiting for it, as a
+    /// write-back cache's close does, and so do the next `fsync` and close.
+    pub fn write_back_error(&self, fid: Fid) -> Result<(), Errno> {
+        self.wb.take_error(fid)
+    }
+
+    /// Gives back write-back lock `lock` (0: none) if it is held and unused.
+    fn give_back_dom_lock(&self, lock: u64) {
+        if lock != 0 && self.wb.unused(lock) {
+            self.give_back(lock);
+        }
+    }
+
+    async fn close_token_inner(&self, fh: &FileHandle) -> Result<u64, Errno> {
         if self.opencache.release(fh) {
             return Ok(0);
         }
@@ -587,10 +639,12 @@ impl Client {
     /// on the MDT when this returns (e.g. before another client unlinks it: no orphan
     /// is left to clean up).
     pub async fn close_now(&self, fh: &FileHandle) -> Result<(), Errno> {
+        let failed = self.written_back(fh).await;
         if self.opencache.release(fh) {
-            return Ok(());
+            return failed;
         }
-        self.close_on_mdt(fh).await.map(|_| ())
+        self.close_on_mdt(fh).await?;
+        failed
     }
 
     /// Closes a handle with no round trip of its own: its close leaves ahead of the
@@ -726,10 +780,65 @@ impl Client {
                 offset,
                 data,
                 append,
+                dom_lock: 0,
             }))
             .await;
         self.dom_write_answered(fh, dom_written(&rep));
         rep
+    }
+
+    /// Keeps the first write through the handle that made a file all on the MDT
+    /// back past `write(2)`, under the write-back lock its create was granted (see
+    /// [`crate::writeback`]): sent in the background, `Some` with its length at once.
+    /// `None` (the caller writes now) for any other write: not that handle's first,
+    /// not within the DoM component, larger than one RPC, or the lock gone.
+    fn write_back(&self, fh: &FileHandle, off: u64, data: &[u8]) -> Option<usize> {
+        if data.is_empty() || data.len() > lode_base::limits::BULK_MAX {
+            return None;
+        }
+        let layout = fh.layout()?;
+        let end = off.checked_add(data.len() as u64)?;
+        if layout.dom_end() == 0 || layout.has_objects() || end > layout.dom_end() {
+            return None;
+        }
+        let me = self.me.upgrade()?;
+        let (kept, lock) = {
+            let mut known = self.known.lock();
+            let k = known.get_mut(&fh.fid)?;
+            if k.handle != fh.handle
+                || k.gen != layout.gen
+                || k.dom_lock == 0
+                || k.dom.is_some()
+                || k.dom_out != 0
+            {
+                return None;
+            }
+            // One write per lock: the MDT lets it go with this write.
+            let lock = std::mem::take(&mut k.dom_lock);
+            let kept = self.wb.keep(fh.fid, lock)?;
+            k.dom_out += 1;
+            (kept, lock)
+        };
+        let (fh, data, n) = (fh.clone(), data.to_vec(), data.len());
+        self.rt.spawn(async move {
+            let rep = me
+                .md(Request::DomWrite(DomWriteReq {
+                    fid: fh.fid,
+                    handle: fh.handle,
+                    offset: off,
+                    data,
+                    append: false,
+                    dom_lock: lock,
+                }))
+                .await;
+            me.dom_write_answered(&fh, dom_written(&rep));
+            let err = rep.err();
+            if let Some(e) = err {
+                tracing::warn!(fid = %fh.fid, "a write kept back failed: {e} (told at the next fsync or close)");
+            }
+            me.wb.done(kept, err);
+        });
+        Some(n)
     }
 
     /// A DOM_WRITE through `fh` was answered (`None`: it failed, or its answer is not
@@ -745,7 +854,9 @@ impl Client {
         }
         k.dom_out = k.dom_out.saturating_sub(1);
         let Some(r) = rep else {
-            known.remove(&fh.fid);
+            if let Some(k) = known.remove(&fh.fid) {
+                self.give_back_dom_lock(k.dom_lock);
+            }
             return;
         };
         let a = r.attrs;
@@ -761,7 +872,10 @@ impl Client {
     /// `fid` changed here other than by its maker's writes (another writer, a
     /// setattr, a fallocate): what those writes said is no longer the whole story.
     pub(crate) fn forget_made(&self, fid: Fid) {
-        self.known.lock().remove(&fid);
+        let k = self.known.lock().remove(&fid);
+        if let Some(k) = k {
+            self.give_back_dom_lock(k.dom_lock);
+        }
     }
 
     /// What the writes through `fh` left known of the file it made (see [`Known`]),
@@ -830,7 +944,9 @@ impl Client {
                 e.mtime = e.mtime.max(a.mtime);
             }
             None => {
-                known.remove(&obj.fid);
+                if let Some(k) = known.remove(&obj.fid) {
+                    self.give_back_dom_lock(k.dom_lock);
+                }
             }
         }
     }
@@ -869,6 +985,8 @@ impl Client {
             // Its size is the OSTs' from now on, also for this client's cached copy.
             self.data_written(fh.fid);
         }
+        // After the write kept back, if one is: writes land in the order they came.
+        self.wb.wait(fh.fid).await;
         let off = if fh.flags & libc::O_APPEND != 0 {
             if let Some(n) = self.append_on_ost(fh, data).await? {
                 return Ok(n);
@@ -880,6 +998,9 @@ impl Client {
         } else {
             off
         };
+        if let Some(n) = self.write_back(fh, off, data) {
+            return Ok(n);
+        }
         self.write_at(fh, off, data).await
     }
 
@@ -1058,6 +1179,7 @@ impl Client {
         if len == 0 {
             return Err(Errno::EINVAL);
         }
+        self.wb.wait(fh.fid).await;
         let end = off
             .checked_add(len)
             .filter(|e| *e <= FILE_SIZE_MAX)
@@ -1125,7 +1247,7 @@ impl Client {
         }
         let done = futures::future::join_all(futs).await;
         // What the objects' writes said of their blocks is no longer so.
-        self.known.lock().remove(&fh.fid);
+        self.forget_made(fh.fid);
         done.into_iter().collect::<Result<(), Errno>>()?;
         if grows && end > size && end <= layout.dom_end() {
             // A tail on the MDT, which sets the size to at least `end` under the
@@ -1345,6 +1467,7 @@ impl Client {
     /// was under way: the old layout's objects may be gone by the time its replies
     /// arrive. The handle's layout lock tells; without one, the MDT is asked.
     pub async fn read(&self, fh: &FileHandle, off: u64, len: usize) -> Result<Vec<u8>, Errno> {
+        self.wb.wait(fh.fid).await;
         self.check_live(fh)?;
         let _ = self.note_access(fh);
         if fh.layout().is_none() {
@@ -1555,6 +1678,8 @@ impl Client {
                 if l.dom_end() == 0 {
                     return None;
                 }
+                // After a write kept back here (see `crate::writeback`).
+                self.wb.wait(*fid).await;
                 Some(
                     match self
                         .mdc
@@ -1718,6 +1843,7 @@ impl Client {
         sa: SetAttr,
         opened: bool,
     ) -> Result<MdtBody, Errno> {
+        self.wb.wait(fid).await;
         if sa.size.is_some() {
             self.data_epoch.fetch_add(1, Ordering::AcqRel);
         }
@@ -1755,7 +1881,7 @@ impl Client {
         mtime: i64,
     ) -> Result<(), Errno> {
         // The objects' times are no longer what their writes said.
-        self.known.lock().remove(&fid);
+        self.forget_made(fid);
         let Some(layout) = layout else { return Ok(()) };
         self.on_objects(fid, layout, |objs| {
             Request::OstSetattr(lode_proto::OstSetattrReq { objs, mtime })
@@ -1794,7 +1920,7 @@ impl Client {
         size: u64,
     ) -> Result<(), Errno> {
         // Objects shrink: the largest size a write saw is no longer theirs.
-        self.known.lock().remove(&fid);
+        self.forget_made(fid);
         let Some(layout) = layout else { return Ok(()) };
         let mut futs = Vec::new();
         for (ci, stripe, ost, obj) in objects(fid, layout) {
@@ -1819,6 +1945,8 @@ impl Client {
 
     /// Makes the file's data durable (its OST objects) and the MDT's metadata.
     pub async fn fsync(&self, fh: &FileHandle) -> Result<(), Errno> {
+        self.wb.wait(fh.fid).await;
+        self.wb.take_error(fh.fid)?;
         self.check_live(fh)?;
         if let Some(layout) = &fh.layout() {
             self.sync_objects(fh.fid, layout).await?;

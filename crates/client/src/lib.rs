@@ -13,6 +13,7 @@ mod ns;
 mod opencache;
 pub mod params;
 mod statahead;
+mod writeback;
 
 use lode_base::{Errno, Fid};
 use lode_proto::{Reply, Request, StatfsRep, TargetKind, CONNECT_SUPPORTED};
@@ -62,6 +63,9 @@ pub struct ClientConfig {
     pub atime: lode_base::attr::AtimeMode,
     /// Whether reading a directory moves its access time too (`-o nodiratime`: no).
     pub diratime: bool,
+    /// Whether the first write of a small Data-on-MDT file this client made may be
+    /// kept back past `write(2)` under a DOM lock (see [`writeback`]).
+    pub dom_writeback: bool,
 }
 
 impl ClientConfig {
@@ -81,6 +85,7 @@ impl ClientConfig {
             locks: true,
             atime: lode_base::attr::AtimeMode::Relative,
             diratime: true,
+            dom_writeback: true,
         }
     }
 }
@@ -115,6 +120,9 @@ pub struct Client {
     /// Files this client made whose every OST write it saw answered (see
     /// [`io::Known`]): their size at close needs no glimpse.
     known: Mutex<HashMap<Fid, io::Known>>,
+    /// First writes of small Data-on-MDT files kept back past `write(2)`, and the
+    /// locks that let them be (see [`writeback`]).
+    wb: writeback::WriteBacks,
     rt: Handle,
     /// This client, for work it starts in the background (statahead's next fetch).
     me: std::sync::Weak<Client>,
@@ -191,6 +199,7 @@ impl Client {
             data_epoch: Default::default(),
             changing: Mutex::new(HashMap::new()),
             known: Mutex::new(HashMap::new()),
+            wb: writeback::WriteBacks::default(),
             cfg,
             uuid,
             mdc,
@@ -301,6 +310,12 @@ impl Client {
 
     /// Sends one request to the MDT.
     pub(crate) async fn md(&self, req: Request) -> Result<Reply, Errno> {
+        // The MDT does not hold this client's own requests back for its write-back
+        // locks: what reads or changes a file whose first write is kept back here
+        // goes after that write (see [`writeback`]).
+        if let Some(fid) = writeback::after_write_back(&req) {
+            self.wb.wait(fid).await;
+        }
         // Marked before its early cancels are chosen, so a getattr that starts after
         // this point cannot be granted a lock the change would have to call back.
         let changing = Changing::new(self, &req);

@@ -539,6 +539,21 @@ impl Client {
         }
     }
 
+    /// Records the write-back lock `h` a create was granted (see
+    /// [`crate::writeback`]); false if there is none, or it was called back before
+    /// this (its cancel went then).
+    pub(crate) fn keep_dom_lock(&self, h: u64) -> bool {
+        if h == 0 {
+            return false;
+        }
+        let mut revoked = self.locks.revoked.lock();
+        if revoked.remove(&h) {
+            return false;
+        }
+        self.wb.hold(h);
+        true
+    }
+
     /// Records the layout lock `h` an open was granted; its token for the handle (see
     /// `FileHandle::layout_lock`), 0 if it was called back before this.
     pub(crate) fn keep_layout_lock(&self, h: u64) -> u64 {
@@ -1190,6 +1205,7 @@ impl Client {
             warn!("evicted by the MDT: every lock and open file of this client is gone");
             self.locks.evictions.fetch_add(1, Ordering::AcqRel);
             self.locks.drop_all();
+            self.wb.drop_locks();
             self.open_locks_lost();
             return;
         }
@@ -1200,6 +1216,9 @@ impl Client {
         // Kept open handles whose OPEN lock this is, idle: closed before the cancel,
         // so that the unlink waiting for it finds the file closed.
         let mut to_close = Vec::new();
+        // Writes kept back under write-back locks called back: on the MDT before the
+        // cancel, so the reader waiting for it reads them.
+        let mut kept = Vec::new();
         {
             // The lock order: revoked, held, cache.
             let mut revoked = self.locks.revoked.lock();
@@ -1207,6 +1226,10 @@ impl Client {
             let mut cache = self.locks.cache.lock();
             let mut layout = self.locks.layout.lock();
             for h in &handles {
+                if let Some(w) = self.wb.called_back(*h) {
+                    kept.extend(w);
+                    continue;
+                }
                 if let Some(idle) = self.opencache.called_back(*h) {
                     to_close.extend(idle);
                     continue;
@@ -1262,6 +1285,9 @@ impl Client {
                 let _ = tokio::time::timeout(INVAL_WAIT, closing).await;
             }
             let _ = tokio::time::timeout(INVAL_WAIT, rx).await;
+            for mut w in kept {
+                let _ = w.wait_for(|done| *done).await;
+            }
             if let Err(e) = me.lock_cancel(handles).await {
                 debug!("lock cancel after a callback failed: {e}");
             }
@@ -1292,6 +1318,7 @@ pub(crate) async fn callback_channel(client: Weak<Client>) {
             warn!(%target, "callback channel lost: every lock dropped");
         }
         c.locks.drop_all();
+        c.wb.drop_locks();
         c.open_locks_lost();
         drop(c);
         tokio::time::sleep(CHANNEL_RETRY).await;

@@ -277,6 +277,7 @@ impl Client {
         }
         let fid = self.alloc_fid().await?;
         let req = CreateReq {
+            dom_writeback: false,
             cred: cred.clone(),
             parent,
             name: name.to_vec(),

@@ -1364,8 +1364,9 @@ impl Filesystem for LodeFs {
     }
 
     fn flush(&self, _req: &Request, ino: INodeNo, fh: Fh, lock_owner: u64, reply: ReplyEmpty) {
-        // Writes are sent to the OSTs as they come; nothing is buffered here. What a
-        // close ends is the closing process's record locks on the file, if it has any.
+        // Writes are sent as they come, but for a small Data-on-MDT file's first (sent
+        // in the background, see `lode_client`'s write-back). What a close ends is the
+        // closing process's record locks on the file, if it has any.
         let fid = self.inner.fid(ino).ok();
         {
             let mut by_fh = self.inner.flock_files.by_fh.lock();
@@ -1387,6 +1388,12 @@ impl Filesystem for LodeFs {
             reply.ok();
             return;
         };
+        // A first write kept back that failed already (see `lode_client`'s
+        // write-back): told here, not waited for.
+        if let Err(e) = self.inner.client.write_back_error(fid) {
+            reply.error(e.raw());
+            return;
+        }
         if !self.inner.client.flock_may_hold(fid, lock_owner) {
             reply.ok();
             return;

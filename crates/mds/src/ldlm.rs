@@ -151,6 +151,13 @@ impl Lock {
     fn conflicts(&self, mode: LockMode, bits: u8) -> bool {
         self.bits & bits != 0 && !self.mode.compatible(mode)
     }
+
+    /// A client's write-back lock: PW or EX on the DOM bit (see [`Ldlm::dom_written`]).
+    fn writes_back(&self) -> bool {
+        matches!(self.owner, Owner::Client(_))
+            && self.bits & bits::DOM != 0
+            && matches!(self.mode, LockMode::Pw | LockMode::Ex)
+    }
 }
 
 #[derive(Default)]
@@ -321,6 +328,10 @@ struct State {
     contended: HashMap<ResId, Instant>,
     /// The last waiter id given.
     next: u64,
+    /// Client write-back locks granted (see [`Lock::writes_back`]), shared with
+    /// [`Ldlm`], which reads it without the mutex: while 0 no read needs to look
+    /// for one.
+    writers: Arc<AtomicUsize>,
 }
 
 impl State {
@@ -371,12 +382,16 @@ impl State {
         };
         let owner = Owner::Client(slot);
         let handle = self.table.put(r, owner);
-        res.granted.push(Lock {
+        let lock = Lock {
             handle,
             owner,
             mode,
             bits,
-        });
+        };
+        if lock.writes_back() {
+            self.writers.fetch_add(1, Ordering::AcqRel);
+        }
+        res.granted.push(lock);
         Ok(Some(handle))
     }
 
@@ -395,7 +410,10 @@ impl State {
         if let std::collections::hash_map::Entry::Occupied(mut e) = self.res.entry(r) {
             let res = e.get_mut();
             if let Some(i) = res.granted.iter().position(|l| l.handle == handle) {
-                res.granted.swap_remove(i);
+                let lock = res.granted.swap_remove(i);
+                if lock.writes_back() {
+                    self.writers.fetch_sub(1, Ordering::AcqRel);
+                }
             }
             if !keep && res.granted.is_empty() && res.waiting.is_empty() {
                 e.remove();
@@ -462,6 +480,8 @@ pub struct Ldlm {
     max_per_client: AtomicUsize,
     /// [`CONTENTION_WINDOW`] in µs, unless a test sets another.
     window_us: AtomicU64,
+    /// `State::writers`.
+    writers: Arc<AtomicUsize>,
 }
 
 /// Locks an MDT operation holds; released when dropped (waking whoever waited).
@@ -495,10 +515,13 @@ pub enum Acquired {
 impl Ldlm {
     /// A lock manager allowing `max_per_client` locks per client.
     pub fn new(max_per_client: usize) -> Arc<Ldlm> {
+        let st = State::default();
+        let writers = st.writers.clone();
         Arc::new(Ldlm {
-            st: Mutex::new(State::default()),
+            st: Mutex::new(st),
             max_per_client: AtomicUsize::new(max_per_client),
             window_us: AtomicU64::new(CONTENTION_WINDOW.as_micros() as u64),
+            writers,
         })
     }
 
@@ -731,6 +754,37 @@ impl Ldlm {
         n
     }
 
+    /// Drops every lock of a client that can no longer be called back but is not
+    /// evicted (its callback channel closed) but its write-back locks: its writes
+    /// kept back may still come, on its other connection, and a reader must not go
+    /// ahead of them (calling such a lock back evicts the client). Returns how many.
+    pub fn drop_cached(self: &Arc<Self>, slot: u32) -> usize {
+        let (n, woken) = {
+            let mut st = self.st.lock();
+            let handles: Vec<Handle> = st
+                .table
+                .of_client(slot)
+                .into_iter()
+                .filter(|h| {
+                    let Some((r, _)) = st.table.get(*h) else {
+                        return false;
+                    };
+                    !st.res.get(&r).is_some_and(|res| {
+                        res.granted
+                            .iter()
+                            .any(|l| l.handle == *h && l.writes_back())
+                    })
+                })
+                .collect();
+            for h in &handles {
+                st.remove(*h);
+            }
+            (handles.len(), st.reprocess())
+        };
+        self.wake(woken);
+        n
+    }
+
     /// Drops every lock of a client (evicted or gone); returns how many.
     pub fn evict(self: &Arc<Self>, slot: u32) -> usize {
         let (n, woken) = {
@@ -758,6 +812,51 @@ impl Ldlm {
         slots.sort_unstable();
         slots.dedup();
         slots
+    }
+
+    /// Whether any client holds a write-back lock (PW or EX on the DOM bit: a first
+    /// write kept back past `write(2)`, see `CreateReq::dom_writeback`).
+    pub fn any_written_back(&self) -> bool {
+        self.writers.load(Ordering::Acquire) > 0
+    }
+
+    /// Those of `fids` a client other than `slot`'s holds a write-back lock on:
+    /// their data and size on the MDT may be behind that client's, so a request of
+    /// `slot`'s about them first takes the DOM bit itself ([`Ldlm::acquire`]),
+    /// calling the lock back. A client's own requests are not held back by its own
+    /// locks: it sends them after its kept-back writes itself.
+    pub fn dom_written(&self, fids: &[Fid], slot: u32) -> Vec<Fid> {
+        if !self.any_written_back() {
+            return Vec::new();
+        }
+        let st = self.st.lock();
+        fids.iter()
+            .copied()
+            .filter(|f| {
+                st.res.get(&ResId::object(*f)).is_some_and(|r| {
+                    r.granted
+                        .iter()
+                        .any(|l| l.writes_back() && l.owner != Owner::Client(slot))
+                })
+            })
+            .collect()
+    }
+
+    /// Gives back `handle` if it is a write-back lock of `slot`'s on `fid` (the
+    /// write kept back under it is here); false, changing nothing, if not.
+    pub fn cancel_write_back(self: &Arc<Self>, slot: u32, handle: Handle, fid: Fid) -> bool {
+        let ok = {
+            let st = self.st.lock();
+            match st.table.get(handle) {
+                Some((r, Owner::Client(s))) if s == slot && r == ResId::object(fid) => st
+                    .res
+                    .get(&r)
+                    .and_then(|res| res.granted.iter().find(|l| l.handle == handle))
+                    .is_some_and(Lock::writes_back),
+                _ => false,
+            }
+        };
+        ok && self.cancel(slot, handle)
     }
 
     /// Locks granted now (clients' and the MDT's).

@@ -389,6 +389,7 @@ mod tests {
 
     fn create_req(name: &[u8], oid: u32) -> CreateReq {
         CreateReq {
+            dom_writeback: false,
             cred: Cred::root(),
             parent: Fid::ROOT,
             name: name.to_vec(),
@@ -465,6 +466,7 @@ mod tests {
         }
         // A FIFO: a regular file would need OSTs for its objects.
         let file = |oid| CreateReq {
+            dom_writeback: false,
             mode: libc::S_IFIFO | 0o644,
             umask: 0,
             ..create_req(b"f", oid)
@@ -620,6 +622,7 @@ mod tests {
                 .attr
                 .fid;
             let inside = CreateReq {
+                dom_writeback: false,
                 parent: v,
                 mode: libc::S_IFIFO | 0o644,
                 umask: 0,

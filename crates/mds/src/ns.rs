@@ -1225,6 +1225,7 @@ fn new_owner(parent: &InodeRec, cred: &Cred, ftype: FileType, mode: u32) -> (u32
 /// attributes, read-on-open bytes, locks).
 fn opened(body: MdtBody, handle: Option<u64>) -> CreateRep {
     CreateRep {
+        dom_lock: 0,
         body,
         handle,
         parent: None,

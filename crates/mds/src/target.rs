@@ -1012,6 +1012,8 @@ impl Mdt {
                 0,
             ),
             MdtRequest::DomWrite(r) => {
+                // A write kept back under a write-back lock lets it go once it is
+                // recorded (`Mdt::execute_modify`).
                 let (rep, t) = self.ns.dom_write(&ctx, exp.slot, &r)?;
                 (Reply::DomWrite(rep), t)
             }
@@ -1092,6 +1094,23 @@ impl Mdt {
 }
 
 /// Whether a create makes a file with no name (`O_TMPFILE`).
+/// What a create with an intent hands its client locks on (see
+/// `Mdt::grant_created`).
+struct Created {
+    parent: Fid,
+    name: Vec<u8>,
+    /// The FID asked for, if the creator asked for a write-back lock on it.
+    writeback: Option<Fid>,
+}
+
+/// The MDT's own PW DOM locks on `fids`, which wait for (and call back) every
+/// client's write-back lock on them.
+fn dom_wants(fids: &[Fid]) -> Vec<Want> {
+    fids.iter()
+        .map(|f| (ResId::object(*f), LockMode::Pw, ldlm::bits::DOM))
+        .collect()
+}
+
 fn is_tmpfile(r: &lode_proto::CreateReq) -> bool {
     r.open_flags
         .is_some_and(|f| lode_base::perm::is_tmpfile(f as i32))
@@ -1493,7 +1512,7 @@ impl Service for Mdt {
             req,
             MdtRequest::LdlmCancel(_) | MdtRequest::CloseAhead(_) | MdtRequest::AccessAhead(_)
         ) && inc.header.xid == 0;
-        let out = self.run(inc, &exp, req);
+        let out = self.read(inc, &exp, req);
         if ahead {
             // An early cancel or a close riding ahead of a request: nobody waits for
             // its reply.
@@ -1544,7 +1563,7 @@ impl Service for Mdt {
             gone
         };
         for slot in gone {
-            self.ldlm.evict(slot);
+            self.ldlm.drop_cached(slot);
             self.flocks.drop_waits(slot);
         }
     }
@@ -1637,14 +1656,14 @@ impl Mdt {
         d: Option<Deferred>,
     ) -> Ran {
         for _ in 0..LOCK_RETRIES {
-            let want = self.lock_wants(&req);
+            let want = self.lock_wants(exp, &req);
             if want.is_empty() {
                 break;
             }
             let Some(locks) = self.ldlm.try_acquire(&want) else {
                 return self.park_modify(inc, exp, req, want, d);
             };
-            if self.wants_hold(&req, &want) {
+            if self.wants_hold(exp, &req, &want) {
                 return Ran::Now(self.execute_modify(inc, exp, req, Some(locks)), d);
             }
         }
@@ -1655,8 +1674,8 @@ impl Mdt {
 
     /// Whether the locks chosen for `req` are still the ones it needs (only a change
     /// that looks names up can find them moved).
-    fn wants_hold(&self, req: &MdtRequest, want: &[Want]) -> bool {
-        !looks_up(req) || self.lock_wants(req) == want
+    fn wants_hold(&self, exp: &Export, req: &MdtRequest, want: &[Want]) -> bool {
+        !looks_up(req) || self.lock_wants(exp, req) == want
     }
 
     /// Runs a parked modification now that its locks are held, or chooses them again if
@@ -1670,7 +1689,7 @@ impl Mdt {
         locks: MdtLocks,
         d: Deferred,
     ) -> Ran {
-        if self.wants_hold(&req, want) {
+        if self.wants_hold(exp, &req, want) {
             Ran::Now(self.execute_modify(inc, exp, req, Some(locks)), Some(d))
         } else {
             drop(locks);
@@ -1738,7 +1757,7 @@ impl Mdt {
     /// change: CW UPDATE (concurrent changes of other names go on; a client's cached
     /// listing or "no such name" is revoked). A name: PW LOOKUP on `(dir, name hash)`.
     /// An object whose attributes change: PW on the bits they belong to.
-    fn lock_wants(&self, req: &MdtRequest) -> Vec<Want> {
+    fn lock_wants(&self, exp: &Export, req: &MdtRequest) -> Vec<Want> {
         use ldlm::bits::{LOOKUP, OPEN, PERM, UPDATE, XATTR};
         let dir = |d| (ResId::object(d), LockMode::Cw, UPDATE);
         let name = |d, n: &[u8]| (ResId::name(d, n), LockMode::Pw, LOOKUP);
@@ -1826,6 +1845,8 @@ impl Mdt {
                 .unwrap_or_default(),
             _ => Vec::new(),
         };
+        // Data another client's write-back lock holds back (see `Mdt::dom_gated`).
+        w.extend(dom_wants(&self.dom_gated(exp, req)));
         // One entry per resource: the strongest mode asked and every bit (a rename within
         // one directory names it twice).
         w.sort_by_key(|(r, _, _)| *r);
@@ -1898,11 +1919,23 @@ impl Mdt {
         }
         let intent = self.intent(inc, exp);
         let create_intent = match &req {
-            MdtRequest::Create(r) if intent && !is_tmpfile(r) => Some((r.parent, r.name.clone())),
+            MdtRequest::Create(r) if intent && !is_tmpfile(r) => Some(Created {
+                parent: r.parent,
+                name: r.name.clone(),
+                writeback: (r.dom_writeback
+                    && r.open_flags
+                        .is_some_and(|f| lode_base::perm::wants_write(f as i32)))
+                .then_some(r.fid),
+            }),
             _ => None,
         };
         let setattr_intent = match &req {
             MdtRequest::Setattr(r) if intent => Some(r.fid),
+            _ => None,
+        };
+        // The write-back lock a write kept back under it gives back once done.
+        let written_back = match &req {
+            MdtRequest::DomWrite(r) if r.dom_lock != 0 => Some((r.dom_lock, r.fid)),
             _ => None,
         };
         let write_open_intent = match &req {
@@ -1959,6 +1992,11 @@ impl Mdt {
             _ => {}
         }
         self.untag(exp.slot, tag, xid);
+        // Last, outside the change's clock and version scope: the readers waiting for
+        // the write run now, on this thread.
+        if let Some((lock, fid)) = written_back {
+            self.ldlm.cancel_write_back(exp.slot, lock, fid);
+        }
         out
     }
 
@@ -2052,7 +2090,7 @@ impl Mdt {
     fn grant_created(
         &self,
         exp: &Export,
-        (parent, name): (Fid, Vec<u8>),
+        c: Created,
         locks: MdtLocks,
         parent_attrs: Option<ParentAttrs>,
         out: &mut Outgoing,
@@ -2060,22 +2098,35 @@ impl Mdt {
         let Ok(Reply::Create(mut rep)) = Reply::decode(Opcode::Create as u16, &out.body) else {
             return;
         };
-        use ldlm::bits::{LOOKUP, PERM, UPDATE};
+        use ldlm::bits::{DOM, LOOKUP, PERM, UPDATE};
+        let parent = c.parent;
         let dir_want = match parent_attrs {
             Some(_) => self.parent_want(parent),
             None => (ResId::object(parent), LockMode::Pr, PERM),
         };
-        let want = [
+        let fid = rep.body.attr.fid;
+        let mut want = vec![
             dir_want,
-            (ResId::name(parent, &name), LockMode::Pr, LOOKUP),
-            (
-                ResId::object(rep.body.attr.fid),
-                LockMode::Pr,
-                UPDATE | PERM,
-            ),
+            (ResId::name(parent, &c.name), LockMode::Pr, LOOKUP),
+            (ResId::object(fid), LockMode::Pr, UPDATE | PERM),
         ];
+        // A file made by this create (not one the name had), open for writing, its
+        // every byte on the MDT: its creator may keep its first write back (see
+        // `CreateReq::dom_writeback`).
+        let writeback = c.writeback == Some(fid)
+            && rep.handle.is_some()
+            && rep.body.attr.ftype() == lode_base::FileType::Regular
+            && rep
+                .body
+                .layout
+                .as_ref()
+                .is_some_and(|l| l.dom_end() > 0 && !l.has_objects());
+        if writeback {
+            want.push((ResId::object(fid), LockMode::Pw, DOM));
+        }
         let got = self.ldlm.release_and_grant(locks, exp.slot, &want);
         (rep.body.name_lock, rep.body.lock) = (got[1], got[2]);
+        rep.dom_lock = got.get(3).copied().unwrap_or(0);
         // The creator's own open for writing does not stop its lock vouching for its
         // pages; another client's does (see `Mdt::own_writes`).
         self.own_writes(exp, &mut rep.body);
@@ -2092,6 +2143,109 @@ impl Mdt {
 
     fn run(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> Outgoing {
         self.run_sub(inc, exp, req, 0)
+    }
+
+    /// The files whose data or size a request reads (or, for a change, depends on)
+    /// that another client holds a write-back lock on (see
+    /// [`ldlm::Ldlm::dom_written`]): the request takes their DOM bit first, calling
+    /// that lock back, so it sees the bytes that client's `write(2)` already
+    /// returned for. The holder's own requests come after its kept-back writes (the
+    /// client sees to it), so they never call back their own client.
+    fn dom_gated(&self, exp: &Export, req: &MdtRequest) -> Vec<Fid> {
+        if !self.ldlm.any_written_back() {
+            return Vec::new();
+        }
+        let child = |d, n: &[u8]| self.ns.dirent(d, n).ok().flatten().map(|e| e.fid);
+        let fids: Vec<Fid> = match req {
+            MdtRequest::Getattr(r) => vec![r.fid],
+            MdtRequest::Lookup(r) => child(r.parent, &r.name).into_iter().collect(),
+            MdtRequest::DomRead(r) => vec![r.fid],
+            MdtRequest::DomSeek(r) => vec![r.fid],
+            MdtRequest::Readdir(r) if r.plus => self
+                .ns
+                .readdir(&r.cred, r.fid, r.cookie, false, r.count as usize)
+                .map(|p| p.entries.iter().map(|e| e.fid).collect())
+                .unwrap_or_default(),
+            MdtRequest::Batch(b) => b
+                .subs
+                .iter()
+                .take(lode_base::limits::BATCH_SUBS_MAX)
+                .filter_map(|s| match MdtRequest::decode(s.opcode, &s.body).ok()? {
+                    MdtRequest::Getattr(r) => Some(r.fid),
+                    MdtRequest::Lookup(r) => child(r.parent, &r.name),
+                    _ => None,
+                })
+                .collect(),
+            MdtRequest::Open(r) => vec![r.fid],
+            MdtRequest::Create(r) if r.open_flags.is_some() => {
+                child(r.parent, &r.name).into_iter().collect()
+            }
+            MdtRequest::Setattr(r) => vec![r.fid],
+            MdtRequest::DomWrite(r) => vec![r.fid],
+            MdtRequest::Link(r) => vec![r.fid],
+            MdtRequest::LayoutIntent(r) => vec![r.fid],
+            MdtRequest::Migrate(r) => vec![r.fid],
+            _ => Vec::new(),
+        };
+        self.ldlm.dom_written(&fids, exp.slot)
+    }
+
+    /// A read that must wait for write-back locks on `fids` (see [`Mdt::dom_gated`]):
+    /// parked while their holders are called back, and run once they let go.
+    fn park_read(
+        &self,
+        inc: &Incoming,
+        exp: &Arc<Export>,
+        req: MdtRequest,
+        fids: &[Fid],
+    ) -> Outgoing {
+        let Some(d) = inc.defer() else {
+            return self.error_out(Errno::EAGAIN.into());
+        };
+        let want = dom_wants(fids);
+        let parked = Arc::new(Mutex::new(Some((req, d))));
+        let (me, exp2, parked2) = (self.me.clone(), exp.clone(), parked.clone());
+        let (header, body, peer, conn_id) = (inc.header, inc.body.clone(), inc.peer, inc.conn_id);
+        // Run with the DOM bits held: no write-back lock on them can be granted
+        // meanwhile (one is only ever granted with a create, before anyone reads).
+        let acquired = self.ldlm.acquire(Some(exp.slot), &want, move |locks| {
+            let Some(mdt) = me.upgrade() else { return };
+            let Some((req, d)) = parked2.lock().take() else {
+                return;
+            };
+            let inc = Incoming::local(header, body, peer, conn_id);
+            let out = mdt.run(&inc, &exp2, req);
+            drop(locks);
+            if Service::flush(&*mdt) {
+                d.send(out);
+            }
+        });
+        match acquired {
+            Acquired::Granted(locks) => match parked.lock().take() {
+                Some((req, _d)) => {
+                    let out = self.run(inc, exp, req);
+                    drop(locks);
+                    out
+                }
+                None => Outgoing::parked(),
+            },
+            Acquired::Waiting(cbs) => {
+                debug!(client = %exp.uuid, callbacks = cbs.len(), "read waits for write-back locks");
+                self.call_back(&cbs);
+                Outgoing::parked()
+            }
+        }
+    }
+
+    /// A request that changes nothing: run, unless it must wait for write-back
+    /// locks first ([`Mdt::park_read`]).
+    fn read(&self, inc: &Incoming, exp: &Arc<Export>, req: MdtRequest) -> Outgoing {
+        let gated = self.dom_gated(exp, &req);
+        if gated.is_empty() {
+            self.run(inc, exp, req)
+        } else {
+            self.park_read(inc, exp, req, &gated)
+        }
     }
 
     /// [`Mdt::run`] for sub-request `sub - 1` of a batch (0: a whole request).

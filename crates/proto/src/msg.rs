@@ -400,6 +400,11 @@ pub struct CreateReq {
     /// With `O_TMPFILE` (`perm::O_TMPFILE_BIT`), `name` is empty and the file gets no
     /// name: `parent` only lends it permissions, group, ACLs and layout.
     pub open_flags: Option<u32>,
+    /// With `open_flags` for writing: ask for a PW DOM lock on the new file, granted
+    /// (`CreateRep::dom_lock`) only if its every byte will be on the MDT. Under it the
+    /// creator may keep its first write back past `write(2)` (write-back): any other
+    /// access to the file's data or size calls the lock back first.
+    pub dom_writeback: bool,
 }
 
 /// Result of a create or open.
@@ -435,6 +440,10 @@ pub struct CreateRep {
     /// could not be read). Never kept in a reply record (a reconstructed reply comes
     /// without, and the client reads the page itself).
     pub dir_page: Option<ReaddirRep>,
+    /// With `CreateReq::dom_writeback`: the PW DOM lock on the new file (0: none).
+    /// The MDT lets it go itself at the first DOM_WRITE that names it; the client
+    /// gives it back at close if it wrote nothing.
+    pub dom_lock: u64,
 }
 
 /// The first bytes of a Data-on-MDT file, sent with its open.
@@ -685,6 +694,9 @@ pub struct DomWriteReq {
     /// otherwise refused with `ERANGE` and nothing written (the client then finds the
     /// end and writes there).
     pub append: bool,
+    /// The writer's PW DOM lock (`CreateRep::dom_lock`; 0: none): the write is the one
+    /// kept back under it, so it is not called back, and goes with the write.
+    pub dom_lock: u64,
 }
 
 impl DomWriteReq {
@@ -1370,6 +1382,7 @@ mod dom_write_tests {
     fn a_dom_writes_handle_is_read_from_its_body_alone() {
         for data in [Vec::new(), vec![7u8; 100_000]] {
             let body = Request::DomWrite(DomWriteReq {
+                dom_lock: 0,
                 fid: Fid::ROOT,
                 handle: 0x1234_5678_9abc,
                 offset: 4096,

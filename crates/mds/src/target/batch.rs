@@ -156,7 +156,7 @@ impl Mdt {
             match held.take() {
                 // Chosen before the wait: still right only if the names did not move
                 // meanwhile.
-                Some((l, want)) if self.wants_hold(&req, &want) => locks = Some(l),
+                Some((l, want)) if self.wants_hold(&run.exp, &req, &want) => locks = Some(l),
                 Some(_) => {}
                 None if resent => match self.ns.store.reply_record(exp.slot, run.header.tag, sub) {
                     Ok(Some(rec)) if rec.xid == run.header.xid => {
@@ -179,12 +179,12 @@ impl Mdt {
                 if locks.is_some() {
                     break;
                 }
-                let want = self.lock_wants(&req);
+                let want = self.lock_wants(&run.exp, &req);
                 if want.is_empty() {
                     break;
                 }
                 match self.ldlm.try_acquire(&want) {
-                    Some(l) if self.wants_hold(&req, &want) => locks = Some(l),
+                    Some(l) if self.wants_hold(&run.exp, &req, &want) => locks = Some(l),
                     Some(_) => {}
                     None => {
                         run.todo.push_front(Ok(req));
