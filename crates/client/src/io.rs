@@ -617,6 +617,12 @@ impl Client {
         self.wb.take_error(fid)
     }
 
+    /// Whether a write to `fid` is kept back (see [`crate::writeback`]): its close
+    /// will wait for it.
+    pub fn write_back_pending(&self, fid: Fid) -> bool {
+        self.wb.pending(fid)
+    }
+
     /// Gives back write-back lock `lock` (0: none) if it is held and unused.
     fn give_back_dom_lock(&self, lock: u64) {
         if lock != 0 && self.wb.unused(lock) {

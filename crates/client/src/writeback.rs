@@ -128,6 +128,11 @@ impl WriteBacks {
         self.count.load(Ordering::Acquire) > 0
     }
 
+    /// Whether a write to `fid` is kept back.
+    pub(crate) fn pending(&self, fid: Fid) -> bool {
+        self.any() && self.pending.lock().contains_key(&fid)
+    }
+
     /// How a kept-back write to `fid` failed, if one did: told once.
     pub(crate) fn take_error(&self, fid: Fid) -> Result<(), Errno> {
         let mut failed = self.failed.lock();

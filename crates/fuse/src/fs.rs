@@ -1447,7 +1447,11 @@ impl Filesystem for LodeFs {
         // call, on the runtime when the threads are busy). Its errors could not reach
         // the application anyway. Answering first would leave a ring entry, to which
         // the kernel sends its next request, behind this thread's call to the MDT.
-        self.spawn(|i| async move {
+        // A close that must wait for a write kept back (see `lode_client`'s
+        // write-back) waits on the runtime, not on this ring thread, to which the
+        // kernel may send the application's next request meanwhile.
+        let pending = self.inner.client.write_back_pending(h.fid);
+        let fut = |i: Arc<Inner>| async move {
             for a in unlocks {
                 if let Err(e) = i.client.flock(&a).await {
                     tracing::warn!(fid = %h.fid, "dropping flock locks at close failed: {e}");
@@ -1470,7 +1474,12 @@ impl Filesystem for LodeFs {
                 i.files.lock().closed_with(h.fid, n, token);
             }
             reply.ok();
-        });
+        };
+        if pending {
+            self.rt.spawn(fut(self.inner.clone()));
+        } else {
+            self.spawn(fut);
+        }
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: Fh, _datasync: bool, reply: ReplyEmpty) {
