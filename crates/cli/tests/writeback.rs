@@ -2,7 +2,8 @@
 //! DOM lock (`lode_client`'s `writeback`), against real servers, native clients and
 //! FUSE mounts: every other client's read of the file's size or bytes calls the lock
 //! back and finds what the writer's `write(2)` returned for; the maker's own calls
-//! wait for it; nobody is called back once the maker is done with the file.
+//! wait for it; nobody is called back once the maker is done with the file. Off by
+//! default (`llite.*.dom_writeback`): each test turns it on.
 
 mod common;
 
@@ -18,6 +19,7 @@ fn another_client_sees_a_kept_back_write_before_it_reaches_the_mdt_by_itself() {
     let (s, other) = (c.client(), c.client());
     // Locks (and so write-back) once the callback channel is up.
     assert!(s.run(s.client.wait_callback_channel(Duration::from_secs(10))));
+    s.client.set_dom_writeback(true);
     let fh = dom_created(&s, b"d");
     // Every request of the writer now waits 300 ms before it is sent: the write kept
     // back is still on its way when the other client asks.
@@ -67,6 +69,8 @@ fn another_client_sees_a_kept_back_write_before_it_reaches_the_mdt_by_itself() {
 fn the_maker_done_with_its_files_is_never_called_back_for_them() {
     let c = cluster(1);
     let (s, other) = (c.client(), c.client());
+    assert!(s.run(s.client.wait_callback_channel(Duration::from_secs(10))));
+    s.client.set_dom_writeback(true);
     let mut fids = Vec::new();
     for i in 0..20u32 {
         let name = format!("f{i}");
@@ -103,6 +107,7 @@ fn the_maker_done_with_its_files_is_never_called_back_for_them() {
 fn a_file_written_through_one_mount_is_read_whole_through_another_at_once() {
     let c = cluster(1);
     let (a, b) = (c.mount(), c.mount());
+    c.set_param("llite.*.dom_writeback=1");
     let d = a.path().join("wb");
     std::fs::create_dir(&d).unwrap();
     ok(&c, &["setstripe", "-E", "1M", "-L", "mdt", &s(&d)]);

@@ -467,7 +467,7 @@ impl Client {
                 target: Vec::new(),
                 layout,
                 open_flags: Some(open_flags as u32),
-                dom_writeback: self.cfg.dom_writeback
+                dom_writeback: self.dom_writeback()
                     && lode_base::perm::wants_write(open_flags)
                     && self.callback_channel_up(),
             }))
@@ -615,6 +615,17 @@ impl Client {
     /// write-back cache's close does, and so do the next `fsync` and close.
     pub fn write_back_error(&self, fid: Fid) -> Result<(), Errno> {
         self.wb.take_error(fid)
+    }
+
+    /// `llite.*.dom_writeback`: whether the first write of a small Data-on-MDT file
+    /// made here is kept back past `write(2)` (see [`crate::writeback`]).
+    pub fn dom_writeback(&self) -> bool {
+        self.dom_writeback.load(Ordering::Relaxed)
+    }
+
+    /// Sets `llite.*.dom_writeback` (for files created from now on).
+    pub fn set_dom_writeback(&self, on: bool) {
+        self.dom_writeback.store(on, Ordering::Relaxed);
     }
 
     /// Whether a write to `fid` is kept back (see [`crate::writeback`]): its close

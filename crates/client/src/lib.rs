@@ -63,8 +63,10 @@ pub struct ClientConfig {
     pub atime: lode_base::attr::AtimeMode,
     /// Whether reading a directory moves its access time too (`-o nodiratime`: no).
     pub diratime: bool,
-    /// Whether the first write of a small Data-on-MDT file this client made may be
-    /// kept back past `write(2)` under a DOM lock (see [`writeback`]).
+    /// Whether the first write of a small Data-on-MDT file this client made is kept
+    /// back past `write(2)` under a DOM lock (see [`writeback`]; `llite.*.dom_writeback`).
+    /// Off by default: on loopback with two CPUs its hand-offs to the runtime cost more
+    /// than the round trip it saves.
     pub dom_writeback: bool,
 }
 
@@ -85,7 +87,7 @@ impl ClientConfig {
             locks: true,
             atime: lode_base::attr::AtimeMode::Relative,
             diratime: true,
-            dom_writeback: true,
+            dom_writeback: false,
         }
     }
 }
@@ -123,6 +125,8 @@ pub struct Client {
     /// First writes of small Data-on-MDT files kept back past `write(2)`, and the
     /// locks that let them be (see [`writeback`]).
     wb: writeback::WriteBacks,
+    /// `llite.*.dom_writeback`, from [`ClientConfig::dom_writeback`].
+    dom_writeback: std::sync::atomic::AtomicBool,
     rt: Handle,
     /// This client, for work it starts in the background (statahead's next fetch).
     me: std::sync::Weak<Client>,
@@ -200,6 +204,7 @@ impl Client {
             changing: Mutex::new(HashMap::new()),
             known: Mutex::new(HashMap::new()),
             wb: writeback::WriteBacks::default(),
+            dom_writeback: std::sync::atomic::AtomicBool::new(cfg.dom_writeback),
             cfg,
             uuid,
             mdc,

@@ -180,7 +180,7 @@ pub fn all(client: Arc<Client>) -> impl Params {
 pub struct LliteParams(pub Arc<Client>);
 
 /// `llite.*.*`.
-static LLITE: [Param<Client>; 7] = [
+static LLITE: [Param<Client>; 8] = [
     Param {
         name: "statahead_max",
         help: "entries a lookup of a listed or numbered name fetches ahead, with their locks (0: no statahead, and a mount lists names without their attributes)",
@@ -248,6 +248,19 @@ static LLITE: [Param<Client>; 7] = [
         help: "open handles kept under OPEN locks (and how many idle), opens served from them, handles kept and closed",
         get: |c| c.opencache_stats(),
         set: Set::No,
+    },
+    Param {
+        name: "dom_writeback",
+        help: "1: the first write of a small Data-on-MDT file this client made is kept back past write(2) under a DOM lock and sent in the background (saves a round trip per file on a network; costs CPU hand-offs on loopback); 0: off",
+        get: |c| u8::from(c.dom_writeback()).to_string(),
+        set: Set::Text(|c, v| {
+            match v.trim() {
+                "0" => c.set_dom_writeback(false),
+                "1" => c.set_dom_writeback(true),
+                _ => return Err(format!("Invalid argument: {v:?} is not 0 or 1")),
+            }
+            Ok(())
+        }),
     },
     Param {
         name: "unsupported_ioctls",
