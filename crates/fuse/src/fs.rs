@@ -1389,18 +1389,19 @@ impl Filesystem for LodeFs {
             return;
         };
         // A first write kept back that failed already (see `lode_client`'s
-        // write-back): told here, not waited for.
-        if let Err(e) = self.inner.client.write_back_error(fid) {
-            reply.error(e.raw());
-            return;
-        }
+        // write-back): told here, not waited for, once the locks are dropped.
+        let failed = self.inner.client.write_back_error(fid);
         if !self.inner.client.flock_may_hold(fid, lock_owner) {
-            reply.ok();
+            match failed {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(ferr(e)),
+            }
             return;
         }
         self.reply_empty(reply, move |i| async move {
             let a = flock_args(fid, lock_owner, (0, u64::MAX), libc::F_UNLCK, 0, false)?;
-            i.client.flock(&a).await
+            i.client.flock(&a).await?;
+            failed
         });
     }
 
