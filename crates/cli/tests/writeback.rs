@@ -11,34 +11,49 @@ use common::{arg as s, lode_ok as ok};
 
 use common::*;
 use lode_base::Fid;
+use lode_client::Session;
+use lode_testkit::Cluster;
 use std::time::Duration;
+
+/// A writer with write-back on (its callback channel up, so it gets locks) and
+/// another client.
+fn writer_and_other(c: &Cluster) -> (Session, Session) {
+    let (s, other) = (c.client(), c.client());
+    assert!(s.run(s.client.wait_callback_channel(Duration::from_secs(10))));
+    s.client.set_dom_writeback(true);
+    (s, other)
+}
+
+/// The size of `name` in the root as `s` gets it from the MDT.
+fn size_in_root(s: &Session, name: &[u8]) -> u64 {
+    let b = s
+        .run(s.client.lookup(&root(), Fid::ROOT, name))
+        .expect("lookup");
+    s.run(s.client.complete(b)).expect("attributes").attr.size
+}
+
+/// Every byte of `fid` (up to 8 KiB), read through an open of `s`'s own.
+fn read_whole(s: &Session, fid: Fid) -> Vec<u8> {
+    let r = s
+        .run(s.client.open(&root(), fid, libc::O_RDONLY))
+        .expect("open");
+    let data = s.run(s.client.read(&r, 0, 8192)).expect("read");
+    s.run(s.client.close(&r)).expect("close");
+    data
+}
 
 #[test]
 fn another_client_sees_a_kept_back_write_before_it_reaches_the_mdt_by_itself() {
     let c = cluster(1);
-    let (s, other) = (c.client(), c.client());
-    // Locks (and so write-back) once the callback channel is up.
-    assert!(s.run(s.client.wait_callback_channel(Duration::from_secs(10))));
-    s.client.set_dom_writeback(true);
+    let (s, other) = writer_and_other(&c);
     let fh = dom_created(&s, b"d");
     // Every request of the writer now waits 300 ms before it is sent: the write kept
     // back is still on its way when the other client asks.
     s.client.mdc().set_net_delay_us(300_000).expect("delay");
     let called = s.client.lock_callbacks();
     assert_eq!(s.run(s.client.write(&fh, 0, &[7u8; 5000])), Ok(5000));
-    let b = other
-        .run(other.client.lookup(&root(), Fid::ROOT, b"d"))
-        .expect("lookup");
-    let b = other.run(other.client.complete(b)).expect("attributes");
-    assert_eq!(b.attr.size, 5000, "the size the write left");
-    let r = other
-        .run(other.client.open(&root(), fh.fid, libc::O_RDONLY))
-        .expect("open");
-    assert_eq!(
-        other.run(other.client.read(&r, 0, 8192)),
-        Ok(vec![7u8; 5000])
-    );
-    other.run(other.client.close(&r)).expect("close");
+    assert_eq!(size_in_root(&other, b"d"), 5000, "the size the write left");
+    assert_eq!(read_whole(&other, fh.fid), vec![7u8; 5000]);
     assert_eq!(
         s.client.lock_callbacks(),
         called + 1,
@@ -68,9 +83,7 @@ fn another_client_sees_a_kept_back_write_before_it_reaches_the_mdt_by_itself() {
 #[test]
 fn the_maker_done_with_its_files_is_never_called_back_for_them() {
     let c = cluster(1);
-    let (s, other) = (c.client(), c.client());
-    assert!(s.run(s.client.wait_callback_channel(Duration::from_secs(10))));
-    s.client.set_dom_writeback(true);
+    let (s, other) = writer_and_other(&c);
     let mut fids = Vec::new();
     for i in 0..20u32 {
         let name = format!("f{i}");
@@ -87,18 +100,13 @@ fn the_maker_done_with_its_files_is_never_called_back_for_them() {
     s.run(s.client.statfs()).expect("statfs");
     let called = s.client.lock_callbacks();
     for (i, (name, fid)) in fids.iter().enumerate() {
-        let b = other
-            .run(other.client.lookup(&root(), Fid::ROOT, name.as_bytes()))
-            .expect("lookup");
-        let b = other.run(other.client.complete(b)).expect("attributes");
         let want = if i % 2 == 0 { 3000 + i as u64 } else { 0 };
-        assert_eq!(b.attr.size, want, "{name}");
-        let r = other
-            .run(other.client.open(&root(), *fid, libc::O_RDONLY))
-            .expect("open");
-        let data = other.run(other.client.read(&r, 0, 8192)).expect("read");
-        assert_eq!(data, vec![i as u8; want as usize], "{name}");
-        other.run(other.client.close(&r)).expect("close");
+        assert_eq!(size_in_root(&other, name.as_bytes()), want, "{name}");
+        assert_eq!(
+            read_whole(&other, *fid),
+            vec![i as u8; want as usize],
+            "{name}"
+        );
     }
     assert_eq!(s.client.lock_callbacks(), called, "no callback");
 }

@@ -871,9 +871,7 @@ impl Client {
         }
         k.dom_out = k.dom_out.saturating_sub(1);
         let Some(r) = rep else {
-            if let Some(k) = known.remove(&fh.fid) {
-                self.give_back_dom_lock(k.dom_lock);
-            }
+            self.unknow(&mut known, fh.fid);
             return;
         };
         let a = r.attrs;
@@ -889,8 +887,13 @@ impl Client {
     /// `fid` changed here other than by its maker's writes (another writer, a
     /// setattr, a fallocate): what those writes said is no longer the whole story.
     pub(crate) fn forget_made(&self, fid: Fid) {
-        let k = self.known.lock().remove(&fid);
-        if let Some(k) = k {
+        self.unknow(&mut self.known.lock(), fid);
+    }
+
+    /// Forgets what `known` holds of `fid`, giving back the write-back lock it kept
+    /// unused, if any.
+    fn unknow(&self, known: &mut HashMap<Fid, Known>, fid: Fid) {
+        if let Some(k) = known.remove(&fid) {
             self.give_back_dom_lock(k.dom_lock);
         }
     }
@@ -960,11 +963,7 @@ impl Client {
                 e.blocks = e.blocks.max(a.blocks);
                 e.mtime = e.mtime.max(a.mtime);
             }
-            None => {
-                if let Some(k) = known.remove(&obj.fid) {
-                    self.give_back_dom_lock(k.dom_lock);
-                }
-            }
+            None => self.unknow(&mut known, obj.fid),
         }
     }
 

@@ -422,6 +422,16 @@ impl State {
         Some(owner)
     }
 
+    /// The granted lock `handle` names, if any.
+    fn lock(&self, handle: Handle) -> Option<&Lock> {
+        let (r, _) = self.table.get(handle)?;
+        self.res
+            .get(&r)?
+            .granted
+            .iter()
+            .find(|l| l.handle == handle)
+    }
+
     /// Drops the resources of `rs` that hold nothing.
     fn prune(&mut self, rs: impl Iterator<Item = ResId>) {
         for r in rs {
@@ -765,16 +775,7 @@ impl Ldlm {
                 .table
                 .of_client(slot)
                 .into_iter()
-                .filter(|h| {
-                    let Some((r, _)) = st.table.get(*h) else {
-                        return false;
-                    };
-                    !st.res.get(&r).is_some_and(|res| {
-                        res.granted
-                            .iter()
-                            .any(|l| l.handle == *h && l.writes_back())
-                    })
-                })
+                .filter(|h| st.lock(*h).is_some_and(|l| !l.writes_back()))
                 .collect();
             for h in &handles {
                 st.remove(*h);
@@ -826,7 +827,7 @@ impl Ldlm {
     /// calling the lock back. A client's own requests are not held back by its own
     /// locks: it sends them after its kept-back writes itself.
     pub fn dom_written(&self, fids: &[Fid], slot: u32) -> Vec<Fid> {
-        if !self.any_written_back() {
+        if fids.is_empty() || !self.any_written_back() {
             return Vec::new();
         }
         let st = self.st.lock();
@@ -847,14 +848,8 @@ impl Ldlm {
     pub fn cancel_write_back(self: &Arc<Self>, slot: u32, handle: Handle, fid: Fid) -> bool {
         let ok = {
             let st = self.st.lock();
-            match st.table.get(handle) {
-                Some((r, Owner::Client(s))) if s == slot && r == ResId::object(fid) => st
-                    .res
-                    .get(&r)
-                    .and_then(|res| res.granted.iter().find(|l| l.handle == handle))
-                    .is_some_and(Lock::writes_back),
-                _ => false,
-            }
+            st.table.get(handle) == Some((ResId::object(fid), Owner::Client(slot)))
+                && st.lock(handle).is_some_and(Lock::writes_back)
         };
         ok && self.cancel(slot, handle)
     }

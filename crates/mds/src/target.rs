@@ -1093,7 +1093,6 @@ impl Mdt {
     }
 }
 
-/// Whether a create makes a file with no name (`O_TMPFILE`).
 /// What a create with an intent hands its client locks on (see
 /// `Mdt::grant_created`).
 struct Created {
@@ -1111,6 +1110,7 @@ fn dom_wants(fids: &[Fid]) -> Vec<Want> {
         .collect()
 }
 
+/// Whether a create makes a file with no name (`O_TMPFILE`).
 fn is_tmpfile(r: &lode_proto::CreateReq) -> bool {
     r.open_flags
         .is_some_and(|f| lode_base::perm::is_tmpfile(f as i32))
