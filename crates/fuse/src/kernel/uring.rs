@@ -296,6 +296,11 @@ struct Queue<FS> {
     group: Arc<Group>,
     /// Where new threads' handles go, for the session to join.
     handles: Threads,
+    /// The thread that may spin for the queue's next request: the one that committed
+    /// last, whose entry the kernel fills next. The others sleep at once, so spinning
+    /// threads of one CPU never yield the CPU to each other (each such yield is a
+    /// context switch, and they were most of the mount's).
+    spinner: std::sync::atomic::AtomicUsize,
 }
 
 /// Starts the ring threads: `threads` in all, at least one per queue. Returns once each
@@ -320,6 +325,7 @@ pub fn start<FS: Filesystem>(
             qid: q as u16,
             group: Group::new(0),
             handles: handles.clone(),
+            spinner: std::sync::atomic::AtomicUsize::new(0),
         });
         for _ in 0..per_queue {
             add_thread(&queue, Some(tx.clone()), false)?;
@@ -486,7 +492,17 @@ unsafe fn serve<FS: Filesystem>(
             if !wr.live {
                 return Ok(());
             }
-            let budget = spin.budget();
+            // This thread's address names it among the queue's threads. Having
+            // committed, it is the queue's last committer, whether or not it spins; a
+            // thread whose reply comes from another thread (a lock wait) has not.
+            let me = w as usize;
+            if waiting.is_none() {
+                queue.spinner.store(me, Ordering::Release);
+            }
+            let budget = match waiting {
+                None => spin.budget(),
+                Some(_) => std::time::Duration::ZERO,
+            };
             if !budget.is_zero() {
                 match wr.ring.submit() {
                     Ok(_) => {}
@@ -494,10 +510,16 @@ unsafe fn serve<FS: Filesystem>(
                     Err(e) => return Err(e),
                 }
                 let until = std::time::Instant::now() + budget;
-                while wr.ring.completion().is_empty() && std::time::Instant::now() < until {
+                while wr.ring.completion().is_empty()
+                    && queue.spinner.load(Ordering::Acquire) == me
+                    && std::time::Instant::now() < until
+                {
                     std::thread::yield_now();
                 }
-                spin.record(!wr.ring.completion().is_empty());
+                // Overtaken by a later committer: neither a hit nor a miss.
+                if queue.spinner.load(Ordering::Acquire) == me || !wr.ring.completion().is_empty() {
+                    spin.record(!wr.ring.completion().is_empty());
+                }
             }
             match wr.ring.submit_and_wait(1) {
                 Ok(_) => {}
