@@ -360,7 +360,11 @@ impl Ost {
         }
         let undo = powercut::Undo::from_env(&cfg.dir)?.map(Arc::new);
         let pool = match undo {
-            None => Some(pool::Pool::open(&cfg.dir)?),
+            None => {
+                let p = pool::Pool::open(&cfg.dir)?;
+                p.start_precreating()?;
+                Some(p)
+            }
             Some(_) => None,
         };
         let (clients, expected) = recovery::Clients::load(&cfg.dir)?;
@@ -1253,7 +1257,7 @@ static OBDFILTER: [lode_rpc::admin::Param<Ost>; 16] = {
         },
         Param {
             name: "object_pool",
-            help: "destroyed objects' files kept empty for new objects (inode allocation is slow on ext4 after many deletions): ready, waiting for a commit, reused so far",
+            help: "empty files kept for new objects, destroyed objects' and precreated ones (inode allocation is slow on ext4 after many deletions): ready, waiting for a commit, reused so far, precreated so far",
             get: |o| {
                 o.commit
                     .pool
