@@ -340,13 +340,17 @@ impl Pool {
 }
 
 /// The precreator's loop: while the pool is open, fills it to [`PRECREATE_HIGH`]
-/// whenever it falls below [`PRECREATE_LOW`] (checked at each take, and every second).
+/// (counting files waiting for a commit) whenever fewer than [`PRECREATE_LOW`] are
+/// ready (checked at each take, and every second).
 fn precreate(inner: &Inner) {
+    let runs_low = |f: &Files| {
+        f.ready.len() < PRECREATE_LOW && f.ready.len() + f.pending.len() < PRECREATE_HIGH
+    };
     let mut warned = false;
     loop {
         {
             let mut f = inner.files.lock();
-            while !f.closing && f.ready.len() >= PRECREATE_LOW {
+            while !f.closing && !runs_low(&f) {
                 inner.wake.wait_for(&mut f, Duration::from_secs(1));
             }
             if f.closing {
@@ -371,7 +375,7 @@ fn precreate(inner: &Inner) {
                 Ok(_) => {
                     let mut f = inner.files.lock();
                     if f.closing {
-                        // The drain collected the names already: this one goes too.
+                        // Stopping: the drain removes only what is listed.
                         drop(f);
                         let _ = remove(&p);
                         return;
@@ -386,9 +390,11 @@ fn precreate(inner: &Inner) {
                             p.display()
                         );
                     }
+                    // The takes' wake-ups do not cut the pause short.
+                    let until = std::time::Instant::now() + PRECREATE_BACKOFF;
                     let mut f = inner.files.lock();
-                    if !f.closing {
-                        inner.wake.wait_for(&mut f, PRECREATE_BACKOFF);
+                    while !f.closing && std::time::Instant::now() < until {
+                        inner.wake.wait_until(&mut f, until);
                     }
                     break;
                 }
@@ -490,7 +496,6 @@ mod tests {
         for i in 0..=(PRECREATE_HIGH - PRECREATE_LOW) {
             assert!(pool.take(&objs.join(format!("b{i}"))).unwrap());
         }
-        assert!(ready(&pool) < PRECREATE_LOW);
         wait_for(&pool, PRECREATE_HIGH);
         let taken = 1 + (PRECREATE_HIGH - PRECREATE_LOW + 1);
         assert!(pool
