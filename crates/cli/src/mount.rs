@@ -422,9 +422,20 @@ pub fn daemonize(
         .rev()
         .find(|l| l.starts_with("lode: "))
         .map(|l| l.trim_start_matches("lode: ").to_string());
+    // With a log file, the reason is its last line (the log may be the admin's only
+    // record, but the caller should not have to go and look).
+    let logged = log.as_ref().and_then(|p| {
+        let text = std::fs::read_to_string(p).ok()?;
+        let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+        Some(format!(
+            "mount: failed ({status}): {}",
+            line.trim().trim_start_matches("lode: ")
+        ))
+    });
     bail!(
         "{}",
-        last.unwrap_or_else(|| format!("mount: failed ({status})"))
+        last.or(logged)
+            .unwrap_or_else(|| format!("mount: failed ({status})"))
     )
 }
 
