@@ -1538,8 +1538,12 @@ fn run(victim: Victim) {
         problems.push(format!(
             "open handles: the MDS has {open:?}, the clients hold {held} (one held file \
              each, open since before the first crash, or the killed client's since its \
-             last start, and {} kept in open caches): {why}",
-            held - clients.len()
+             last start, and {} kept in open caches): {why}\n\
+             the MDS's handles:\n{}\n\
+             the mounts' open caches: {:?}",
+            held - clients.len(),
+            c.get_param("mdt.*.open_handles"),
+            c.get_param("llite.*.opencache_stats"),
         ));
     }
     for (who, (client, held)) in clients.iter().zip(helds).enumerate() {

@@ -399,9 +399,18 @@ fn a_client_closed_for_idling_reconnects_on_its_next_request_and_keeps_its_open_
         "1",
         "the handle outlived the connection"
     );
+    let handles = c.get_param("mdt.*.open_handles");
+    assert!(
+        handles.lines().count() == 1
+            && handles.contains(&format!("fid={}", made.fid))
+            && handles.contains(&format!("handle={:#x}", made.handle))
+            && handles.ends_with("mode=w"),
+        "open_handles names the one handle: {handles:?}"
+    );
     s.run(s.client.close_now(&made))
         .expect("close after reconnecting");
     assert_eq!(c.get_param("mdt.*.open_files"), "0");
+    assert_eq!(c.get_param("mdt.*.open_handles"), "");
     assert!(
         c.log("mdt0").matches("client connected").count() >= 2,
         "the client connected again"

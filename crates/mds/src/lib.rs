@@ -280,6 +280,20 @@ impl Namespace {
         self.opens.lock().handles.len()
     }
 
+    /// Every open handle: `(slot, handle, fid, opened for writing)`, by slot, then
+    /// handle.
+    pub fn open_handles(&self) -> Vec<(u32, u64, Fid, bool)> {
+        let mut v: Vec<_> = self
+            .opens
+            .lock()
+            .handles
+            .iter()
+            .map(|(&h, o)| (o.slot, h, o.fid, o.write))
+            .collect();
+        v.sort_unstable_by_key(|&(slot, h, _, _)| (slot, h));
+        v
+    }
+
     /// Updates the OST table from the MGS config.
     pub fn set_osts(&self, osts: Vec<OstState>) {
         self.osts.set(osts);

@@ -31,7 +31,7 @@ const fn max_mod(name: &'static str) -> Param<Mdt> {
 }
 
 /// `mdt.FS-MDTxxxx.*`.
-static MDT: [Param<Mdt>; 29] = {
+static MDT: [Param<Mdt>; 30] = {
     let [fail_loc, fail_val, fail_opc, rpc_delay_us] = lode_rpc::fail::params::<Mdt>();
     [
         max_mod("max_mod_rpcs_in_flight"),
@@ -78,6 +78,12 @@ static MDT: [Param<Mdt>; 29] = {
             name: "open_files",
             help: "open handles held by clients",
             get: |m| m.open_count().to_string(),
+            set: Set::No,
+        },
+        Param {
+            name: "open_handles",
+            help: "each open handle: its client, slot, FID, handle and access",
+            get: |m| m.open_handles_text(),
             set: Set::No,
         },
         Param {

@@ -595,6 +595,28 @@ impl Mdt {
         self.ns.open_count()
     }
 
+    /// `open_handles`: a line per open handle, its client's UUID (empty once the
+    /// client is forgotten), slot, FID, handle and access (Lustre's
+    /// `mdt.*.exports.*.open_files`, in one list).
+    pub fn open_handles_text(&self) -> String {
+        let uuids: HashMap<u32, String> = self
+            .clients
+            .lock()
+            .by_uuid
+            .iter()
+            .map(|(u, &s)| (s, u.clone()))
+            .collect();
+        let mut out = String::new();
+        for (slot, h, fid, write) in self.ns.open_handles() {
+            let uuid = uuids.get(&slot).map_or("", String::as_str);
+            let mode = if write { "w" } else { "r" };
+            out.push_str(&format!(
+                "client={uuid} slot={slot} fid={fid} handle={h:#x} mode={mode}\n"
+            ));
+        }
+        out
+    }
+
     /// Updates the OST table from the MGS config.
     pub fn set_osts(&self, osts: Vec<OstState>) {
         self.ns.set_osts(osts);
