@@ -449,23 +449,32 @@ enum Client {
     Native(Session, Fid),
 }
 
+/// The handles an `opencache_stats` text counts.
+fn handles_in(stats: &str) -> usize {
+    stats
+        .lines()
+        .filter_map(|l| l.strip_prefix("handles:")?.trim().parse::<usize>().ok())
+        .sum()
+}
+
 /// Handles the clients keep open under OPEN locks (their open caches, as
 /// `opencache_stats` counts them): held by them as much as their held files are.
-fn kept_handles(c: &Cluster, clients: &[Client]) -> usize {
-    let count = |stats: &str| {
-        stats
-            .lines()
-            .filter_map(|l| l.strip_prefix("handles:")?.trim().parse::<usize>().ok())
-            .sum::<usize>()
-    };
+/// Among them, the session the killed client's directory is checked with (client
+/// crashes): reading a file through several hard links in a row opens it often
+/// enough for its open cache to keep the handle.
+fn kept_handles(c: &Cluster, clients: &[Client], ctl: &Ctl) -> usize {
     let natives: usize = clients
         .iter()
         .map(|cl| match cl {
-            Client::Native(s, _) => count(&s.client.opencache_stats()),
+            Client::Native(s, _) => handles_in(&s.client.opencache_stats()),
             Client::Mount(_) => 0,
         })
         .sum();
-    count(&c.get_param("llite.*.opencache_stats")) + natives
+    let checker = ctl
+        .victim
+        .as_ref()
+        .map_or(0, |(_, s, _)| handles_in(&s.client.opencache_stats()));
+    handles_in(&c.get_param("llite.*.opencache_stats")) + natives + checker
 }
 
 /// The file a client holds open for the whole run.
@@ -1427,7 +1436,7 @@ fn run(victim: Victim) {
                     // the others keep in their open caches are theirs too (the killed
                     // mount's process is gone, and with it its own count).
                     let released = (0..250).any(|_| {
-                        want = (clients.len() - 1 + kept_handles(&c, &clients)).to_string();
+                        want = (clients.len() - 1 + kept_handles(&c, &clients, &ctl)).to_string();
                         open = c.get_param("mdt.*.open_files");
                         open == want || {
                             std::thread::sleep(Duration::from_millis(40));
@@ -1525,10 +1534,18 @@ fn run(victim: Victim) {
     let mut held = 0;
     let all_open = (0..250).any(|_| {
         open = c.get_param("mdt.*.open_files");
-        held = clients.len() + kept_handles(&c, &clients);
+        held = clients.len() + kept_handles(&c, &clients, &ctl);
         std::thread::sleep(Duration::from_millis(40));
         open == held.to_string()
     });
+    println!(
+        "crash_model: {open} open handles at the end, {} of them kept in open caches \
+         ({} by the session that checks the killed client's directory)",
+        held - clients.len(),
+        ctl.victim
+            .as_ref()
+            .map_or(0, |(_, s, _)| handles_in(&s.client.opencache_stats())),
+    );
     if !all_open {
         let why = match open.parse::<usize>() {
             Ok(n) if n < held => "handles the clients hold were lost",
@@ -1540,10 +1557,14 @@ fn run(victim: Victim) {
              each, open since before the first crash, or the killed client's since its \
              last start, and {} kept in open caches): {why}\n\
              the MDS's handles:\n{}\n\
-             the mounts' open caches: {:?}",
+             the mounts' open caches: {:?}\n\
+             the checking session's open cache: {:?}",
             held - clients.len(),
             c.get_param("mdt.*.open_handles"),
             c.get_param("llite.*.opencache_stats"),
+            ctl.victim
+                .as_ref()
+                .map(|(_, s, _)| s.client.opencache_stats()),
         ));
     }
     for (who, (client, held)) in clients.iter().zip(helds).enumerate() {
