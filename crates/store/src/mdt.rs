@@ -612,7 +612,8 @@ impl MdtStore {
         (c.hits, c.misses) = (0, 0);
     }
 
-    /// Brings the cached inodes and entries a written batch touched up to date.
+    /// Brings the caches up to date with a written batch: every inode it put is kept
+    /// (new ones too), and its entries hold the values it left.
     fn written(&self, batch: &Batch) {
         self.dirents_written(batch);
         let mut c = None;
@@ -631,20 +632,20 @@ impl MdtStore {
                 // Never cached.
                 continue;
             };
-            // A record in the old generation is dropped rather than updated: it was
-            // going to age out anyway.
+            // Every inode written is kept, new ones too: a file just made or changed
+            // is the one most likely to be read next (mdtest's stat, setattr and
+            // unlink after its creates; a job's open after its mkdir).
             c.gens.old.remove(&k);
             match v {
-                Some(v) => {
-                    if let Some(slot) = c.gens.map.get_mut(&k) {
-                        *slot = InodeBytes::from(v.as_slice());
-                    }
-                }
+                Some(v) => c.gens.insert(k, InodeBytes::from(v.as_slice())),
                 None => {
                     c.gens.map.remove(&k);
                 }
             }
         }
+        // A generation pushed out is freed after the lock is let go.
+        let retired = c.and_then(|mut c| c.gens.retired.take());
+        drop(retired);
     }
 
     /// Brings the cached entries a written batch touched up to date: each holds the
@@ -827,15 +828,39 @@ mod tests {
     /// A store on a real engine under `dir` holding inodes 1, 3 and 7 (record `[i; 4]`),
     /// none of them cached, its counters at zero.
     fn store_with_inodes_1_3_7(dir: &std::path::Path) -> Arc<MdtStore> {
+        // Written to the engine before the store opens: on disk, not cached.
         let engine = crate::rocks::RocksEngine::open(dir, 8).expect("open");
-        let store = MdtStore::open(Arc::new(engine)).expect("store");
         let mut batch = Batch::new();
         for i in [3u8, 1, 7] {
             batch.put(Cf::Inode, key(i).to_vec(), vec![i; 4]);
         }
+        engine.write(&batch).expect("write");
+        MdtStore::open(Arc::new(engine)).expect("store")
+    }
+
+    #[test]
+    fn an_inode_written_is_cached_and_one_removed_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store_with_inodes_1_3_7(dir.path());
+        let mut batch = Batch::new();
+        batch.put(Cf::Inode, key(9).to_vec(), vec![9; 4]);
+        batch.put(Cf::Inode, key(3).to_vec(), vec![33; 4]);
         store.apply_untracked(&batch).expect("write");
-        store.clear_inode_cache_stats();
-        store
+        assert_eq!(
+            store.inode(&key(9)).expect("inode").as_deref(),
+            Some(&[9u8; 4][..])
+        );
+        assert_eq!(
+            store.inode(&key(3)).expect("inode").as_deref(),
+            Some(&[33u8; 4][..])
+        );
+        let s = store.inode_cache_stats();
+        assert_eq!((s.hits, s.misses), (2, 0), "both from the cache");
+        let mut batch = Batch::new();
+        batch.delete(Cf::Inode, key(9).to_vec());
+        store.apply_untracked(&batch).expect("write");
+        assert_eq!(store.inode(&key(9)).expect("inode"), None);
+        assert_eq!(store.inode_cache_stats().misses, 1, "gone from the cache");
     }
 
     #[test]
