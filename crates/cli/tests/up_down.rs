@@ -24,12 +24,21 @@ fn lode_processes_for(dir: &Path) -> usize {
 /// Runs `lode up` (through `cmd`, a lode binary) on `dir` with ports from `base`, which
 /// must succeed; returns what it printed.
 fn up_with(mut cmd: Command, dir: &Path, base: u16) -> String {
-    let out = cmd
-        .args(["up", "--dir"])
+    cmd.args(["up", "--dir"])
         .arg(dir)
-        .args(["--port-base", &base.to_string()])
-        .output()
-        .unwrap();
+        .args(["--port-base", &base.to_string()]);
+    // A binary just copied can be "busy" for a moment: a process another test thread
+    // forked meanwhile holds the copy's write descriptor until it execs.
+    let mut tries = 0;
+    let out = loop {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r.unwrap(),
+        }
+    };
     assert!(
         out.status.success(),
         "up: {}",
