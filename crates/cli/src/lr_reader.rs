@@ -36,10 +36,7 @@ fn render(a: &LrArgs) -> Result<String> {
     let db = a.dir.join(lode_store::MDT_DB_DIR);
     let e = RocksEngine::open_read_only(&db)
         .map_err(|e| anyhow!("lr-reader: {}: {e}", db.display()))?;
-    let last = e
-        .get(Cf::Server, b"last_transno")?
-        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-        .map_or(0, u64::from_le_bytes);
+    let last = lode_store::mdt::last_transno_on_disk(&e)?;
     let mut out = String::new();
     let _ = writeln!(out, "last_rcvd:");
     let _ = writeln!(out, "  uuid: {}", cfg.uuid);

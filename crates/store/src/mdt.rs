@@ -18,6 +18,37 @@ use tracing::error;
 
 const LAST_TRANSNO: &[u8] = b"last_transno";
 
+/// The highest transno the engine holds: `LAST_TRANSNO`, or a reply record's if higher.
+/// A change with a reply record writes its transno there only (one key less per
+/// change); `LAST_TRANSNO` is written by changes without one, by writes that rewrite or
+/// delete reply records outside a transno, and by the commit before a sync that covers
+/// changes that wrote nothing. Reply records are few (clients × tags), so the scan is
+/// short.
+pub fn last_transno_on_disk(engine: &dyn Engine) -> Result<u64, StoreError> {
+    let mut last = match engine.get(Cf::Server, LAST_TRANSNO)? {
+        Some(b) => match <[u8; 8]>::try_from(b.as_slice()) {
+            Ok(a) => u64::from_le_bytes(a),
+            Err(_) => return Err(StoreError::Corrupt("server", "last_transno".into())),
+        },
+        None => 0,
+    };
+    let mut bad = None;
+    engine.scan(Cf::Reply, b"", b"", &mut |_, v| {
+        match records::decode::<ReplyRecord>("reply", v) {
+            Ok(r) => last = last.max(r.transno),
+            Err(e) => {
+                bad = Some(e);
+                return false;
+            }
+        }
+        true
+    })?;
+    match bad {
+        Some(e) => Err(e),
+        None => Ok(last),
+    }
+}
+
 /// What a resent request gets back: the stored outcome of its first execution.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplyRecord {
@@ -218,11 +249,7 @@ impl MdtStore {
     /// Opens the store over `engine`. What the engine holds after a restart is what
     /// was committed (or written and not lost), so it all counts as committed.
     pub fn open(engine: Arc<dyn Engine>) -> Result<Arc<MdtStore>, StoreError> {
-        let last = match engine.get(Cf::Server, LAST_TRANSNO)? {
-            Some(b) if b.len() == 8 => u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])),
-            Some(_) => return Err(StoreError::Corrupt("server", "last_transno".into())),
-            None => 0,
-        };
+        let last = last_transno_on_disk(&*engine)?;
         engine.sync()?;
         Ok(Arc::new(MdtStore {
             engine,
@@ -362,6 +389,7 @@ impl MdtStore {
             Some((s, _, _)) if s.replay_transno >= next => s.replay_transno,
             _ => next,
         };
+        let has_reply = reply.is_some();
         if let Some((slot, status, body)) = reply {
             let rec = ReplyRecord {
                 xid: slot.xid,
@@ -379,8 +407,13 @@ impl MdtStore {
             }
         }
         // A volatile change (only a reply record, see `apply_volatile`) writes nothing.
+        // A reply record on disk carries its transno, so `LAST_TRANSNO` is put only in
+        // a batch without one (`last_transno_on_disk`): one memtable insert less per
+        // change.
         if !volatile {
-            batch.put(Cf::Server, LAST_TRANSNO, transno.to_le_bytes().to_vec());
+            if !has_reply {
+                batch.put(Cf::Server, LAST_TRANSNO, transno.to_le_bytes().to_vec());
+            }
             if let Err(e) = self.engine.write(&batch) {
                 self.stop(&e);
                 return Err(e);
@@ -679,7 +712,19 @@ impl MdtStore {
         if self.is_stopped() {
             return Err(StoreError::Stopped);
         }
-        self.engine.write(batch).inspect_err(|e| self.stop(e))?;
+        // A reply record rewritten or deleted here may have been the one that carried
+        // the highest transno on disk: `LAST_TRANSNO` keeps it, in the same write.
+        let touches_replies = batch.ops.iter().any(|op| match op {
+            Op::Put(cf, _, _) | Op::Delete(cf, _) => *cf == Cf::Reply,
+        });
+        if touches_replies {
+            let mut b = batch.clone();
+            let t = self.last_written.load(Ordering::Relaxed);
+            b.put(Cf::Server, LAST_TRANSNO, t.to_le_bytes().to_vec());
+            self.engine.write(&b).inspect_err(|e| self.stop(e))?;
+        } else {
+            self.engine.write(batch).inspect_err(|e| self.stop(e))?;
+        }
         let n = self.untracked.fetch_add(1, Ordering::AcqRel) + 1;
         self.written(batch);
         Ok(n)
@@ -1159,6 +1204,46 @@ mod tests {
         // Its client still holds it for replay, which keeps transno 2.
         assert_eq!(s.last_transno(), 1);
         assert_eq!(s.reply_record(1, 1, 0).unwrap(), None);
+    }
+
+    #[test]
+    fn the_last_transno_survives_a_restart_from_the_reply_records_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
+            s.apply(Batch::new(), None).unwrap();
+            let mut b = Batch::new();
+            b.put(Cf::Inode, b"a".to_vec(), b"1".to_vec());
+            assert_eq!(s.apply(b, Some(reply(1, 1, 5))).unwrap(), 2);
+            let mut b = Batch::new();
+            b.put(Cf::Inode, b"b".to_vec(), b"2".to_vec());
+            assert_eq!(s.apply(b, Some(reply(2, 1, 6))).unwrap(), 3);
+            // Only the change without a reply record wrote the key.
+            let last = s.engine().get(Cf::Server, LAST_TRANSNO).unwrap();
+            assert_eq!(last, Some(1u64.to_le_bytes().to_vec()));
+        }
+        let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
+        assert_eq!(s.last_transno(), 3);
+        assert_eq!(s.last_committed(), 3);
+        // A failed change's record (transno 0) replaces the record that held the
+        // highest transno: the key keeps it.
+        s.record_reply(
+            ReplySlot {
+                slot: 2,
+                tag: 1,
+                xid: 7,
+                replay_transno: 0,
+                sub: 0,
+            },
+            -2,
+        )
+        .unwrap();
+        drop(s);
+        let s = MdtStore::open(Arc::new(RocksEngine::open(dir.path(), 8).unwrap())).unwrap();
+        assert_eq!(s.last_transno(), 3);
+        let mut b = Batch::new();
+        b.put(Cf::Inode, b"c".to_vec(), b"3".to_vec());
+        assert_eq!(s.apply(b, Some(reply(1, 2, 8))).unwrap(), 4);
     }
 
     #[test]
