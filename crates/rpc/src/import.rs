@@ -1405,11 +1405,17 @@ impl Import {
                     rd.buf.resize(n, 0);
                 }
             }
+            let room = rd.buf.len() - rd.end;
             match (&*sock).read(&mut rd.buf[rd.end..]) {
                 Ok(0) => return Err("closed by the target".into()),
                 Ok(n) => {
                     rd.end += n;
                     self.take_frames(rd)?;
+                    // A short read emptied the socket: asking again would only get
+                    // EAGAIN (a system call per reply); the next wait polls anyway.
+                    if n < room {
+                        return Ok(());
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}

@@ -563,13 +563,21 @@ async fn serve_connection(
             Some(_) => Duration::ZERO,
         };
         let mut spun = false;
+        // The last read came up short, so the socket was empty then: reading again
+        // now would only get EAGAIN, a system call per round. (Tokio's readiness is
+        // not cleared by it, so a wait below still reads once to find out.)
+        let mut drained = false;
         if !budget.is_zero() {
             let t = Instant::now();
             while !spun && t.elapsed() < budget {
                 buf.reserve(64 << 10);
+                let room = buf.capacity() - buf.len();
                 match rd.try_read_buf(&mut buf) {
                     Ok(0) => return Closed::Peer,
-                    Ok(_) => spun = true,
+                    Ok(n) => {
+                        spun = true;
+                        drained = n < room;
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         std::thread::yield_now();
                         tokio::task::yield_now().await;
@@ -593,14 +601,15 @@ async fn serve_connection(
             }
         }
         // Read what is there, up to one round's worth.
-        loop {
+        while !drained {
             if buf.len() - before >= limits::READ_ROUND_BYTES {
                 break;
             }
             buf.reserve(64 << 10);
+            let room = buf.capacity() - buf.len();
             match rd.try_read_buf(&mut buf) {
                 Ok(0) => return Closed::Peer,
-                Ok(_) => {}
+                Ok(n) => drained = n < room,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Closed::Io(e),
