@@ -459,6 +459,32 @@ mod tests {
         assert_eq!(ns.getattr(Fid::ROOT).expect("root").attr.nlink, 2);
     }
 
+    #[test]
+    fn a_fid_in_use_is_refused_above_and_below_its_sequences_bound() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ns = namespace(dir.path());
+        let ctx = Ctx::default();
+        ns.create(&ctx, 0, create_req(b"a", 5)).expect("create a");
+        // The FID of `a` under another name: found in use.
+        assert!(matches!(
+            ns.create(&ctx, 0, create_req(b"b", 5)),
+            Err(OpError::Errno(Errno::EEXIST))
+        ));
+        // FIDs taken out of order: below the highest one made, one not in use is
+        // accepted, one in use is not.
+        ns.create(&ctx, 0, create_req(b"c", 9)).expect("create c");
+        ns.create(&ctx, 0, create_req(b"d", 7)).expect("create d");
+        assert!(matches!(
+            ns.create(&ctx, 0, create_req(b"e", 7)),
+            Err(OpError::Errno(Errno::EEXIST))
+        ));
+        assert!(matches!(
+            ns.create(&ctx, 0, create_req(b"e", 9)),
+            Err(OpError::Errno(Errno::EEXIST))
+        ));
+        assert!(ns.lookup(&Cred::root(), Fid::ROOT, b"e").is_err());
+    }
+
     /// Runs `f` as one change under version-based recovery: its digest at commit.
     fn change<T>(expected: Option<u64>, f: impl FnOnce() -> OpResult<T>) -> (OpResult<T>, u64) {
         inode::vbr::begin(expected);

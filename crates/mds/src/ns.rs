@@ -383,7 +383,7 @@ impl Namespace {
         if matches!(ftype, FileType::CharDev | FileType::BlockDev) && r.cred.uid != 0 {
             return Err(Errno::EPERM.into());
         }
-        if self.store.inode(&r.fid.to_bytes())?.is_some() {
+        if self.store.inode_exists(&r.fid.to_bytes())? {
             return Err(Errno::EEXIST.into());
         }
         let dir = ftype == FileType::Directory;
@@ -509,7 +509,7 @@ impl Namespace {
         if lode_base::perm::iflags::forbid_dir_change(parent.fs_flags(), false) {
             return Err(Errno::EPERM.into());
         }
-        if self.store.inode(&r.fid.to_bytes())?.is_some() {
+        if self.store.inode_exists(&r.fid.to_bytes())? {
             return Err(Errno::EEXIST.into());
         }
         let (mode, gid) = new_owner(&parent, &r.cred, FileType::Regular, r.mode);

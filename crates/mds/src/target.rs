@@ -2305,11 +2305,12 @@ impl Mdt {
         let i = self.ns.store.inode_cache_stats();
         let w = &self.warmer;
         let mut out = format!(
-            "inode_cache_entries: {}\ninode_cache_max: {}\ninode_cache_hits: {}\ninode_cache_misses: {}\nwarm_dirs: {}\nwarm_inodes: {}\nwarm_dropped: {}\n",
+            "inode_cache_entries: {}\ninode_cache_max: {}\ninode_cache_hits: {}\ninode_cache_misses: {}\ninode_unused_by_bound: {}\nwarm_dirs: {}\nwarm_inodes: {}\nwarm_dropped: {}\n",
             i.entries,
             self.store().inode_cache_max(),
             i.hits,
             i.misses,
+            i.unused_by_bound,
             w.dirs.load(Ordering::Relaxed),
             w.inodes.load(Ordering::Relaxed),
             w.dropped.load(Ordering::Relaxed),

@@ -139,6 +139,16 @@ pub trait Engine: Send + Sync {
         start: &[u8],
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StoreError>;
+    /// The last key of `cf` that starts with `prefix`, if any. The default visits
+    /// every such key; an engine that can seek backwards does better.
+    fn last_key(&self, cf: Cf, prefix: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut last = None;
+        self.scan(cf, prefix, prefix, &mut |k, _| {
+            last = Some(k.to_vec());
+            true
+        })?;
+        Ok(last)
+    }
     /// Approximate number of keys in `cf`.
     fn estimate_keys(&self, cf: Cf) -> u64;
     /// The engine's own cache: (name, value) lines for `cache_stats` (none by default).

@@ -71,6 +71,9 @@ impl<E: Engine> Engine for Faulty<E> {
     ) -> Result<(), StoreError> {
         self.inner.scan(cf, prefix, start, f)
     }
+    fn last_key(&self, cf: Cf, prefix: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.last_key(cf, prefix)
+    }
     fn estimate_keys(&self, cf: Cf) -> u64 {
         self.inner.estimate_keys(cf)
     }

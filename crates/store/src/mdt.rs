@@ -99,6 +99,15 @@ struct InodeCache {
     gens: Generations<InodeKey, InodeBytes>,
     hits: u64,
     misses: u64,
+    /// Per FID sequence, an oid bound: every inode record of sequence `s` in the
+    /// engine has an oid below `bounds[s]`. A create's check that its new FID is
+    /// unused (a search that always misses) is answered from it: clients take FIDs
+    /// in order from sequences of their own. Learned from the engine once per
+    /// sequence ([`MdtStore::inode_exists`]) and raised before any write of a record
+    /// above it, both under the store's apply lock, so it is never below the truth.
+    bounds: foldhash::HashMap<u64, u64>,
+    /// Existence checks a bound answered.
+    bounded: u64,
 }
 
 impl Default for InodeCache {
@@ -107,8 +116,23 @@ impl Default for InodeCache {
             gens: Generations::new(INODE_CACHE_MAX),
             hits: 0,
             misses: 0,
+            bounds: Default::default(),
+            bounded: 0,
         }
     }
+}
+
+/// Sequences whose oid bound the inode cache keeps at most; past it, it forgets them
+/// all and learns again (a client making FIDs in many sequences costs searches, not
+/// memory).
+const OID_BOUNDS_MAX: usize = 1 << 16;
+
+/// An inode key's sequence, and the oid bound its record needs (see
+/// `InodeCache::bounds`); `None` for a key too short to hold a FID's.
+fn oid_bound(key: &[u8]) -> Option<(u64, u64)> {
+    let seq = u64::from_be_bytes(key.get(..8)?.try_into().ok()?);
+    let oid = u32::from_be_bytes(key.get(8..12)?.try_into().ok()?);
+    Some((seq, u64::from(oid) + 1))
 }
 
 /// A cache of two generations, kept equal to the engine by its owner (`gen`): entries
@@ -194,6 +218,8 @@ pub struct InodeCacheStats {
     pub hits: u64,
     /// Reads that went to the engine.
     pub misses: u64,
+    /// New FIDs' checks answered by their sequence's oid bound, with no read.
+    pub unused_by_bound: u64,
 }
 
 /// Directory entries read or written recently, kept equal to the engine as the inode
@@ -414,6 +440,7 @@ impl MdtStore {
             if !has_reply {
                 batch.put(Cf::Server, LAST_TRANSNO, transno.to_le_bytes().to_vec());
             }
+            self.raise_bounds(&batch);
             if let Err(e) = self.engine.write(&batch) {
                 self.stop(&e);
                 return Err(e);
@@ -499,6 +526,74 @@ impl MdtStore {
         match found {
             Some(v) => Ok(Some(v)),
             None => self.load_inode(key, gen),
+        }
+    }
+
+    /// Whether an inode record exists under `key`: a new FID's check. A FID at or
+    /// above its sequence's oid bound is known unused without a search of the engine
+    /// (see `InodeCache::bounds`); the bound of a sequence not seen since the start
+    /// is learned first, with one backward seek.
+    pub fn inode_exists(&self, key: &InodeKey) -> Result<bool, StoreError> {
+        let Some((seq, need)) = oid_bound(key) else {
+            return Ok(self.inode(key)?.is_some());
+        };
+        let known = {
+            let mut c = self.inodes.lock();
+            if c.gens.contains(key) {
+                c.hits += 1;
+                return Ok(true);
+            }
+            match c.bounds.get(&seq) {
+                Some(&b) if need > b => {
+                    c.bounded += 1;
+                    return Ok(false);
+                }
+                known => known.is_some(),
+            }
+        };
+        if !known && need > self.learn_bound(seq)? {
+            self.inodes.lock().bounded += 1;
+            return Ok(false);
+        }
+        Ok(self.inode(key)?.is_some())
+    }
+
+    /// The oid bound of sequence `seq`, from the engine's last record of it if the
+    /// cache has none. Under the apply lock: no record can be written between the
+    /// search and the bound's keeping.
+    fn learn_bound(&self, seq: u64) -> Result<u64, StoreError> {
+        let _g = self.apply_lock.lock();
+        if let Some(&b) = self.inodes.lock().bounds.get(&seq) {
+            return Ok(b);
+        }
+        let bound = match self.engine.last_key(Cf::Inode, &seq.to_be_bytes())? {
+            None => 0,
+            // A key too short to hold an oid: no bound known.
+            Some(k) => oid_bound(&k).map_or(u64::MAX, |(_, b)| b),
+        };
+        let mut c = self.inodes.lock();
+        if c.bounds.len() >= OID_BOUNDS_MAX {
+            c.bounds.clear();
+        }
+        c.bounds.insert(seq, bound);
+        Ok(bound)
+    }
+
+    /// Raises the oid bounds for the inode records `batch` puts, before it is written
+    /// (under the apply lock).
+    fn raise_bounds(&self, batch: &Batch) {
+        let mut c = None;
+        for op in &batch.ops {
+            let Op::Put(Cf::Inode, k, _) = op else {
+                continue;
+            };
+            let Some((seq, need)) = oid_bound(k) else {
+                continue;
+            };
+            let c = c.get_or_insert_with(|| self.inodes.lock());
+            if let Some(b) = c.bounds.get_mut(&seq) {
+                *b = (*b).max(need);
+            }
         }
     }
 
@@ -636,13 +731,14 @@ impl MdtStore {
             entries: c.gens.map.len() + c.gens.old.len(),
             hits: c.hits,
             misses: c.misses,
+            unused_by_bound: c.bounded,
         }
     }
 
     /// Clears the inode cache's counters.
     pub fn clear_inode_cache_stats(&self) {
         let mut c = self.inodes.lock();
-        (c.hits, c.misses) = (0, 0);
+        (c.hits, c.misses, c.bounded) = (0, 0, 0);
     }
 
     /// Brings the caches up to date with a written batch: every inode it put is kept
@@ -717,6 +813,7 @@ impl MdtStore {
         let touches_replies = batch.ops.iter().any(|op| match op {
             Op::Put(cf, _, _) | Op::Delete(cf, _) => *cf == Cf::Reply,
         });
+        self.raise_bounds(batch);
         if touches_replies {
             let mut b = batch.clone();
             let t = self.last_written.load(Ordering::Relaxed);
@@ -881,6 +978,56 @@ mod tests {
         }
         engine.write(&batch).expect("write");
         MdtStore::open(Arc::new(engine)).expect("store")
+    }
+
+    /// The key of FID `[seq:oid:0]`.
+    fn fid_key(seq: u64, oid: u32) -> InodeKey {
+        let mut k = [0u8; 16];
+        k[..8].copy_from_slice(&seq.to_be_bytes());
+        k[8..12].copy_from_slice(&oid.to_be_bytes());
+        k
+    }
+
+    #[test]
+    fn a_new_fid_above_its_sequences_records_is_known_unused_without_a_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Inodes 1, 3 and 7 of sequence 1 on disk, none cached.
+        let store = store_with_inodes_1_3_7(dir.path());
+        // The bound is learned from the last record (7): above it, no read.
+        assert!(!store.inode_exists(&key(8)).expect("exists"));
+        assert!(!store.inode_exists(&key(200)).expect("exists"));
+        // At or below it, the engine answers, both ways.
+        assert!(store.inode_exists(&key(7)).expect("exists"));
+        assert!(store.inode_exists(&key(1)).expect("exists"));
+        assert!(!store.inode_exists(&key(5)).expect("exists"));
+        let s = store.inode_cache_stats();
+        assert_eq!(s.unused_by_bound, 2);
+        assert_eq!(s.misses, 3, "the engine read for 7, 1 and 5 only");
+        // A sequence with no record: every FID of it unused.
+        assert!(!store.inode_exists(&fid_key(9, 1)).expect("exists"));
+        // A record written above the bound raises it before it is written: pushed out
+        // of the cache, it is still found (by a read, not the bound).
+        let mut batch = Batch::new();
+        batch.put(Cf::Inode, key(100).to_vec(), vec![100; 4]);
+        store.apply(batch, None).expect("write");
+        store.inodes.lock().gens = Generations::new(INODE_CACHE_MAX);
+        assert!(store.inode_exists(&key(100)).expect("exists"));
+        assert!(!store.inode_exists(&key(101)).expect("exists"));
+        assert_eq!(store.inodes.lock().bounds.get(&1), Some(&101));
+        // Written through the untracked path too.
+        let mut batch = Batch::new();
+        batch.put(Cf::Inode, fid_key(9, 40).to_vec(), vec![40; 4]);
+        store.apply_untracked(&batch).expect("write");
+        store.inodes.lock().gens = Generations::new(INODE_CACHE_MAX);
+        assert!(store.inode_exists(&fid_key(9, 40)).expect("exists"));
+        // After a restart the bounds are learned again from what is on disk.
+        drop(store);
+        let engine = crate::rocks::RocksEngine::open(dir.path(), 8).expect("open");
+        let store = MdtStore::open(Arc::new(engine)).expect("store");
+        assert!(store.inode_exists(&key(100)).expect("exists"));
+        assert!(store.inode_exists(&fid_key(9, 40)).expect("exists"));
+        assert!(!store.inode_exists(&fid_key(9, 41)).expect("exists"));
+        assert_eq!(store.inode_cache_stats().unused_by_bound, 1);
     }
 
     #[test]

@@ -184,6 +184,23 @@ impl Engine for RocksEngine {
         it.status().map_err(err)
     }
 
+    fn last_key(&self, cf: Cf, prefix: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut ro = ReadOptions::default();
+        ro.set_total_order_seek(true);
+        ro.set_iterate_lower_bound(prefix.to_vec());
+        if let Some(upper) = prefix_upper_bound(prefix) {
+            ro.set_iterate_upper_bound(upper);
+        }
+        let handle = self.cf(cf)?;
+        let mut it = self.db.raw_iterator_cf_opt(&handle, ro);
+        it.seek_to_last();
+        if let Some(k) = it.key().filter(|k| k.starts_with(prefix)) {
+            return Ok(Some(k.to_vec()));
+        }
+        it.status().map_err(err)?;
+        Ok(None)
+    }
+
     fn estimate_keys(&self, cf: Cf) -> u64 {
         self.cf(cf)
             .ok()
