@@ -299,7 +299,23 @@ pub fn run(a: MountArgs) -> Result<()> {
             _ = async { if let Some(t) = term.as_mut() { t.recv().await; } else { std::future::pending::<()>().await } } => {}
             _ = int => {}
         }
-        let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&unmounter).status();
+        // `lode down` unmounts first and signals after: then there is nothing left to
+        // unmount, and fusermount3's EINVAL says just that.
+        match Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&unmounter)
+            .stderr(Stdio::piped())
+            .output()
+        {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => {
+                let why = String::from_utf8_lossy(&o.stderr);
+                if !why.contains("Invalid argument") {
+                    tracing::warn!("unmounting on a signal: {}", why.trim());
+                }
+            }
+            Err(e) => tracing::warn!("unmounting on a signal: fusermount3: {e}"),
+        }
     });
     tracing::info!(
         mountpoint = %mnt.display(),

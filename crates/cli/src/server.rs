@@ -175,6 +175,9 @@ pub fn run(role: Role, a: ServerArgs) -> Result<()> {
     let (svc, params): (Arc<dyn Service>, Arc<dyn Params>) = match role {
         Role::Mgs => {
             let mgs = Arc::new(lode_mgs::Mgs::open(&a.dir, cfg.fsname.clone(), cfg.key())?);
+            // Every change of its targets file is synced as it is made: nothing to
+            // commit, but the stop is logged as the other targets' are.
+            stop_cleanly_on_sigterm(rt.handle(), || Ok::<(), std::convert::Infallible>(()));
             (mgs.clone(), Arc::new(lode_mgs::MgsParams(mgs)))
         }
         Role::Mdt => start_mdt(&cfg, &a, &listen, rt.handle())?,
