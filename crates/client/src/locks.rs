@@ -718,6 +718,13 @@ impl Client {
         (name_ok, attr_ok)
     }
 
+    /// Whether this client holds a lock on `fid`'s attributes now (its mode, owner and
+    /// ACLs with them), whatever its size needs: what the kernel keeps about its
+    /// permissions with no timeout (its ACLs) is current only while this holds.
+    pub fn perm_covered(&self, fid: Fid) -> bool {
+        self.locks.up.load(Ordering::Acquire) && self.locks.cache.lock().attrs.contains_key(&fid)
+    }
+
     /// Whether a file's cached pages are vouched for now: this client holds its
     /// attributes lock, granted while nobody held the file open for writing (every
     /// open for writing calls such a lock back first). Bytes read without that may
@@ -1236,10 +1243,15 @@ impl Client {
                 }
                 let cached = match cache.forget_lock(*h) {
                     Some(i) => {
-                        if let Inval::Attr { fid, dir: false } = i {
-                            invals.push(Inval::Data(fid));
-                        }
+                        // The attributes (and ACLs) first: forgetting them never waits,
+                        // where dropping pages may wait for a read in flight, and the
+                        // cancel may go before that ends.
+                        let data = match i {
+                            Inval::Attr { fid, dir: false } => Some(Inval::Data(fid)),
+                            _ => None,
+                        };
                         invals.push(i);
+                        invals.extend(data);
                         true
                     }
                     None => false,

@@ -1881,8 +1881,22 @@ impl Filesystem for LodeFs {
             return;
         }
         self.spawn(|i| async move {
-            let r = async { i.client.getxattr(&cred, i.fid(ino)?, &name, size).await };
-            match r.await {
+            let fid = i.fid(ino);
+            let r = async { i.client.getxattr(&cred, fid?, &name, size).await };
+            let r = r.await;
+            // The kernel keeps an ACL it is given with no timeout, until it is told to
+            // forget the inode: one given while no lock covers the attributes would
+            // outlive another client's chmod or setfacl, which calls back nothing
+            // here. Told now, the kernel keeps none (it caches only an answer that no
+            // invalidation met since it asked). Without the callback channel the
+            // mount's timeouts are the contract, as for everything else.
+            if let Ok(f) = fid {
+                let acl = name == lode_base::acl::ACCESS || name == lode_base::acl::DEFAULT;
+                if acl && i.client.callback_channel_up() && !i.client.perm_covered(f) {
+                    i.forget_attrs(ino);
+                }
+            }
+            match r {
                 Ok((_, n)) if size == 0 => reply.size(n),
                 Ok((v, _)) => reply.data(&v),
                 Err(e) => reply.error(ferr(e)),
