@@ -1640,8 +1640,13 @@ impl Client {
             buf[p.buf_off..p.buf_off + data.len()].copy_from_slice(&data);
         }
         if short || chunks.iter().map(|c| c.len).sum::<usize>() < len {
-            // Some object ended early: a hole or the end of the file. The size decides.
-            let size = self.size_of(fh.fid, Some(&layout)).await?;
+            // Some object ended early: a hole or the end of the file. The size decides:
+            // the one kept exact under a lock if there is one (no writer anywhere since
+            // it was granted, so the bytes just read end where it says), else a glimpse.
+            let size = match self.exact_size(fh.fid) {
+                Some(s) => s,
+                None => self.size_of(fh.fid, Some(&layout)).await?,
+            };
             let end = size.saturating_sub(off).min(len as u64) as usize;
             buf.truncate(end);
         }

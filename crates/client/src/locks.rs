@@ -744,6 +744,21 @@ impl Client {
         self.held_attrs(fid, |b| !b.glimpse && !b.written)
     }
 
+    /// `fid`'s size, where [`Client::keeps_pages`] holds: the MDT's size kept under a
+    /// lock that any writer's open calls back first, with no write by this client
+    /// since (its first write makes the copy glimpse). A read that an object ended
+    /// early learns the file's end from it without asking the OSTs.
+    pub(crate) fn exact_size(&self, fid: Fid) -> Option<u64> {
+        if !self.locks.up.load(Ordering::Acquire) {
+            return None;
+        }
+        let c = self.locks.cache.lock();
+        c.attrs
+            .get(&fid)
+            .filter(|(b, _)| !b.glimpse && !b.written)
+            .map(|(b, _)| b.attr.size)
+    }
+
     /// Whether attributes of `fid` are kept under a lock (the callback channel up)
     /// and the copy kept passes `ok`.
     fn held_attrs(&self, fid: Fid, ok: impl FnOnce(&MdtBody) -> bool) -> bool {
