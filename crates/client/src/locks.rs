@@ -722,7 +722,7 @@ impl Client {
     /// ACLs with them), whatever its size needs: what the kernel keeps about its
     /// permissions with no timeout (its ACLs) is current only while this holds.
     pub fn perm_covered(&self, fid: Fid) -> bool {
-        self.locks.up.load(Ordering::Acquire) && self.locks.cache.lock().attrs.contains_key(&fid)
+        self.held_attrs(fid, |_| true)
     }
 
     /// Whether a file's cached pages are vouched for now: this client holds its
@@ -741,7 +741,7 @@ impl Client {
     /// open for writing: else a reader holding it open would keep reading them after
     /// that client's next write, which nothing tells it of).
     pub fn keeps_pages(&self, fid: Fid) -> bool {
-        self.held_attrs(fid, |b| !b.glimpse && !b.written)
+        self.exact_size(fid).is_some()
     }
 
     /// `fid`'s size, where [`Client::keeps_pages`] holds: the MDT's size kept under a
@@ -749,24 +749,23 @@ impl Client {
     /// since (its first write makes the copy glimpse). A read that an object ended
     /// early learns the file's end from it without asking the OSTs.
     pub(crate) fn exact_size(&self, fid: Fid) -> Option<u64> {
-        if !self.locks.up.load(Ordering::Acquire) {
-            return None;
-        }
-        let c = self.locks.cache.lock();
-        c.attrs
-            .get(&fid)
-            .filter(|(b, _)| !b.glimpse && !b.written)
-            .map(|(b, _)| b.attr.size)
+        self.held_attrs_with(fid, |b| (!b.glimpse && !b.written).then_some(b.attr.size))
     }
 
     /// Whether attributes of `fid` are kept under a lock (the callback channel up)
     /// and the copy kept passes `ok`.
     fn held_attrs(&self, fid: Fid, ok: impl FnOnce(&MdtBody) -> bool) -> bool {
+        self.held_attrs_with(fid, |b| ok(b).then_some(())).is_some()
+    }
+
+    /// What `f` takes from the attributes of `fid` kept under a lock (the callback
+    /// channel up), if any are.
+    fn held_attrs_with<T>(&self, fid: Fid, f: impl FnOnce(&MdtBody) -> Option<T>) -> Option<T> {
         if !self.locks.up.load(Ordering::Acquire) {
-            return false;
+            return None;
         }
         let c = self.locks.cache.lock();
-        c.attrs.get(&fid).is_some_and(|(b, _)| ok(b))
+        c.attrs.get(&fid).and_then(|(b, _)| f(b))
     }
 
     /// The MDT's size of `fid` is exact again (a close took back its "data on OSTs"
