@@ -175,6 +175,9 @@ impl hashbrown::Equivalent<(Fid, Vec<u8>)> for NameRef<'_> {
     }
 }
 
+/// Most locks the LRU gives back under one taking of the cache's lock.
+const LRU_SLICE: usize = 1024;
+
 /// Entries of a readdir+ page kept under one taking of the cache's locks.
 const KEEP_CHUNK: usize = 64;
 
@@ -1054,8 +1057,12 @@ impl Client {
                     stale.push(o);
                 }
             }
-            if c.by_lock.len() > self.lock_cache_max() {
-                let n = c.by_lock.len() / 8;
+            let max = self.lock_cache_max();
+            if c.by_lock.len() > max {
+                // Down to a slice below the bound, not an eighth: a walk past the
+                // bound gives back a slice every few pages, and the lookups waiting
+                // on the cache meanwhile wait for a slice, not for 32,768 forgets.
+                let n = c.by_lock.len() - max + (max / 8).clamp(1, LRU_SLICE);
                 for h in c.oldest(n) {
                     invals.extend(c.forget_lock(h));
                     stale.push(h);
