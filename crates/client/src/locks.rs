@@ -175,8 +175,9 @@ impl hashbrown::Equivalent<(Fid, Vec<u8>)> for NameRef<'_> {
     }
 }
 
-/// Most locks the LRU gives back under one taking of the cache's lock.
-const LRU_SLICE: usize = 1024;
+/// Most locks the LRU gives back under one taking of the cache's lock, beyond those
+/// over its bound; with a page's chunk over it, still within `INVAL_LOG_MAX / 4`.
+const LRU_SLICE: usize = 512;
 
 /// Entries of a readdir+ page kept under one taking of the cache's locks.
 const KEEP_CHUNK: usize = 64;
@@ -1062,6 +1063,8 @@ impl Client {
                 // Down to a slice below the bound, not an eighth: a walk past the
                 // bound gives back a slice every few pages, and the lookups waiting
                 // on the cache meanwhile wait for a slice, not for 32,768 forgets.
+                // A slice is small enough for the invalidation log to name each key
+                // (not "everything", which would take back every answer in flight).
                 let n = c.by_lock.len() - max + (max / 8).clamp(1, LRU_SLICE);
                 for h in c.oldest(n) {
                     invals.extend(c.forget_lock(h));
