@@ -248,19 +248,30 @@ impl Cache {
         // The key is ours now: its parts become the lookup keys and the Inval
         // without copies (an LRU pass forgets tens of thousands at once).
         Some(match self.by_lock.remove(&handle)?.0 {
+            // Taken out and put back if another lock keeps it now (rare: a lock
+            // replaced leaves `by_lock` then), one probe of the map, not two.
             Key::Attr(fid) => {
                 let mut dir = false;
-                if let Some((b, _)) = self.attrs.get(&fid).filter(|(_, h)| *h == handle) {
-                    dir = b.attr.is_dir();
-                    self.attrs.remove(&fid);
-                    self.listings.remove(&fid);
+                match self.attrs.remove(&fid) {
+                    Some((b, h)) if h == handle => {
+                        dir = b.attr.is_dir();
+                        self.listings.remove(&fid);
+                    }
+                    Some(other) => {
+                        self.attrs.insert(fid, other);
+                    }
+                    None => {}
                 }
                 Inval::Attr { fid, dir }
             }
             Key::Name(d, n) => {
                 let k = (d, n);
-                if self.names.get(&k).is_some_and(|(_, h)| *h == handle) {
-                    self.names.remove(&k);
+                match self.names.remove_entry(&k) {
+                    Some((_, (_, h))) if h == handle => {}
+                    Some((key, other)) => {
+                        self.names.insert(key, other);
+                    }
+                    None => {}
                 }
                 Inval::Name(k.0, k.1)
             }
