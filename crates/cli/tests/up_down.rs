@@ -94,6 +94,31 @@ fn up_then_down_twice_leaves_nothing_behind_and_keeps_data() {
     }
 }
 
+/// `lode down` at once after `lode up` (the mount may still be registering its ring
+/// entries when it is unmounted) is a clean stop: no failure in the mount's log.
+#[test]
+fn down_at_once_after_up_leaves_no_failure_in_the_mount_log() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("data");
+    let base = 20005 + (std::process::id() % 1200) as u16 * 10;
+    // The window is a few milliseconds wide: several rounds to meet it.
+    for round in 0..8 {
+        up_with(lode(), &dir, base);
+        down(&dir);
+        lode_testkit::wait_for(
+            "lode processes to exit",
+            std::time::Duration::from_secs(15),
+            || lode_processes_for(&dir) == 0,
+        );
+        let log = std::fs::read_to_string(dir.join("mount.log")).unwrap();
+        let bad: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("lode: mount:") || l.contains(" ERROR ") || l.contains(" WARN "))
+            .collect();
+        assert!(bad.is_empty(), "round {round}: {bad:?}");
+    }
+}
+
 /// `lode down` stops what `lode up` started even when that was a copy of the binary
 /// under another name (one that starts with `lode`).
 #[test]

@@ -768,6 +768,10 @@ impl<FS: Filesystem> Session<FS> {
                 config.threads,
             ) {
                 Ok(t) => ring_threads = Some(t),
+                // Unmounted before every queue had its entry (`lode down` at once
+                // after `lode up`): the session's end, not a failure; the readers
+                // below find the connection gone and stop.
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => {}
                 Err(e) => {
                     // The kernel holds every request until the ring is ready: without
                     // one, nothing can be served.

@@ -437,6 +437,12 @@ fn run<FS: Filesystem>(
         Ok(x) => x,
         Err(e) => {
             queue.group.shrink();
+            // A thread added while the session runs that finds the connection gone
+            // (unmounted meanwhile) has nothing to serve: the session's end, not a
+            // failure to report.
+            if started.is_none() && e.kind() == io::ErrorKind::NotConnected {
+                return Ok(());
+            }
             let msg = e.to_string();
             if let Some(s) = started {
                 let _ = s.send(Err(e));
