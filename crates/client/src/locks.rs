@@ -178,6 +178,7 @@ impl hashbrown::Equivalent<(Fid, Vec<u8>)> for NameRef<'_> {
 /// Most locks the LRU gives back under one taking of the cache's lock, beyond those
 /// over its bound; with a page's chunk over it, still within `INVAL_LOG_MAX / 4`.
 const LRU_SLICE: usize = 512;
+const _: () = assert!(LRU_SLICE + 2 * KEEP_CHUNK + 8 <= INVAL_LOG_MAX / 4);
 
 /// Entries of a readdir+ page kept under one taking of the cache's locks.
 const KEEP_CHUNK: usize = 64;
