@@ -12,6 +12,11 @@ pub const ACCESS: &[u8] = b"system.posix_acl_access";
 /// The xattr holding a directory's default ACL, inherited by what is made in it.
 pub const DEFAULT: &[u8] = b"system.posix_acl_default";
 
+/// Whether xattr `name` is one of the two ACLs.
+pub fn is_acl_name(name: &[u8]) -> bool {
+    name == ACCESS || name == DEFAULT
+}
+
 /// Entries an ACL may hold (ext4 keeps about as many in one block).
 pub const ENTRIES_MAX: usize = 1024;
 /// The largest xattr value of a valid ACL.

@@ -686,7 +686,7 @@ impl Client {
         }
         let in_ns = |p: &[u8]| name.len() > p.len() && name.starts_with(p);
         let user = in_ns(b"user.");
-        let acl = name == lode_base::acl::ACCESS || name == lode_base::acl::DEFAULT;
+        let acl = lode_base::acl::is_acl_name(name);
         if !(user || acl || in_ns(b"trusted.") || in_ns(b"security.")) {
             return None;
         }

@@ -1891,8 +1891,10 @@ impl Filesystem for LodeFs {
             // invalidation met since it asked). Without the callback channel the
             // mount's timeouts are the contract, as for everything else.
             if let Ok(f) = fid {
-                let acl = name == lode_base::acl::ACCESS || name == lode_base::acl::DEFAULT;
-                if acl && i.client.callback_channel_up() && !i.client.perm_covered(f) {
+                if lode_base::acl::is_acl_name(&name)
+                    && i.client.callback_channel_up()
+                    && !i.client.perm_covered(f)
+                {
                     i.forget_attrs(ino);
                 }
             }
@@ -2166,8 +2168,7 @@ fn without_refused(opts: &MountOptions, list: &[u8]) -> Vec<u8> {
 /// Whether this mount refuses xattr `name` (EOPNOTSUPP) and leaves it out of
 /// listings: the SELinux label without `seclabel`, ACLs with `noacl`.
 fn refused(opts: &MountOptions, name: &[u8]) -> bool {
-    name == SELINUX_XATTR && !opts.seclabel
-        || !opts.acl && (name == acl::ACCESS || name == acl::DEFAULT)
+    name == SELINUX_XATTR && !opts.seclabel || !opts.acl && acl::is_acl_name(name)
 }
 
 /// The kernel's file type for a directory entry's `d_type`.
