@@ -1983,9 +1983,24 @@ impl Mdt {
         crate::inode::vbr::begin(expected);
         // A replay stamps the time its first run was given.
         crate::inode::clock::begin(if replay { h.op_time } else { 0 });
-        let mut out = self.run(inc, exp, req);
-        out.op_time = crate::inode::clock::end();
-        out.pre_version = crate::inode::vbr::end();
+        // The reply stays typed until the grants below have put their locks in it:
+        // encoded once, not encoded, decoded and encoded again.
+        let done = self.dispatch(inc, exp, req, 0);
+        let op_time = crate::inode::clock::end();
+        let pre_version = crate::inode::vbr::end();
+        let (mut rep, mut out) = match done {
+            Ok((rep, transno)) => (
+                Some(rep),
+                Outgoing {
+                    transno,
+                    last_committed: self.ns.store.last_committed(),
+                    ..Default::default()
+                },
+            ),
+            Err(e) => (None, self.error_out(e)),
+        };
+        out.op_time = op_time;
+        out.pre_version = pre_version;
         if out.status == 0 {
             use lode_rpc::fail::{check_op, MDS_ABORT_AFTER_COMMIT, MDS_ABORT_BEFORE_COMMIT};
             if check_op(MDS_ABORT_BEFORE_COMMIT, h.opcode) {
@@ -2001,17 +2016,22 @@ impl Mdt {
             (Some((p, pre)), 0) => self.parent_attrs(p, pre),
             _ => None,
         };
-        match (create_intent, out.status, locks) {
-            (Some(c), 0, Some(l)) => self.grant_created(exp, c, l, parent, &mut out),
-            (None, 0, Some(l)) if parent.is_some() => self.grant_parent(exp, l, parent, &mut out),
-            (None, 0, Some(l)) => {
-                if let Some(fid) = setattr_intent {
-                    self.grant_changed(exp, fid, l, &mut out);
-                } else if let Some(fid) = write_open_intent {
-                    self.grant_opened(exp, fid, l, &mut out);
+        if let Some(rep) = rep.as_mut() {
+            match (create_intent, locks) {
+                (Some(c), Some(l)) => self.grant_created(exp, c, l, parent, rep),
+                (None, Some(l)) if parent.is_some() => self.grant_parent(exp, l, parent, rep),
+                (None, Some(l)) => {
+                    if let Some(fid) = setattr_intent {
+                        self.grant_changed(exp, fid, l, rep);
+                    } else if let Some(fid) = write_open_intent {
+                        self.grant_opened(exp, fid, l, rep);
+                    }
                 }
+                _ => {}
             }
-            _ => {}
+        }
+        if let Some(rep) = rep {
+            out.body = rep.encode();
         }
         self.untag(exp.slot, tag, xid);
         // Last, outside the change's clock and version scope: the readers waiting for
@@ -2053,7 +2073,7 @@ impl Mdt {
         exp: &Export,
         locks: MdtLocks,
         parent: Option<ParentAttrs>,
-        out: &mut Outgoing,
+        rep: &mut Reply,
     ) {
         let Some(mut p) = parent else { return };
         let want = self.parent_want(p.body.attr.fid);
@@ -2063,21 +2083,20 @@ impl Mdt {
         } else {
             p.body.dir_lock = got[0];
         }
-        out.body = Reply::Unlink(UnlinkRep { parent: Some(p) }).encode();
+        *rep = Reply::Unlink(UnlinkRep { parent: Some(p) });
     }
 
     /// A setattr with an intent: the change's lock on the object is handed over to its
     /// client as the PR UPDATE|PERM lock a getattr would get, with the attributes the
     /// reply carries already, so a `chmod` is not followed by a getattr to cache them.
-    fn grant_changed(&self, exp: &Export, fid: Fid, locks: MdtLocks, out: &mut Outgoing) {
-        let Ok(Reply::Setattr(mut body)) = Reply::decode(Opcode::Setattr as u16, &out.body) else {
+    fn grant_changed(&self, exp: &Export, fid: Fid, locks: MdtLocks, rep: &mut Reply) {
+        let Reply::Setattr(body) = rep else {
             return;
         };
         use ldlm::bits::{PERM, UPDATE};
         let want = (ResId::object(fid), LockMode::Pr, UPDATE | PERM);
         body.lock = self.ldlm.release_and_grant(locks, exp.slot, &[want])[0];
-        self.own_writes(exp, &mut body);
-        out.body = Reply::Setattr(body).encode();
+        self.own_writes(exp, body);
     }
 
     /// Sets `MdtBody::written` of a body granted with a lock to the client of `exp`:
@@ -2095,15 +2114,14 @@ impl Mdt {
     /// other client writes the file it vouches for the writer's pages (the next open
     /// for writing by anyone calls it back), so a writer reading back what it wrote
     /// reads its pages.
-    fn grant_opened(&self, exp: &Export, fid: Fid, locks: MdtLocks, out: &mut Outgoing) {
-        let Ok(Reply::Open(mut rep)) = Reply::decode(Opcode::Open as u16, &out.body) else {
+    fn grant_opened(&self, exp: &Export, fid: Fid, locks: MdtLocks, rep: &mut Reply) {
+        let Reply::Open(rep) = rep else {
             return;
         };
         use ldlm::bits::{PERM, UPDATE};
         let want = (ResId::object(fid), LockMode::Pr, UPDATE | PERM);
         rep.body.lock = self.ldlm.release_and_grant(locks, exp.slot, &[want])[0];
         self.own_writes(exp, &mut rep.body);
-        out.body = Reply::Open(rep).encode();
     }
 
     /// A create with an intent: the change's own locks are handed over to the creator as
@@ -2115,9 +2133,9 @@ impl Mdt {
         c: Created,
         locks: MdtLocks,
         parent_attrs: Option<ParentAttrs>,
-        out: &mut Outgoing,
+        rep: &mut Reply,
     ) {
-        let Ok(Reply::Create(mut rep)) = Reply::decode(Opcode::Create as u16, &out.body) else {
+        let Reply::Create(rep) = rep else {
             return;
         };
         use ldlm::bits::{DOM, LOOKUP, PERM, UPDATE};
@@ -2160,7 +2178,6 @@ impl Mdt {
             }
             _ => rep.body.dir_lock = got[0],
         }
-        out.body = Reply::Create(rep).encode();
     }
 
     fn run(&self, inc: &Incoming, exp: &Export, req: MdtRequest) -> Outgoing {
