@@ -264,6 +264,46 @@ fn a_second_connect_on_one_connection_replaces_its_export() {
 }
 
 #[test]
+fn early_cancels_lead_a_request_and_a_malformed_lead_is_refused() {
+    use lode_proto::frame::{with_cancels, FLAG_CANCELS};
+    use lode_proto::{Frame, GetattrReq, Header};
+    let c = cluster(1);
+    let mut p = RawPeer::connect(&c.addr("mdt0"));
+    let handle = p.connect_as("testfs", MDT, "cancels").handle;
+    let getattr = Request::Getattr(GetattrReq {
+        cred: lode_base::Cred::root(),
+        fid: Fid::ROOT,
+    });
+    let header = Header {
+        opcode: getattr.opcode() as u16,
+        flags: FLAG_CANCELS,
+        xid: 100,
+        handle,
+        ..Default::default()
+    };
+    // Cancels of locks this client does not hold change nothing: the getattr behind
+    // them is answered.
+    p.send(&Frame::encode(
+        &header,
+        &with_cancels(&[1, 2, 3 << 32], &getattr.encode()),
+    ));
+    let f = p.next_frame(Duration::from_secs(10)).expect("a reply");
+    assert_eq!((f.header.xid, f.header.status), (100, 0));
+    // A lead shorter than its count says: refused, logged, and the connection served on.
+    p.send(&Frame::encode(
+        &Header { xid: 101, ..header },
+        &[9, 0, 1, 2, 3],
+    ));
+    let f = p.next_frame(Duration::from_secs(10)).expect("a reply");
+    assert_eq!(
+        (f.header.xid, f.header.status),
+        (101, Errno::EPROTO.status())
+    );
+    assert!(c.log("mdt0").contains("bad early cancels in a request"));
+    assert_eq!(p.ping(handle).header.status, 0);
+}
+
+#[test]
 fn a_sync_waiting_for_a_slow_commit_does_not_hold_up_other_clients() {
     let mut c = cluster(1);
     // One service thread: the parked SYNC and the other client's requests share it.

@@ -514,6 +514,12 @@ fn a_clients_own_changes_cancel_its_locks_early_and_cost_no_callback() {
         .expect("unlink");
     assert_eq!(a.run(a.client.getattr(&r, f)).unwrap_err(), Errno::ENOENT);
     assert_eq!(a.client.lock_callbacks(), 0, "every lock cancelled early");
+    // Inside the changes' own requests, not as requests of their own.
+    let stats = c.get_param("mdt.*.stats");
+    assert!(
+        !stats.lines().any(|l| l.starts_with("ldlm_cancel ")),
+        "{stats}"
+    );
     // Cleared, the cache leaves no lock held (those given back early included).
     a.client.lock_cache_clear();
     assert_eq!(a.client.locks_held(), Default::default());

@@ -1505,6 +1505,15 @@ impl Service for Mdt {
                 ..Default::default()
             };
         };
+        // The locks the request's client let go of with it (early lock cancels), so
+        // that the request finds them gone. Stale ones (a resend's, or from before a
+        // restart) are not held and change nothing.
+        if !inc.cancels.is_empty() {
+            let held = self.ldlm.cancel_many(exp.slot, &inc.cancels);
+            if held < inc.cancels.len() {
+                debug!(client = %exp.uuid, ignored = inc.cancels.len() - held, "early cancel of locks it does not hold: ignored");
+            }
+        }
         let req = if self.in_recovery.load(Ordering::Acquire) {
             match self.during_recovery(inc, &exp, req) {
                 Ok(out) => return out,

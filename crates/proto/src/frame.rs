@@ -1,12 +1,12 @@
 //! Frame and header encoding. Decoding never panics and never allocates more than the
 //! frame it was given.
 
-use lode_base::limits::RPC_SIZE_MAX;
+use lode_base::limits::{LOCKS_PER_RPC_MAX, RPC_SIZE_MAX};
 
 /// Frame magic, `LODE` in ASCII.
 pub const MAGIC: u32 = 0x4c4f_4445;
 /// Wire format version; bumped whenever a golden test has to change.
-pub const PROTO_VERSION: u16 = 11;
+pub const PROTO_VERSION: u16 = 12;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 80;
 /// Size of the length and CRC fields before the header.
@@ -27,6 +27,11 @@ pub const FLAG_INTENT: u16 = 0x8;
 /// its way to the MDT, and it would have to call such a lock back from the client
 /// that asked for it (threads of one native client creating in one directory).
 pub const FLAG_NO_DIR_ATTRS: u16 = 0x20;
+/// Request flag: the body starts with the client's early lock cancels (see
+/// [`with_cancels`]), which the target applies before the request, as Lustre packs
+/// the cancels a change makes into that change's request: one frame, not two. Only a
+/// request's first send carries them (a lost cancel costs a callback, nothing more).
+pub const FLAG_CANCELS: u16 = 0x40;
 /// Header flag: the frame ends with a tag under the connection's session key (see
 /// `lode_rpc::auth`); set on every frame of a keyed connection after its handshake.
 pub const FLAG_SEALED: u16 = 0x400;
@@ -157,6 +162,39 @@ impl Header {
     }
 }
 
+/// A request body led by early lock cancels ([`FLAG_CANCELS`]): their count (u16) and
+/// the handles (u64 each), little-endian, then `body`. At most
+/// [`LOCKS_PER_RPC_MAX`] handles: the caller's bound (more are left out).
+pub fn with_cancels(cancels: &[u64], body: &[u8]) -> Vec<u8> {
+    let n = cancels.len().min(LOCKS_PER_RPC_MAX);
+    let mut out = Vec::with_capacity(2 + 8 * n + body.len());
+    out.extend_from_slice(&(n as u16).to_le_bytes());
+    for h in &cancels[..n] {
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+/// The cancels and the request body of a body made by [`with_cancels`]; `None` if it
+/// is shorter than its count says or names more than [`LOCKS_PER_RPC_MAX`] locks.
+pub fn split_cancels(body: &[u8]) -> Option<(Vec<u64>, &[u8])> {
+    let n = usize::from(u16::from_le_bytes([*body.first()?, *body.get(1)?]));
+    if n > LOCKS_PER_RPC_MAX {
+        return None;
+    }
+    let handles = body.get(2..2 + 8 * n)?;
+    let cancels = handles
+        .chunks_exact(8)
+        .map(|c| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(c);
+            u64::from_le_bytes(a)
+        })
+        .collect();
+    Some((cancels, &body[2 + 8 * n..]))
+}
+
 /// A decoded frame: header plus body bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
@@ -223,5 +261,29 @@ impl Frame {
         let header = check_rest(rest)?;
         let body = rest[4 + HEADER_LEN..].to_vec();
         Ok((Frame { header, body }, 4 + len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cancels_lead_a_body_and_come_off_it_whole() {
+        let b = with_cancels(&[7, u64::MAX], b"request");
+        let (c, rest) = split_cancels(&b).expect("split");
+        assert_eq!((c, rest), (vec![7, u64::MAX], &b"request"[..]));
+        let none = with_cancels(&[], b"r");
+        let (c, rest) = split_cancels(&none).expect("none");
+        assert!(c.is_empty() && rest == b"r");
+        // Shorter than the count says, no count at all, or over the bound: refused.
+        assert!(split_cancels(&b[..10]).is_none());
+        assert!(split_cancels(&[1]).is_none());
+        let over = (LOCKS_PER_RPC_MAX as u16 + 1).to_le_bytes();
+        assert!(split_cancels(&[over.to_vec(), vec![0; 8 * 4100]].concat()).is_none());
+        // The bound holds when making one too.
+        let many = vec![1u64; LOCKS_PER_RPC_MAX + 5];
+        let (c, _) = split_cancels(&with_cancels(&many, b"")).expect("bounded");
+        assert_eq!(c.len(), LOCKS_PER_RPC_MAX);
     }
 }

@@ -25,7 +25,7 @@ fn header_bytes_are_frozen() {
     h.write(&mut b);
     let expect: Vec<u8> = vec![
         0x45, 0x44, 0x4f, 0x4c, // magic LODE
-        0x0b, 0x00, // version (11: a create asks for a write-back DOM lock)
+        0x0c, 0x00, // version (12: early lock cancels inside the request)
         0x0f, 0x00, // opcode 15
         0x02, 0x00, // flags
         0x03, 0x00, // tag

@@ -436,6 +436,8 @@ pub struct Import {
 struct Extra<'a> {
     /// Frames sent just before it, in the same write, answered by nobody.
     ahead: &'a [(Opcode, Vec<u8>)],
+    /// Early lock cancels, carried by its first send (`FLAG_CANCELS`).
+    cancels: &'a [u64],
     /// An open's credentials and flags, for holding it for replay.
     open: Option<(lode_base::Cred, u32)>,
     /// Keep its reply with it for replay (see `Pending::keep_reply`).
@@ -1080,12 +1082,6 @@ impl Import {
         let body = Arc::new(req.encode());
         let sent = std::time::Instant::now();
         let mut ahead = Vec::new();
-        if !cancels.is_empty() {
-            let c = Request::LdlmCancel(lode_proto::LdlmCancelReq {
-                handles: cancels.to_vec(),
-            });
-            ahead.push((Opcode::LdlmCancel, c.encode()));
-        }
         let mut closes = self.take_ahead();
         if !closes.access.is_empty() {
             // Before the closes: one of them may close a handle read through.
@@ -1103,6 +1099,7 @@ impl Import {
         let mut on = None;
         let extra = Extra {
             ahead: &ahead,
+            cancels,
             open,
             keep_reply: match &req {
                 Request::Create(_) | Request::LayoutIntent(_) | Request::Migrate(_) => true,
@@ -1179,6 +1176,7 @@ impl Import {
         flags: u16,
         Extra {
             ahead,
+            cancels,
             open,
             keep_reply,
         }: Extra<'_>,
@@ -1225,7 +1223,7 @@ impl Import {
                 tokio::time::sleep(d).await;
             }
         }
-        *on = self.send_first(xid, op, tag, &body, flags, ahead);
+        *on = self.send_first(xid, op, tag, &body, flags, (ahead, cancels));
         // Let calls joined with this one send theirs before deciding who may read.
         YieldOnce(false).await;
         let active = may_lead();
@@ -2083,12 +2081,14 @@ impl Import {
     }
 
     fn send(self: &Arc<Self>, xid: u64, opcode: u16, tag: u16, body: &[u8], flags: u16) {
-        self.send_first(xid, opcode, tag, body, flags, &[]);
+        self.send_first(xid, opcode, tag, body, flags, (&[], &[]));
     }
 
     /// Sends a request, after the `ahead` frames (opcode and body, xid 0: nobody
-    /// answers them) in the same write. Returns the `conn_cnt` of the connection it
-    /// went out on (`None`: not sent; a reconnect sends it, without `ahead`).
+    /// answers them) in the same write, with `cancels` leading its body. Returns the
+    /// `conn_cnt` of the connection it went out on (`None`: not sent; a reconnect
+    /// sends it, without `ahead` or `cancels`: a lock the target still thinks held is
+    /// called back, and the client answers that it holds none).
     fn send_first(
         self: &Arc<Self>,
         xid: u64,
@@ -2096,7 +2096,7 @@ impl Import {
         tag: u16,
         body: &[u8],
         flags: u16,
-        ahead: &[(Opcode, Vec<u8>)],
+        (ahead, cancels): (&[(Opcode, Vec<u8>)], &[u64]),
     ) -> Option<u32> {
         let mut st = self.state.lock();
         let Some(conn) = st.tx.clone() else {
@@ -2140,7 +2140,18 @@ impl Import {
             };
             bytes.extend_from_slice(&Frame::encode(&ch, b));
         }
-        bytes.extend_from_slice(&Frame::encode(&header, body));
+        if cancels.is_empty() {
+            bytes.extend_from_slice(&Frame::encode(&header, body));
+        } else {
+            let header = Header {
+                flags: header.flags | lode_proto::frame::FLAG_CANCELS,
+                ..header
+            };
+            bytes.extend_from_slice(&Frame::encode(
+                &header,
+                &lode_proto::frame::with_cancels(cancels, body),
+            ));
+        }
         conn.sink.send(bytes);
         Some(header.conn_cnt)
     }

@@ -15,7 +15,7 @@ use crate::fail;
 use crate::stats::OpStats;
 use crate::wire::FrameSink;
 use lode_base::limits;
-use lode_proto::frame::{FLAG_CALLBACK, FLAG_REPLY, FLAG_SEALED};
+use lode_proto::frame::{split_cancels, FLAG_CALLBACK, FLAG_CANCELS, FLAG_REPLY, FLAG_SEALED};
 use lode_proto::{DecodeError, Frame, FrameError, Header, Opcode, Reply};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
@@ -32,6 +32,9 @@ pub struct Incoming {
     pub header: Header,
     /// The postcard body (decode with `Request::decode(header.opcode, …)`).
     pub body: Vec<u8>,
+    /// The early lock cancels that led the body (`FLAG_CANCELS`), taken off it: the
+    /// service applies them before the request.
+    pub cancels: Vec<u64>,
     /// The peer's address.
     pub peer: SocketAddr,
     /// Identifies the TCP connection, for services that tie state to it.
@@ -55,6 +58,7 @@ impl Incoming {
         Incoming {
             header,
             body,
+            cancels: Vec::new(),
             peer,
             conn_id,
             reply_to: None,
@@ -184,6 +188,7 @@ impl Deferred {
         Incoming {
             header: self.header,
             body,
+            cancels: Vec::new(),
             peer,
             conn_id,
             reply_to: self.to.clone(),
@@ -714,17 +719,39 @@ fn execute(
         debug!(xid = frame.header.xid, "fail_loc: dropping request");
         return;
     }
+    let (mut header, mut body) = (frame.header, frame.body);
+    let mut cancels = Vec::new();
+    let mut malformed = false;
+    if header.flags & FLAG_CANCELS != 0 {
+        header.flags &= !FLAG_CANCELS;
+        match split_cancels(&body) {
+            Some((c, rest)) => {
+                cancels = c;
+                let lead = body.len() - rest.len();
+                body.drain(..lead);
+            }
+            None => {
+                warn!(%peer, opcode = header.opcode, "bad early cancels in a request: refused");
+                malformed = true;
+            }
+        }
+    }
     let inc = Incoming {
-        header: frame.header,
-        body: frame.body,
+        header,
+        body,
+        cancels,
         peer,
         conn_id,
         reply_to: Some(to.clone()),
         start: Instant::now(),
     };
-    let res = match handshake(svc, to, &inc) {
-        Some(res) => res,
-        None => svc.handle(&inc),
+    let res = if malformed {
+        Outgoing::error(lode_base::Errno::EPROTO)
+    } else {
+        match handshake(svc, to, &inc) {
+            Some(res) => res,
+            None => svc.handle(&inc),
+        }
     };
     if res.parked {
         return;
