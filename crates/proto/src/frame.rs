@@ -162,6 +162,9 @@ impl Header {
     }
 }
 
+// The count of a body's early cancels is a u16.
+const _: () = assert!(LOCKS_PER_RPC_MAX <= u16::MAX as usize);
+
 /// A request body led by early lock cancels ([`FLAG_CANCELS`]): their count (u16) and
 /// the handles (u64 each), little-endian, then `body`. At most
 /// [`LOCKS_PER_RPC_MAX`] handles: the caller's bound (more are left out).
