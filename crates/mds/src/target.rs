@@ -1081,10 +1081,7 @@ impl Mdt {
                 if r.handles.len() > lode_base::limits::LOCKS_PER_RPC_MAX {
                     return Err(Errno::EPROTO.into());
                 }
-                let held = self.ldlm.cancel_many(exp.slot, &r.handles);
-                if held < r.handles.len() {
-                    debug!(client = %exp.uuid, ignored = r.handles.len() - held, "cancel of locks it does not hold: ignored");
-                }
+                self.cancel(exp, &r.handles);
                 (Reply::LdlmCancel(Empty {}), 0)
             }
             MdtRequest::CloseAhead(r) => {
@@ -1509,10 +1506,7 @@ impl Service for Mdt {
         // that the request finds them gone. Stale ones (a resend's, or from before a
         // restart) are not held and change nothing.
         if !inc.cancels.is_empty() {
-            let held = self.ldlm.cancel_many(exp.slot, &inc.cancels);
-            if held < inc.cancels.len() {
-                debug!(client = %exp.uuid, ignored = inc.cancels.len() - held, "early cancel of locks it does not hold: ignored");
-            }
+            self.cancel(&exp, &inc.cancels);
         }
         let req = if self.in_recovery.load(Ordering::Acquire) {
             match self.during_recovery(inc, &exp, req) {
@@ -2058,6 +2052,15 @@ impl Mdt {
             body: self.ns.body(fid, &rec),
             pre_ctime,
         })
+    }
+
+    /// Gives back the locks `handles` of `exp`'s client (a cancel, or the early cancels
+    /// leading a request); those it does not hold are ignored.
+    fn cancel(&self, exp: &Export, handles: &[u64]) {
+        let held = self.ldlm.cancel_many(exp.slot, handles);
+        if held < handles.len() {
+            debug!(client = %exp.uuid, ignored = handles.len() - held, "cancel of locks it does not hold: ignored");
+        }
     }
 
     /// The lock the client of a change in `parent` gets back on it: its attributes

@@ -1044,9 +1044,9 @@ impl Import {
     }
 
     /// [`Import::call`] with header `flags` (e.g. `FLAG_INTENT`), and locks to cancel
-    /// first (early lock cancel): their LDLM_CANCEL frame leaves in the same write just
-    /// before the request, so the target, which runs a connection's requests in order,
-    /// drops them before the request looks for conflicts, and no round trip is added.
+    /// first (early lock cancel): their handles lead the request's body
+    /// (`FLAG_CANCELS`), so the target drops them before the request looks for
+    /// conflicts, and no round trip or frame is added.
     pub async fn call_with(
         self: &Arc<Self>,
         req: Request,
