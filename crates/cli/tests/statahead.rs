@@ -569,3 +569,63 @@ fn a_walk_again_of_a_directory_larger_than_the_lock_lru_is_fetched_a_page_at_a_t
         lookups() - before
     );
 }
+
+/// A walk in listing order keeps a run fetched ahead of it: its first miss fetches one
+/// run for itself and the next in the background, and its lookup of the first name of
+/// a run fetched in the background fetches the run after that one, before the walk
+/// gets there. So the walk waits for no fetch after its first miss. (Before, every
+/// other run began with a miss that waited for its own fetch.)
+#[test]
+fn a_walk_in_listing_order_keeps_a_run_fetched_ahead_of_it() {
+    let c = cluster(1);
+    const WINDOW: usize = 64;
+    const N: usize = 8 * WINDOW;
+    let d = filled_dir(&c.client(), "d", N, |i| format!("f{i:04}"));
+    let w = c.client();
+    lode_testkit::wait_for(
+        "the callback channel to come up",
+        std::time::Duration::from_secs(10),
+        || w.client.callback_channel_up(),
+    );
+    w.client.set_statahead_max(WINDOW);
+    let r = root();
+    let names = listed_names(&w, d);
+    assert_eq!(names.len(), N);
+    let look = |n: &[u8]| {
+        let b = w.run(w.client.lookup(&r, d, n)).expect("lookup");
+        assert_eq!(b.attr.mode & 0o7777, 0o644);
+    };
+    let until = |what: &str, pages: u64, entries: u64| {
+        lode_testkit::wait_for(what, std::time::Duration::from_secs(10), || {
+            client_stat(&w, "pages") == pages && client_stat(&w, "entries") >= entries
+        })
+    };
+    // The first miss: its own run and the next one, in the background.
+    look(&names[0]);
+    until("the second run to be fetched", 2, 2 * WINDOW as u64);
+    for n in &names[1..WINDOW] {
+        look(n);
+    }
+    assert_eq!(
+        client_stat(&w, "pages"),
+        2,
+        "no fetch within the runs fetched"
+    );
+    // The second run's first name sets off the third run's fetch.
+    look(&names[WINDOW]);
+    until(
+        "the third run to be fetched ahead of the walk",
+        3,
+        3 * WINDOW as u64,
+    );
+    for n in &names[WINDOW + 1..] {
+        look(n);
+    }
+    // One run at a time all the way: each entry fetched once, each lookup answered
+    // (a lookup that finds its name cached before the fetch has marked it fetched is
+    // not counted a hit).
+    assert_eq!(client_stat(&w, "pages"), (N / WINDOW) as u64);
+    let hits = client_stat(&w, "hits");
+    assert!(hits >= (N as u64) * 9 / 10, "hits {hits} of {N}");
+    assert_eq!(client_stat(&w, "entries"), N as u64);
+}

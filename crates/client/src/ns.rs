@@ -135,7 +135,7 @@ impl Client {
             return Err(Errno::ENAMETOOLONG);
         }
         if let Some(r) = self.cached_lookup(cred, parent, name) {
-            self.statahead_answered(parent, name);
+            self.statahead_answered(cred, parent, name);
             return r;
         }
         if let Some(r) = self.statahead_lookup(cred, parent, name).await {

@@ -16,6 +16,7 @@ use lode_base::{Cred, Errno, Fid};
 use lode_proto::{DirEntry, LookupReq, MdtBody, ReaddirReq, Reply, Request};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::watch;
 
@@ -99,6 +100,51 @@ struct Dir {
     in_flight: Vec<(u64, u64, watch::Receiver<()>)>,
     /// When it was last used (a count of uses across all directories).
     used: u64,
+    /// The run fetched last in the background: a lookup of its first name fetches the
+    /// run after it, so a walk in listing order keeps a run ahead of it and waits for
+    /// no fetch past its first miss.
+    trigger: Option<Run>,
+}
+
+/// A run of entries fetched ahead in the background: its first cookie, its first
+/// name's [`name_key`] once the fetch is back, and its last cookie.
+#[derive(Clone, Copy)]
+struct Run {
+    first: u64,
+    first_key: Option<u64>,
+    last: u64,
+}
+
+impl Dir {
+    /// Takes the next run of at most `max` entries no fetch took, from `from` past
+    /// `skip` entries, and puts it in flight: its cookies and the sender whose drop
+    /// tells the lookups waiting for it that it is done. Looked for within `2 * max`
+    /// entries (bounded: a directory whose entries were all taken would otherwise be
+    /// scanned to its end at every miss, quadratic over a walk of it).
+    fn take_run(
+        &mut self,
+        from: (Bound<u64>, Bound<u64>),
+        skip: usize,
+        max: usize,
+    ) -> Option<(Vec<u64>, watch::Sender<()>)> {
+        let next: Vec<u64> = self
+            .cookies
+            .range(from)
+            .skip(skip)
+            .take(2 * max)
+            .skip_while(|(_, taken)| **taken)
+            .take(max)
+            .take_while(|(_, taken)| !**taken)
+            .map(|(c, _)| *c)
+            .collect();
+        let (&first, &last) = (next.first()?, next.last()?);
+        for c in &next {
+            self.cookies.insert(*c, true);
+        }
+        let (tx, rx) = watch::channel(());
+        self.in_flight.push((first, last, rx));
+        Some((next, tx))
+    }
 }
 
 /// What the client remembers of listings, and what statahead did.
@@ -228,17 +274,72 @@ impl Client {
         }
     }
 
-    /// A lookup the cache answered: counted as a hit if statahead fetched it.
-    pub(crate) fn statahead_answered(&self, parent: Fid, name: &[u8]) {
-        if self.statahead.max() == 0 {
+    /// A lookup the cache answered: counted as a hit if statahead fetched it, and if
+    /// it is the first name of the run fetched last, the run after it is fetched now.
+    pub(crate) fn statahead_answered(&self, cred: &Cred, parent: Fid, name: &[u8]) {
+        let max = self.statahead.max();
+        if max == 0 {
             return;
         }
-        let mut dirs = self.statahead.dirs.lock();
-        if let Some(d) = self.statahead.used(&mut dirs, parent) {
-            if d.fetched.remove(&name_key(name)) {
+        let key = name_key(name);
+        let run = {
+            let mut dirs = self.statahead.dirs.lock();
+            let Some(d) = self.statahead.used(&mut dirs, parent) else {
+                return;
+            };
+            let hit = d.fetched.remove(&key);
+            if hit {
                 self.statahead.hits.fetch_add(1, Ordering::Relaxed);
             }
+            // A lookup may find a name in the cache after its fetch put it there and
+            // before the fetch marked it fetched: it is then still listed.
+            let trigger = d.trigger.filter(|t| {
+                t.first_key == Some(key) || (!hit && d.listed.get(&key) == Some(&t.first))
+            });
+            match trigger {
+                Some(t) => {
+                    d.trigger = None;
+                    d.take_run((Bound::Excluded(t.last), Bound::Unbounded), 0, max)
+                }
+                None => None,
+            }
+        };
+        if let Some((next, done)) = run {
+            self.fetch_run_ahead(cred, parent, next, done);
         }
+    }
+
+    /// Fetches run `next` of listed directory `parent` in the background (see
+    /// [`Dir::take_run`]); `done` is dropped when it is over.
+    fn fetch_run_ahead(&self, cred: &Cred, parent: Fid, next: Vec<u64>, done: watch::Sender<()>) {
+        let (Some(&from), Some(&last), Some(me)) = (next.first(), next.last(), self.me.upgrade())
+        else {
+            return;
+        };
+        if let Some(d) = self.statahead.dirs.lock().get_mut(&parent) {
+            d.trigger = Some(Run {
+                first: from,
+                first_key: None,
+                last,
+            });
+        }
+        let cred = cred.clone();
+        self.rt.spawn(async move {
+            let fetched = me.fetch_ahead(&cred, parent, from, next.len(), None).await;
+            if let Some(d) = me.statahead.dirs.lock().get_mut(&parent) {
+                d.in_flight.retain(|(first, _, _)| *first != from);
+                if fetched.is_none() {
+                    // Not fetched: misses ask for them again.
+                    for c in next {
+                        if let Some(taken) = d.cookies.get_mut(&c) {
+                            *taken = false;
+                        }
+                    }
+                }
+            }
+            // Wakes the lookups waiting for these names.
+            drop(done);
+        });
     }
 
     /// A lookup the cache could not answer: if `name` was listed in `parent`, fetch
@@ -268,11 +369,11 @@ impl Client {
             // Ends when the fetch is done (its sender dropped), failed or not.
             let _ = rx.changed().await;
             if let Some(r) = self.cached_lookup(cred, parent, name) {
-                self.statahead_answered(parent, name);
+                self.statahead_answered(cred, parent, name);
                 return Some(r);
             }
         }
-        let (cookie, count, next, done) = {
+        let (cookie, count, run) = {
             let mut dirs = self.statahead.dirs.lock();
             let d = self.statahead.used(&mut dirs, parent)?;
             if d.cookies.is_empty() && d.listed.contains_key(&key) {
@@ -293,53 +394,14 @@ impl Client {
             // in listing order finds them there when it gets to them, and one in
             // another order needs them sooner or later too. Taken now, so that no
             // other fetch asks for them again.
-            // Looked for within the next `max` past those (bounded: a directory whose
-            // entries were all taken would otherwise be scanned to its end at every
-            // miss, quadratic over a walk of it).
-            let next: Vec<u64> = d
-                .cookies
-                .range(cookie..)
-                .skip(count)
-                .take(2 * max)
-                .skip_while(|(_, taken)| **taken)
-                .take(max)
-                .take_while(|(_, taken)| !**taken)
-                .map(|(c, _)| *c)
-                .collect();
-            for c in &next {
-                d.cookies.insert(*c, true);
-            }
-            let done = match (next.first(), next.last()) {
-                (Some(&first), Some(&last)) => {
-                    let (tx, rx) = watch::channel(());
-                    d.in_flight.push((first, last, rx));
-                    Some(tx)
-                }
-                _ => None,
-            };
-            (cookie, count, next, done)
+            let run = d.take_run((Bound::Included(cookie), Bound::Unbounded), count, max);
+            (cookie, count, run)
         };
-        if let (Some(&from), Some(me), Some(done)) = (next.first(), self.me.upgrade(), done) {
-            let cred = cred.clone();
-            self.rt.spawn(async move {
-                let n = next.len();
-                let fetched = me.fetch_ahead(&cred, parent, from, n, b"").await;
-                if let Some(d) = me.statahead.dirs.lock().get_mut(&parent) {
-                    d.in_flight.retain(|(first, _, _)| *first != from);
-                    if fetched.is_none() {
-                        // Not fetched: misses ask for them again.
-                        for c in next {
-                            if let Some(taken) = d.cookies.get_mut(&c) {
-                                *taken = false;
-                            }
-                        }
-                    }
-                }
-                // Wakes the lookups waiting for these names.
-                drop(done);
-            });
+        if let Some((next, done)) = run {
+            self.fetch_run_ahead(cred, parent, next, done);
         }
-        self.fetch_ahead(cred, parent, cookie, count, name).await?;
+        self.fetch_ahead(cred, parent, cookie, count, Some(name))
+            .await?;
         match self.cached_lookup(cred, parent, name) {
             Some(r) => {
                 self.statahead.hits.fetch_add(1, Ordering::Relaxed);
@@ -439,14 +501,17 @@ impl Client {
 
     /// Fetches `count` entries of listed directory `parent` from `cookie` (see
     /// [`Client::readdir_ahead`]) and notes them fetched, but for `asked`, the name whose
-    /// lookup this fetch answers. `None` if the fetch failed.
+    /// lookup this fetch answers. A fetch in the background (`asked` none) names the
+    /// first entry of the directory's trigger if it is that run, in the same step, so
+    /// that a lookup finding that name fetched also finds it the trigger. `None` if
+    /// the fetch failed.
     async fn fetch_ahead(
         &self,
         cred: &Cred,
         parent: Fid,
         cookie: u64,
         count: usize,
-        asked: &[u8],
+        asked: Option<&[u8]>,
     ) -> Option<()> {
         self.statahead.pages.fetch_add(1, Ordering::Relaxed);
         let got = self.readdir_ahead(cred, parent, cookie, count).await.ok()?;
@@ -454,6 +519,11 @@ impl Client {
             .entries
             .fetch_add(got.len() as u64, Ordering::Relaxed);
         if let Some(d) = self.statahead.dirs.lock().get_mut(&parent) {
+            if let (None, Some(t), Some((n, _))) = (asked, d.trigger.as_mut(), got.first()) {
+                if t.first == cookie {
+                    t.first_key = Some(name_key(n));
+                }
+            }
             // Marks only: a listing dropped and made again meanwhile starts unordered.
             if let Some(taken) = d.cookies.get_mut(&cookie) {
                 *taken = true;
@@ -464,7 +534,7 @@ impl Client {
                 if let Some(taken) = d.cookies.get_mut(&c) {
                     *taken = true;
                 }
-                if n != asked {
+                if Some(&n[..]) != asked {
                     d.fetched.insert(key);
                 }
             }
