@@ -287,15 +287,24 @@ impl Client {
             let Some(d) = self.statahead.used(&mut dirs, parent) else {
                 return;
             };
-            let hit = d.fetched.remove(&key);
-            if hit {
-                self.statahead.hits.fetch_add(1, Ordering::Relaxed);
-            }
             // A lookup may find a name in the cache after its fetch put it there and
-            // before the fetch marked it fetched: it is then still listed.
-            let trigger = d.trigger.filter(|t| {
-                t.first_key == Some(key) || (!hit && d.listed.get(&key) == Some(&t.first))
+            // before the fetch marked it fetched: it is then still listed, in a run in
+            // flight, and taken out of the listing here so that the fetch does not
+            // mark it.
+            let listed = d.listed.get(&key).copied();
+            let racing = listed.is_some_and(|c| {
+                d.in_flight
+                    .iter()
+                    .any(|(first, last, _)| (*first..=*last).contains(&c))
             });
+            let hit = d.fetched.remove(&key) || (racing && d.listed.remove(&key).is_some());
+            if !hit {
+                return;
+            }
+            self.statahead.hits.fetch_add(1, Ordering::Relaxed);
+            let trigger = d
+                .trigger
+                .filter(|t| t.first_key == Some(key) || listed == Some(t.first));
             match trigger {
                 Some(t) => {
                     d.trigger = None;
@@ -530,11 +539,11 @@ impl Client {
             }
             for (n, c) in got {
                 let key = name_key(&n);
-                d.listed.remove(&key);
                 if let Some(taken) = d.cookies.get_mut(&c) {
                     *taken = true;
                 }
-                if Some(&n[..]) != asked {
+                // Not if a lookup already found it (see `statahead_answered`).
+                if d.listed.remove(&key).is_some() && Some(&n[..]) != asked {
                     d.fetched.insert(key);
                 }
             }
