@@ -290,21 +290,29 @@ impl Client {
             // A lookup may find a name in the cache after its fetch put it there and
             // before the fetch marked it fetched: it is then still listed, in a run in
             // flight, and taken out of the listing here so that the fetch does not
-            // mark it.
-            let listed = d.listed.get(&key).copied();
-            let racing = listed.is_some_and(|c| {
-                d.in_flight
+            // mark it. (A run in the background names the trigger's first name when it
+            // marks its names fetched, so a name found marked is checked by its key.)
+            let racing = if d.fetched.remove(&key) {
+                None
+            } else {
+                let Some(c) = d.listed.get(&key).copied() else {
+                    return;
+                };
+                if !d
+                    .in_flight
                     .iter()
                     .any(|(first, last, _)| (*first..=*last).contains(&c))
-            });
-            let hit = d.fetched.remove(&key) || (racing && d.listed.remove(&key).is_some());
-            if !hit {
-                return;
-            }
+                {
+                    return;
+                }
+                d.listed.remove(&key);
+                Some(c)
+            };
             self.statahead.hits.fetch_add(1, Ordering::Relaxed);
-            let trigger = d
-                .trigger
-                .filter(|t| t.first_key == Some(key) || listed == Some(t.first));
+            let trigger = d.trigger.filter(|t| match racing {
+                None => t.first_key == Some(key),
+                Some(c) => c == t.first,
+            });
             match trigger {
                 Some(t) => {
                     d.trigger = None;
