@@ -297,11 +297,7 @@ fn a_change_in_a_batch_waits_for_another_clients_lock_and_that_client_sees_it() 
     let dir = a.run(mkdir_p(&a.client, "/shared"));
     // B lists the directory and caches "no such name" under its lock on it.
     let b = c.client();
-    lode_testkit::wait_for(
-        "B's callback channel to come up",
-        Duration::from_secs(10),
-        || b.client.callback_channel_up(),
-    );
+    channel_up(&b);
     b.run(b.client.getattr(&r, dir)).expect("getattr");
     b.run(b.client.readdir_all(&r, dir, true)).expect("list");
     assert_eq!(lookup_fid(&b, dir, "late"), Err(Errno::ENOENT));

@@ -29,6 +29,16 @@ pub fn user() -> Cred {
     }
 }
 
+/// Waits (up to 10 s) until `s`'s callback channel is up: locks are granted, and
+/// caches kept, only with it.
+pub fn channel_up(s: &Session) {
+    wait_for(
+        "the callback channel to come up",
+        Duration::from_secs(10),
+        || s.client.callback_channel_up(),
+    );
+}
+
 /// Resolves a path to its FID (no final symlink following).
 pub fn fid(s: &Session, path: &str) -> Result<Fid, Errno> {
     s.run(s.client.resolve(&root(), path, false))

@@ -88,9 +88,7 @@ fn connections_beyond_max_connections_are_closed_at_once_and_the_others_keep_wor
     // it never connected). A probe of the testkit's may still hold a slot for a moment,
     // hence the retry.
     for s in [&s1, &s2] {
-        wait_for("the callback channel", Duration::from_secs(10), || {
-            s.client.callback_channel_up()
-        });
+        channel_up(s);
     }
     let fillers: Vec<RawPeer> = (0..4)
         .map(|i| {

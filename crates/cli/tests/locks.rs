@@ -82,14 +82,6 @@ fn hand_made(c: &lode_testkit::Cluster, uuid: &str) -> (RawPeer, RawPeer, u64) {
     (peer, chan, handle)
 }
 
-fn channel_up(s: &Session) {
-    wait_for(
-        "the callback channel to come up",
-        Duration::from_secs(10),
-        || s.client.callback_channel_up(),
-    );
-}
-
 #[test]
 fn a_change_calls_back_the_lock_holder_first_and_counts_the_callback() {
     let c = cluster(1);

@@ -298,9 +298,7 @@ fn a_change_of_who_may_read_a_file_ends_the_handles_kept_open_on_it() {
     s.client.set_opencache_threshold_count(1);
     // OPEN locks are asked for only with the callback channel up (it opens in the
     // background after the connect).
-    wait_for("the callback channel", Duration::from_secs(10), || {
-        s.client.callback_channel_up()
-    });
+    channel_up(&s);
     let file = fid(&s, "/f").expect("resolve");
     let read_as_user = || {
         s.run(async {

@@ -556,9 +556,7 @@ fn a_keyed_file_system_admits_only_key_holders_and_no_captured_frame_works_twice
     let m = c.mount();
     std::fs::write(m.path().join("f"), b"x").expect("write through a keyed mount");
     let s = c.client();
-    lode_testkit::wait_for("the callback channel", Duration::from_secs(10), || {
-        s.client.callback_channel_up()
-    });
+    channel_up(&s);
     let f = fid(&s, "/f").expect("resolve");
     let _ = std::fs::metadata(m.path().join("f"));
     let sa = lode_base::SetAttr {

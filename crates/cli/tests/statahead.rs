@@ -520,11 +520,7 @@ fn a_walk_again_of_a_directory_larger_than_the_lock_lru_is_fetched_a_page_at_a_t
     const WINDOW: usize = 64;
     let d = filled_dir(&c.client(), "big", N, |i| format!("f{i}"));
     let w = c.client();
-    lode_testkit::wait_for(
-        "the callback channel to come up",
-        std::time::Duration::from_secs(10),
-        || w.client.callback_channel_up(),
-    );
+    channel_up(&w);
     // Room for a quarter of the directory's entries (two locks each).
     w.client.set_lock_cache_max(N / 2);
     w.client.set_statahead_max(WINDOW);
@@ -582,11 +578,7 @@ fn a_walk_in_listing_order_keeps_a_run_fetched_ahead_of_it() {
     const N: usize = 8 * WINDOW;
     let d = filled_dir(&c.client(), "d", N, |i| format!("f{i:04}"));
     let w = c.client();
-    lode_testkit::wait_for(
-        "the callback channel to come up",
-        std::time::Duration::from_secs(10),
-        || w.client.callback_channel_up(),
-    );
+    channel_up(&w);
     w.client.set_statahead_max(WINDOW);
     let r = root();
     let names = listed_names(&w, d);

@@ -131,11 +131,7 @@ impl Header {
         }
         let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let u64_at = |o: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b[o..o + 8]);
-            u64::from_le_bytes(a)
-        };
+        let u64_at = |o: usize| u64_le(&b[o..o + 8]);
         let magic = u32_at(0);
         if magic != MAGIC {
             return Err(FrameError::Magic(magic));
@@ -160,6 +156,13 @@ impl Header {
             op_time: u64_at(72) as i64,
         })
     }
+}
+
+/// The little-endian u64 of 8 bytes (callers pass exactly 8).
+fn u64_le(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    u64::from_le_bytes(a)
 }
 
 // The count of a body's early cancels is a u16.
@@ -187,14 +190,7 @@ pub fn split_cancels(body: &[u8]) -> Option<(Vec<u64>, &[u8])> {
         return None;
     }
     let handles = body.get(2..2 + 8 * n)?;
-    let cancels = handles
-        .chunks_exact(8)
-        .map(|c| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(c);
-            u64::from_le_bytes(a)
-        })
-        .collect();
+    let cancels = handles.chunks_exact(8).map(u64_le).collect();
     Some((cancels, &body[2 + 8 * n..]))
 }
 
