@@ -169,6 +169,11 @@ pub struct Namespace {
     /// write (see `MdtStore::apply_untracked`), until a sync covers it: a writer's
     /// open that sets the mark again syncs first (see `Namespace::mark_again`).
     pub(crate) unmarked: Mutex<HashMap<Fid, u64>>,
+    /// The name and value bytes of inodes' stored xattrs, as the last change of each
+    /// left them, so that checking a change's room does not read every xattr of the
+    /// inode again (see `Namespace::stored_xattr_sizes`). Memory only, emptied when it
+    /// reaches [`XATTR_SIZES_MAX`] inodes: what it forgets is read again.
+    pub(crate) xattr_sizes: Mutex<HashMap<Fid, xattr::XattrSizes>>,
     /// Tunables.
     pub tun: Tunables,
 }
@@ -177,6 +182,9 @@ const SEQ_NEXT: &[u8] = b"seq_next";
 
 /// Files `Namespace::attr_steps` remembers at most (about 40 bytes each).
 pub(crate) const ATTR_STEPS_MAX: usize = 1 << 16;
+
+/// Inodes `Namespace::xattr_sizes` remembers at most (about 40 bytes each).
+pub(crate) const XATTR_SIZES_MAX: usize = 1 << 16;
 
 /// Errors inside an operation: a POSIX errno for the caller, or a store failure.
 #[derive(Debug)]
@@ -247,6 +255,7 @@ impl Namespace {
             destroyed: std::sync::atomic::AtomicU64::new(0),
             data_salt: rand::random(),
             attr_steps: Mutex::new(HashMap::new()),
+            xattr_sizes: Mutex::new(HashMap::new()),
             atimes: inode::PendingAtimes::default(),
             unmarked: Mutex::default(),
             links: std::sync::OnceLock::new(),
@@ -758,6 +767,61 @@ mod tests {
             .expect("rmdir");
             assert_eq!(xattrs(f), 0, "{name}: its xattrs went with it");
         }
+    }
+
+    #[test]
+    fn the_xattr_sizes_remembered_are_those_stored() {
+        use lode_base::acl::{Acl, Entry, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ns, d) = with_dir(dir.path());
+        let stored = || {
+            let mut s = xattr::XattrSizes::default();
+            ns.store
+                .engine()
+                .scan(Cf::Xattr, &d.to_bytes(), b"", &mut |k, v| {
+                    s.names += k.len() - 16 + 1;
+                    s.values += v.len();
+                    true
+                })
+                .expect("scan");
+            s
+        };
+        let e = |tag, perm, id| Entry { tag, perm, id };
+        let acl = Acl::from_entries(vec![
+            e(USER_OBJ, 7, 0),
+            e(USER, 7, 1001),
+            e(GROUP_OBJ, 5, 0),
+            e(MASK, 7, 0),
+            e(OTHER, 5, 0),
+        ])
+        .expect("acl")
+        .to_xattr();
+        // Sets, replacements, creations, removals (some refused) and ACLs, in a
+        // fixed pseudo-random order.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..600 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let name = format!("user.n{}", x % 13);
+            let (name, value, flags) = match (x >> 8) % 6 {
+                0 | 1 => (
+                    name.into_bytes(),
+                    Some(vec![1; (x >> 16) as usize % 300]),
+                    0,
+                ),
+                2 => (name.into_bytes(), Some(vec![2; 5]), 1),
+                3 => (name.into_bytes(), Some(vec![3; 9]), 2),
+                4 => (name.into_bytes(), None, 0),
+                _ if x & 1 == 0 => (lode_base::acl::ACCESS.to_vec(), Some(acl.clone()), 0),
+                _ => (lode_base::acl::DEFAULT.to_vec(), None, 0),
+            };
+            let _ = ns.setxattr(&Ctx::default(), &Cred::root(), d, &name, value, flags);
+            if let Some(known) = ns.xattr_sizes.lock().get(&d) {
+                assert_eq!(*known, stored(), "step {step}");
+            }
+        }
+        assert!(ns.xattr_sizes.lock().contains_key(&d));
     }
 
     #[test]

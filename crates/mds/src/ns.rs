@@ -143,6 +143,7 @@ impl Namespace {
         for k in keys {
             b.delete(Cf::Xattr, k);
         }
+        self.xattr_sizes.lock().remove(&fid);
         if rec.layout.as_ref().is_some_and(|l| l.dom_end() > 0) {
             self.dom_delete_from(b, fid, 0)?;
         }

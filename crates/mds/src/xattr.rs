@@ -13,6 +13,42 @@ use lode_store::records::{
 };
 use lode_store::{Batch, Cf};
 
+/// The bytes one inode's stored xattrs take: their names (each with its NUL, as
+/// listed) and their values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct XattrSizes {
+    pub(crate) names: usize,
+    pub(crate) values: usize,
+}
+
+impl XattrSizes {
+    /// The sizes after `name` (`old` bytes if it is set) is set to `new` bytes, or
+    /// removed (`None`).
+    fn with(self, name: &[u8], old: Option<usize>, new: Option<usize>) -> XattrSizes {
+        let name = name.len() + 1;
+        let names = match (old, new) {
+            (None, Some(_)) => self.names + name,
+            (Some(_), None) => self.names.saturating_sub(name),
+            _ => self.names,
+        };
+        XattrSizes {
+            names,
+            values: (self.values + new.unwrap_or(0)).saturating_sub(old.unwrap_or(0)),
+        }
+    }
+
+    /// ENOSPC, as a file system out of xattr room answers, past what can be listed
+    /// ([`XATTR_LIST_MAX`] of names) or past [`XATTR_INODE_VALUES_MAX`] of values:
+    /// without a bound, one client could grow an inode without limit and make every
+    /// listing of it fail.
+    fn check(self) -> Result<(), Errno> {
+        if self.names > XATTR_LIST_MAX || self.values > XATTR_INODE_VALUES_MAX {
+            return Err(Errno::ENOSPC);
+        }
+        Ok(())
+    }
+}
+
 /// The virtual xattr holding a file's layout (a directory's default layout).
 pub const LOV_XATTR: &[u8] = b"lustre.lov";
 /// The virtual, read-only xattr listing an inode's names (Lustre's linkEA).
@@ -224,6 +260,7 @@ impl Namespace {
         }
         let now = now_ns();
         let mut b = Batch::new();
+        let mut sizes = None;
         if let Ns::Link = ns {
             return Err(Errno::EPERM.into());
         }
@@ -246,8 +283,11 @@ impl Namespace {
             let key = xattr_key(fid, name);
             let old = self.store.engine().get(Cf::Xattr, &key)?.map(|v| v.len());
             let exists = old.is_some();
-            if let Some(v) = &value {
-                self.check_xattr_room(fid, name, v.len(), old)?;
+            let after = self
+                .stored_xattr_sizes(fid)?
+                .with(name, old, value.as_ref().map(Vec::len));
+            if value.is_some() {
+                after.check()?;
             }
             if flags & XATTR_CREATE != 0 && exists {
                 return Err(Errno::EEXIST.into());
@@ -262,10 +302,26 @@ impl Namespace {
                 }
                 None => b.delete(Cf::Xattr, key),
             }
+            sizes = Some(after);
         }
         rec.ctime = now;
         put_inode(&mut b, fid, &rec);
-        self.commit(ctx, b, &Reply::Setxattr(Empty {}))
+        let r = self.commit(ctx, b, &Reply::Setxattr(Empty {}));
+        // What is remembered must be what is stored: the sizes this change left, or
+        // (an ACL's change, or a failed commit) nothing, to be read again.
+        let mut known = self.xattr_sizes.lock();
+        match sizes.filter(|_| r.is_ok()) {
+            Some(after) => {
+                if known.len() >= crate::XATTR_SIZES_MAX {
+                    known.clear();
+                }
+                known.insert(fid, after);
+            }
+            None => {
+                known.remove(&fid);
+            }
+        }
+        r
     }
 
     /// May `cred` access inode `fid` (`rec`) for `want` (MAY_* bits)? Its mode bits
@@ -340,6 +396,7 @@ impl Namespace {
             return Ok(());
         }
         if let Some(mut a) = self.stored_acl(fid, acl::ACCESS)? {
+            // Only its entries' bits change, not its size (`xattr_sizes` holds).
             a.chmod(rec.mode);
             b.put(Cf::Xattr, xattr_key(fid, acl::ACCESS), a.to_xattr());
         }
@@ -389,41 +446,31 @@ impl Namespace {
         };
         let bytes = a.to_xattr();
         let old = self.store.engine().get(Cf::Xattr, &key)?.map(|v| v.len());
-        self.check_xattr_room(fid, name, bytes.len(), old)?;
+        self.stored_xattr_sizes(fid)?
+            .with(name, old, Some(bytes.len()))
+            .check()?;
         b.put(Cf::Xattr, key, bytes);
         rec.flags |= flag;
         rec.flags &= !INODE_NO_XATTRS;
         Ok(())
     }
 
-    /// ENOSPC, as a file system out of xattr room answers, if setting `name` to
-    /// `len` bytes (replacing `old` bytes, if set) would take the inode's xattrs past
-    /// what can be listed ([`XATTR_LIST_MAX`] of names) or past
-    /// [`XATTR_INODE_VALUES_MAX`] of values: without a bound, one client could grow an
-    /// inode without limit and make every listing of it fail.
-    fn check_xattr_room(
-        &self,
-        fid: Fid,
-        name: &[u8],
-        len: usize,
-        old: Option<usize>,
-    ) -> OpResult<()> {
-        let (mut names, mut values) = (0usize, 0usize);
+    /// The name and value bytes of the xattrs stored for inode `fid`: as its last
+    /// change left them if that is remembered, else read (every one of them: the
+    /// reason to remember).
+    fn stored_xattr_sizes(&self, fid: Fid) -> OpResult<XattrSizes> {
+        if let Some(s) = self.xattr_sizes.lock().get(&fid) {
+            return Ok(*s);
+        }
+        let mut s = XattrSizes::default();
         self.store
             .engine()
             .scan(Cf::Xattr, &fid.to_bytes(), b"", &mut |k, v| {
-                names += k.len() - 16 + 1;
-                values += v.len();
+                s.names += k.len() - 16 + 1;
+                s.values += v.len();
                 true
             })?;
-        if old.is_none() {
-            names += name.len() + 1;
-        }
-        values = values - old.unwrap_or(0) + len;
-        if names > XATTR_LIST_MAX || values > XATTR_INODE_VALUES_MAX {
-            return Err(Errno::ENOSPC.into());
-        }
-        Ok(())
+        Ok(s)
     }
 
     /// setstripe through the xattr: a directory's default layout (removed with an
