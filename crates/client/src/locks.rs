@@ -895,6 +895,11 @@ impl Client {
         self.cached(fid, |b| b.attr.flags)
     }
 
+    /// The mode of `fid` as held under a lock, if it is.
+    pub fn cached_mode(&self, fid: Fid) -> Option<u32> {
+        self.cached(fid, |b| b.attr.mode)
+    }
+
     /// A directory's mtime and ctime as held under a lock, if they are: a listing read
     /// when they were these is still the directory's (every change of its entries
     /// moves them, and one by another client first takes the lock back).

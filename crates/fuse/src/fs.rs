@@ -704,6 +704,30 @@ impl Inner {
         }
     }
 
+    /// Drops the file's set-user-ID bit, and its set-group-ID bit if it is
+    /// group-executable, for a change of its bytes by a caller without CAP_FSETID:
+    /// what the kernel's `file_remove_privs` did itself before the mount asked for
+    /// `FUSE_HANDLE_KILLPRIV_V2`, which in exchange stops asking for
+    /// `security.capability` before every write. The mode is the one the client holds
+    /// under a lock, else the one the file was opened with, as stale as the kernel's
+    /// own copy would be. (The MDT also drops set-group-ID for a caller outside the
+    /// file's group, as Linux does.)
+    async fn kill_suidgid(&self, cred: &Cred, h: &FileHandle) -> Result<(), Errno> {
+        let mode = self.client.cached_mode(h.fid).unwrap_or(h.attr.mode);
+        let mut kill = mode & libc::S_ISUID;
+        if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            kill |= libc::S_ISGID;
+        }
+        if kill == 0 {
+            return Ok(());
+        }
+        let sa = SetAttr {
+            mode: Some(mode & 0o7777 & !kill),
+            ..Default::default()
+        };
+        self.client.setattr(cred, h.fid, sa).await.map(drop)
+    }
+
     /// Answers an entry request: `b`, found as `at` (directory, name).
     fn entry(&self, b: &MdtBody, reply: ReplyEntry, at: Option<(Fid, &[u8])>, seq: u64) {
         let fid = b.attr.fid;
@@ -896,6 +920,9 @@ impl LodeFs {
         if self.inner.opts.acl {
             want |= init::POSIX_ACL | init::DONT_MASK;
         }
+        // Set-ID bits dropped on write by the mount (see `Inner::kill_suidgid`): the
+        // kernel then asks for `security.capability` once per inode, not per write.
+        want |= init::HANDLE_KILLPRIV_V2;
         want
     }
 }
@@ -1326,13 +1353,15 @@ impl Filesystem for LodeFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: Fh,
         offset: u64,
         data: &[u8],
+        kill_suidgid: bool,
         reply: ReplyWrite,
     ) {
+        let cred = self.cred(req);
         let data = data.to_vec();
         let page = PAGE_SIZE as u64;
         if !offset.is_multiple_of(page) || !(data.len() as u64).is_multiple_of(page) {
@@ -1341,6 +1370,9 @@ impl Filesystem for LodeFs {
         self.spawn(|i| async move {
             let r = async {
                 let h = i.file(fh)?;
+                if kill_suidgid {
+                    i.kill_suidgid(&cred, &h).await?;
+                }
                 // An O_APPEND handle (see `own_append`) appends at the end the OSTs
                 // know; otherwise write exactly where the kernel says.
                 let mut h2 = (*h).clone();
@@ -2034,7 +2066,7 @@ impl Filesystem for LodeFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: Fh,
         offset: u64,
@@ -2042,10 +2074,17 @@ impl Filesystem for LodeFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let cred = self.cred(req);
         // The kernel writes back and drops its own pages of a punched or zeroed range,
         // and learns a new size from the answer (see `Client::fallocate`).
         self.reply_empty(reply, move |i| async move {
             let h = i.file(fh)?;
+            // A change of the file's bytes, as a write is (`file_modified`), but the
+            // kernel sends no FUSE_WRITE_KILL_SUIDGID with it: root stands for
+            // CAP_FSETID, as on the MDT.
+            if cred.uid != 0 {
+                i.kill_suidgid(&cred, &h).await?;
+            }
             i.client.fallocate(&h, mode, offset, length).await
         });
     }

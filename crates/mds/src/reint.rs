@@ -381,9 +381,13 @@ impl Namespace {
             }
         }
         if let Some(m) = sa.mode {
-            // Dropping set-user/group-ID bits is never an escalation: the kernel does it
-            // on behalf of any writer (file_remove_privs), so anyone who may write may.
-            let kill_privs = m & 0o7777 == rec.mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID)
+            // Dropping set-user/group-ID bits, one or both, is never an escalation: the
+            // kernel (or the mount, for it) does it on behalf of any writer
+            // (file_remove_privs), so anyone who may write may.
+            let setid = libc::S_ISUID | libc::S_ISGID;
+            let kill_privs = m & 0o7777 & !setid == rec.mode & 0o7777 & !setid
+                && m & setid & !rec.mode == 0
+                && m & setid != rec.mode & setid
                 && self.may(fid, &rec, cred, MAY_WRITE);
             if !owner && !kill_privs {
                 return Err(Errno::EPERM.into());

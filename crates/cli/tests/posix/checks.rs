@@ -560,6 +560,42 @@ fn write_by_another_user_clears_setuid_and_setgid() {
 }
 
 #[test]
+fn writes_and_fallocate_without_cap_fsetid_drop_set_id_bits_as_linux_does() {
+    // The mount drops them itself (FUSE_HANDLE_KILLPRIV_V2), so that the kernel need
+    // not ask for security.capability before every write: what is dropped must stay
+    // what Linux drops.
+    let f = fx();
+    let write = |n| unsafe { libc::write(libc::open(n, O_WRONLY), b"y".as_ptr().cast(), 1) as i32 };
+    let falloc = |n| unsafe { libc::fallocate(libc::open(n, O_WRONLY), 0, 0, 8192) };
+    for (n, before, after) in [
+        ("suid", 0o6755, 0o755),
+        // Set-group-ID without group execute, written by a member of the group.
+        ("lock", 0o2745, 0o2745),
+        ("alloc", 0o4755, 0o755),
+    ] {
+        fs::write(f.p(n), b"x").unwrap();
+        chown(f.p(n), Some(UID), Some(UID)).unwrap();
+        chmod(f.p(n), before);
+        let op = if n == "alloc" { falloc } else { write };
+        assert_eq!(as_user(f.m.path(), n, op), 0, "{n} as uid {UID}");
+        assert_eq!(mode(f.p(n)), after, "{n}");
+    }
+    // Root (CAP_FSETID) keeps them, and a second write by the owner finds none left.
+    fs::write(f.p("root"), b"x").unwrap();
+    chmod(f.p("root"), 0o6755);
+    fs::OpenOptions::new()
+        .append(true)
+        .open(f.p("root"))
+        .unwrap()
+        .write_all(b"y")
+        .unwrap();
+    assert_eq!(mode(f.p("root")), 0o6755);
+    assert_eq!(as_user(f.m.path(), "suid", write), 0);
+    assert_eq!(mode(f.p("suid")), 0o755);
+    assert_eq!(fs::read(f.p("suid")).unwrap(), b"y");
+}
+
+#[test]
 fn a_program_runs_with_execute_permission_alone() {
     // xfstests generic/126: exec opens a program without asking to read it.
     let f = fx();

@@ -126,6 +126,7 @@ pub mod init {
     pub const WRITEBACK_CACHE: u64 = 1 << 16;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const POSIX_ACL: u64 = 1 << 20;
+    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
     pub const MAX_PAGES: u64 = 1 << 22;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const OVER_IO_URING: u64 = 1 << 41;
@@ -159,6 +160,10 @@ pub const RELEASE_FLOCK_UNLOCK: u32 = 1 << 1;
 pub const LK_FLOCK: u32 = 1 << 0;
 /// `fuse_read_in.read_flags` / `fuse_write_in.write_flags`: `lock_owner` is valid.
 pub const READ_LOCKOWNER: u32 = 1 << 1;
+/// `fuse_write_in.write_flags` (with `FUSE_HANDLE_KILLPRIV_V2`): the writer lacks
+/// CAP_FSETID, so the write drops the file's set-user-ID bit, and its set-group-ID bit
+/// if it is group-executable.
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 /// `fuse_flush_in`/`fuse_read_in` etc.: bit set in an INTERRUPT's `unique`.
 pub const INT_REQ_BIT: u64 = 1;
 

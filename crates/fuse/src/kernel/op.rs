@@ -161,6 +161,8 @@ pub enum Op<'a> {
         fh: u64,
         offset: u64,
         data: &'a [u8],
+        /// The write must drop set-ID bits (`FUSE_WRITE_KILL_SUIDGID`).
+        kill_suidgid: bool,
     },
     Statfs,
     Release {
@@ -380,11 +382,12 @@ pub fn parse<'a>(opcode: u32, h: &'a [u8], p: &'a [u8]) -> Option<Op<'a>> {
             }
         }
         op::WRITE => {
-            let (fh, offset, size) = (f.u64()?, f.u64()?, f.u32()?);
+            let (fh, offset, size, write_flags) = (f.u64()?, f.u64()?, f.u32()?, f.u32()?);
             Op::Write {
                 fh,
                 offset,
                 data: p.get(..size as usize)?,
+                kill_suidgid: write_flags & super::abi::WRITE_KILL_SUIDGID != 0,
             }
         }
         op::STATFS => Op::Statfs,

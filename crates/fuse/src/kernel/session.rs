@@ -155,7 +155,9 @@ pub trait Filesystem: Send + Sync + 'static {
     ) {
         reply.error(libc::ENOSYS);
     }
-    /// Writes.
+    /// Writes; `kill_suidgid`: the writer lacks CAP_FSETID, so the file's set-user-ID
+    /// bit, and its set-group-ID bit if group-executable, go (`FUSE_HANDLE_KILLPRIV_V2`).
+    #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
         req: &Request,
@@ -163,6 +165,7 @@ pub trait Filesystem: Send + Sync + 'static {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
+        kill_suidgid: bool,
         reply: ReplyWrite,
     ) {
         reply.error(libc::ENOSYS);
@@ -397,9 +400,20 @@ pub fn dispatch<FS: Filesystem>(fs: &FS, req: &Request, h: &[u8], p: &[u8], sink
         Op::Read { fh, offset, size } => {
             fs.read(req, ino, FileHandle(fh), offset, size, ReplyData(raw()))
         }
-        Op::Write { fh, offset, data } => {
-            fs.write(req, ino, FileHandle(fh), offset, data, ReplyWrite(raw()))
-        }
+        Op::Write {
+            fh,
+            offset,
+            data,
+            kill_suidgid,
+        } => fs.write(
+            req,
+            ino,
+            FileHandle(fh),
+            offset,
+            data,
+            kill_suidgid,
+            ReplyWrite(raw()),
+        ),
         Op::Statfs => fs.statfs(req, ino, ReplyStatfs(raw())),
         Op::Release {
             fh,
