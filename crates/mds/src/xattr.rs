@@ -283,17 +283,17 @@ impl Namespace {
             let key = xattr_key(fid, name);
             let old = self.store.engine().get(Cf::Xattr, &key)?.map(|v| v.len());
             let exists = old.is_some();
-            let after = self
-                .stored_xattr_sizes(fid)?
-                .with(name, old, value.as_ref().map(Vec::len));
-            if value.is_some() {
-                after.check()?;
-            }
             if flags & XATTR_CREATE != 0 && exists {
                 return Err(Errno::EEXIST.into());
             }
             if (flags & XATTR_REPLACE != 0 || value.is_none()) && !exists {
                 return Err(Errno::ENODATA.into());
+            }
+            let after = self
+                .stored_xattr_sizes(fid)?
+                .with(name, old, value.as_ref().map(Vec::len));
+            if value.is_some() {
+                after.check()?;
             }
             match value {
                 Some(v) => {
