@@ -154,8 +154,26 @@ fn a_create_in_a_directory_the_mount_made_is_one_create_and_stats_need_no_rpc() 
         assert_eq!((md.len(), md.mode() & 0o777), (0, 0o644));
     }
     assert_eq!(counts(&c), [0, 0, 0, 0, 0], "stats answered by the kernel");
+    // A rename within the directory hands it back too: no LOOKUP of the new name, no
+    // GETATTR of the directory, and the kernel still sees every name as it is.
     for i in 0..20 {
-        fs::remove_file(m.path().join(format!("d/f{i}"))).expect("unlink");
+        let (from, to) = (format!("d/f{i}"), format!("d/g{i}"));
+        fs::rename(m.path().join(from), m.path().join(to)).expect("rename");
+    }
+    assert_eq!(md_stat(&c, "rename"), 20);
+    assert_eq!(counts(&c), [0, 0, 0, 0, 0], "one RENAME per rename");
+    let mut names: Vec<String> = fs::read_dir(m.path().join("d"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = (0..20).map(|i| format!("g{i}")).collect();
+    want.sort();
+    assert_eq!(names, want);
+    assert!(gone(&m.path().join("d/f3")));
+    c.set_param("mdc.*.md_stats=0");
+    for i in 0..20 {
+        fs::remove_file(m.path().join(format!("d/g{i}"))).expect("unlink");
     }
     assert_eq!(counts(&c), [0, 0, 0, 0, 20], "one UNLINK per removal");
 }

@@ -332,6 +332,8 @@ impl Client {
             | Request::Unlink(_)
             | Request::Setattr(_)
             | Request::Readdir(lode_proto::ReaddirReq { plus: true, .. }) => true,
+            // Within one directory, the reply hands the directory back.
+            Request::Rename(r) => r.src_parent == r.dst_parent,
             // The attributes lock, unless held: it vouches for read-on-open bytes and
             // for the pages read or written after. Asked again if the one held was
             // granted while another client had the file open for writing (it then
@@ -655,6 +657,9 @@ impl<'a> Changing<'a> {
             Request::Create(r) => (vec![r.parent], Some(r.parent)),
             Request::Unlink(r) => (vec![r.parent], Some(r.parent)),
             Request::Link(r) => (vec![r.parent, r.fid], None),
+            Request::Rename(r) if r.src_parent == r.dst_parent => {
+                (vec![r.src_parent], Some(r.src_parent))
+            }
             Request::Rename(r) => (vec![r.src_parent, r.dst_parent], None),
             Request::Setattr(r) => (vec![r.fid], None),
             Request::Setxattr(r) => (vec![r.fid], None),

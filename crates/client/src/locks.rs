@@ -213,6 +213,8 @@ pub(crate) enum DirChange<'a> {
     Add(&'a [u8]),
     /// A name was removed.
     Remove(&'a [u8]),
+    /// A name was renamed to another in the same directory, with `renameat2` flags.
+    Rename(&'a [u8], &'a [u8], u32),
 }
 
 impl Cache {
@@ -1010,6 +1012,14 @@ impl Client {
             DirChange::Remove(n) => {
                 names.remove(n);
             }
+            // Both names stay.
+            DirChange::Rename(_, _, flags) if flags & libc::RENAME_EXCHANGE != 0 => {}
+            // A whiteout takes the old name's place: not a listing kept here.
+            DirChange::Rename(_, _, flags) if flags & libc::RENAME_WHITEOUT != 0 => return,
+            DirChange::Rename(from, to, _) => {
+                names.remove(from);
+                names.insert(to.to_vec());
+            }
         }
         let mut c = self.locks.cache.lock();
         // Only if the lock just handed back is still the one kept (not already called
@@ -1134,11 +1144,15 @@ impl Client {
             }
         };
         let mut c = self.locks.cache.lock();
-        // A create or unlink of ours hands the directory back: its listing waits for
-        // the reply (see remember_parent).
-        if let Request::Create(lode_proto::CreateReq { parent, .. })
-        | Request::Unlink(lode_proto::UnlinkReq { parent, .. }) = req
-        {
+        // A create, unlink or rename within one directory of ours hands the directory
+        // back: its listing waits for the reply (see remember_parent).
+        let handed_back = match req {
+            Request::Create(r) => Some(&r.parent),
+            Request::Unlink(r) => Some(&r.parent),
+            Request::Rename(r) if r.src_parent == r.dst_parent => Some(&r.src_parent),
+            _ => None,
+        };
+        if let Some(parent) = handed_back {
             let ctime = c.attrs.get(parent).map(|(b, _)| b.attr.ctime);
             if let (Some(ctime), Some(l)) = (ctime, c.listings.remove(parent)) {
                 c.stash.insert(*parent, (ctime, l));

@@ -489,7 +489,16 @@ impl Client {
             dst_name: dn.to_vec(),
             flags,
         };
-        self.md(Request::Rename(req)).await.map(|_| ())
+        let rep = self.md(Request::Rename(req)).await?;
+        if let (Reply::Rename(r), true) = (rep, sp == dp) {
+            self.remember_parent(
+                r.parent.as_ref(),
+                sp,
+                cred,
+                DirChange::Rename(sn, dn, flags),
+            );
+        }
+        Ok(())
     }
 
     /// Hard link.

@@ -11,7 +11,7 @@ use lode_base::perm::{
     iflags, is_owner_or_root, may_delete_in_sticky, FS_FLAGS_KEPT, MAY_EXEC, MAY_WRITE,
 };
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
-use lode_proto::{Empty, MdtBody, RenameReq, Reply};
+use lode_proto::{MdtBody, RenameRep, RenameReq, Reply};
 use lode_store::records::{INODE_DATA, INODE_LINKABLE};
 use lode_store::{Batch, Cf};
 
@@ -220,7 +220,7 @@ impl Namespace {
         if dst.as_ref().is_some_and(|d| d.fid == src.fid) {
             // Two links to one inode: POSIX says do nothing (before any other check,
             // as Linux's vfs_rename).
-            return self.commit(ctx, Batch::new(), &Reply::Rename(Empty {}));
+            return self.commit(ctx, Batch::new(), &Reply::Rename(RenameRep::default()));
         }
         let src_rec = self.inode(src.fid)?;
         let src_is_dir = is_dir(src_rec.mode);
@@ -330,7 +330,7 @@ impl Namespace {
             // One directory: every nlink change above was made on `ddir`.
             put_inode(&mut b, dp, &ddir);
         }
-        self.commit(ctx, b, &Reply::Rename(Empty {}))
+        self.commit(ctx, b, &Reply::Rename(RenameRep::default()))
     }
 
     pub(crate) fn setattr(

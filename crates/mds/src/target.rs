@@ -986,7 +986,10 @@ impl Mdt {
             }
             MdtRequest::Rename(r) => {
                 check_cred(&r.cred)?;
-                (Reply::Rename(Empty {}), self.ns.rename(&ctx, &r)?)
+                (
+                    Reply::Rename(lode_proto::RenameRep::default()),
+                    self.ns.rename(&ctx, &r)?,
+                )
             }
             MdtRequest::Link(r) => {
                 check_cred(&r.cred)?;
@@ -1969,12 +1972,15 @@ impl Mdt {
             }
             _ => None,
         };
-        // The directory a create or unlink changes, and its ctime before: handed back
-        // after, so the client knows whether its copy was current.
+        // The directory a create, unlink or rename within it changes, and its ctime
+        // before: handed back after, so the client knows whether its copy was current.
         let dir_attrs = intent && h.flags & lode_proto::frame::FLAG_NO_DIR_ATTRS == 0;
         let parent_intent = match &req {
             MdtRequest::Create(r) if dir_attrs && !is_tmpfile(r) => Some(r.parent),
             MdtRequest::Unlink(r) if dir_attrs => Some(r.parent),
+            MdtRequest::Rename(r) if dir_attrs && r.src_parent == r.dst_parent => {
+                Some(r.src_parent)
+            }
             _ => None,
         }
         .and_then(|p| Some((p, self.ns.inode(p).ok()?.ctime)));
@@ -2078,8 +2084,9 @@ impl Mdt {
         (r, LockMode::Pr, bits)
     }
 
-    /// An unlink with an intent: the change's locks go, and its client gets the
-    /// directory's (see [`Mdt::parent_want`]) with the directory's new attributes.
+    /// An unlink, or a rename within one directory, with an intent: the change's locks
+    /// go, and its client gets the directory's (see [`Mdt::parent_want`]) with the
+    /// directory's new attributes.
     fn grant_parent(
         &self,
         exp: &Export,
@@ -2095,7 +2102,10 @@ impl Mdt {
         } else {
             p.body.dir_lock = got[0];
         }
-        *rep = Reply::Unlink(UnlinkRep { parent: Some(p) });
+        match rep {
+            Reply::Rename(r) => r.parent = Some(p),
+            _ => *rep = Reply::Unlink(UnlinkRep { parent: Some(p) }),
+        }
     }
 
     /// A setattr with an intent: the change's lock on the object is handed over to its

@@ -475,6 +475,13 @@ pub struct UnlinkRep {
     pub parent: Option<ParentAttrs>,
 }
 
+/// Reply to a rename.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameRep {
+    /// With `FLAG_INTENT`, for a rename within one directory: the directory after it.
+    pub parent: Option<ParentAttrs>,
+}
+
 /// open of an existing inode.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenReq {
@@ -1159,7 +1166,7 @@ messages! {
     /// Unlink or rmdir.
     Unlink = 18, Mdt, true: UnlinkReq => UnlinkRep,
     /// Rename.
-    Rename = 19, Mdt, true: RenameReq => Empty,
+    Rename = 19, Mdt, true: RenameReq => RenameRep,
     /// Hard link.
     Link = 20, Mdt, true: LinkReq => MdtBody,
     /// Change attributes.
