@@ -221,6 +221,28 @@ impl Cluster {
             Duration::from_secs(30),
             || std::net::TcpStream::connect(&addr).is_ok(),
         );
+        // Its port takes connections before its admin socket is served (a restarted
+        // target's old socket file may still be there): `get_param` right after
+        // would miss it.
+        let target = match name.strip_prefix("mdt").or(name.strip_prefix("ost")) {
+            Some(i) => format!(
+                "{}-{}{:04x}",
+                self.fsname,
+                if name.starts_with("mdt") {
+                    "MDT"
+                } else {
+                    "OST"
+                },
+                i.parse::<u32>().unwrap_or(0)
+            ),
+            None => "MGS".to_string(),
+        };
+        let sock = self.run_dir().join(format!("{target}.sock"));
+        wait_for(
+            &format!("{name}'s admin socket {}", sock.display()),
+            Duration::from_secs(30),
+            || std::os::unix::net::UnixStream::connect(&sock).is_ok(),
+        );
     }
 
     fn wait_ready(&self) {
