@@ -164,6 +164,17 @@ pub fn may_delete_in_sticky(dir: &Attr, child: &Attr, cred: &Cred) -> bool {
     cred.uid == dir.uid || cred.uid == child.uid
 }
 
+/// `mode` without the set-ID bits a change of a file's bytes or owner drops on Linux:
+/// set-user-ID, and set-group-ID when the file is group-executable (without group
+/// execute it marks mandatory locking, not a privilege).
+pub fn drop_setid(mode: u32) -> u32 {
+    let mut m = mode & !libc::S_ISUID;
+    if m & libc::S_IXGRP != 0 {
+        m &= !libc::S_ISGID;
+    }
+    m
+}
+
 /// True if `cred` owns `attr` or is root (chmod, utimes to explicit times).
 pub fn is_owner_or_root(attr: &Attr, cred: &Cred) -> bool {
     cred.uid == 0 || cred.uid == attr.uid
@@ -173,6 +184,20 @@ pub fn is_owner_or_root(attr: &Attr, cred: &Cred) -> bool {
 pub(crate) mod tests {
     use super::*;
     use crate::Fid;
+
+    #[test]
+    fn a_change_of_bytes_or_owner_drops_set_user_id_and_executable_set_group_id() {
+        for (before, after) in [
+            (0o6755, 0o755),
+            (0o4755, 0o755),
+            (0o2745, 0o2745),
+            (0o2755, 0o755),
+            (0o100644, 0o100644),
+            (0o106711, 0o100711),
+        ] {
+            assert_eq!(drop_setid(before), after, "{before:o}");
+        }
+    }
 
     #[test]
     fn an_exec_open_needs_execute_permission_not_read() {

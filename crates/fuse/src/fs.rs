@@ -714,15 +714,12 @@ impl Inner {
     /// file's group, as Linux does.)
     async fn kill_suidgid(&self, cred: &Cred, h: &FileHandle) -> Result<(), Errno> {
         let mode = self.client.cached_mode(h.fid).unwrap_or(h.attr.mode);
-        let mut kill = mode & libc::S_ISUID;
-        if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
-            kill |= libc::S_ISGID;
-        }
-        if kill == 0 {
+        let kept = lode_base::perm::drop_setid(mode);
+        if kept == mode {
             return Ok(());
         }
         let sa = SetAttr {
-            mode: Some(mode & 0o7777 & !kill),
+            mode: Some(kept & 0o7777),
             ..Default::default()
         };
         self.client.setattr(cred, h.fid, sa).await.map(drop)

@@ -441,10 +441,7 @@ impl Namespace {
         }
         if (chown || sa.uid.is_some() || sa.gid.is_some()) && !dir && sa.mode.is_none() {
             // chown clears set-user-ID, and set-group-ID when group-executable.
-            rec.mode &= !libc::S_ISUID;
-            if rec.mode & libc::S_IXGRP != 0 {
-                rec.mode &= !libc::S_ISGID;
-            }
+            rec.mode = lode_base::perm::drop_setid(rec.mode);
         }
         if let Some(size) = sa.size {
             if size != rec.size || rec.flags & INODE_DATA != 0 {
@@ -459,10 +456,7 @@ impl Namespace {
             }
             self.data_changed(fid);
             if !root {
-                rec.mode &= !libc::S_ISUID;
-                if rec.mode & libc::S_IXGRP != 0 {
-                    rec.mode &= !libc::S_ISGID;
-                }
+                rec.mode = lode_base::perm::drop_setid(rec.mode);
             }
             changed = true;
         }

@@ -126,8 +126,8 @@ pub mod init {
     pub const WRITEBACK_CACHE: u64 = 1 << 16;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const POSIX_ACL: u64 = 1 << 20;
-    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
     pub const MAX_PAGES: u64 = 1 << 22;
+    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const OVER_IO_URING: u64 = 1 << 41;
 }
