@@ -774,18 +774,7 @@ mod tests {
         use lode_base::acl::{Acl, Entry, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
         let dir = tempfile::tempdir().expect("tempdir");
         let (ns, d) = with_dir(dir.path());
-        let stored = || {
-            let mut s = xattr::XattrSizes::default();
-            ns.store
-                .engine()
-                .scan(Cf::Xattr, &d.to_bytes(), b"", &mut |k, v| {
-                    s.names += k.len() - 16 + 1;
-                    s.values += v.len();
-                    true
-                })
-                .expect("scan");
-            s
-        };
+        let stored = || ns.read_xattr_sizes(d).expect("read the stored sizes");
         let e = |tag, perm, id| Entry { tag, perm, id };
         let acl = Acl::from_entries(vec![
             e(USER_OBJ, 7, 0),

@@ -17,8 +17,8 @@ use lode_store::{Batch, Cf};
 /// listed) and their values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct XattrSizes {
-    pub(crate) names: usize,
-    pub(crate) values: usize,
+    names: usize,
+    values: usize,
 }
 
 impl XattrSizes {
@@ -456,12 +456,17 @@ impl Namespace {
     }
 
     /// The name and value bytes of the xattrs stored for inode `fid`: as its last
-    /// change left them if that is remembered, else read (every one of them: the
-    /// reason to remember).
+    /// change left them if that is remembered, else read.
     fn stored_xattr_sizes(&self, fid: Fid) -> OpResult<XattrSizes> {
         if let Some(s) = self.xattr_sizes.lock().get(&fid) {
             return Ok(*s);
         }
+        self.read_xattr_sizes(fid)
+    }
+
+    /// The name and value bytes of the xattrs stored for inode `fid`, read from the
+    /// store (every one of them: the reason to remember them).
+    pub(crate) fn read_xattr_sizes(&self, fid: Fid) -> OpResult<XattrSizes> {
         let mut s = XattrSizes::default();
         self.store
             .engine()
