@@ -1,6 +1,7 @@
 //! Real clusters for tests: `lode mkfs` and `lode mgs|mds|oss` as separate processes on
 //! 127.0.0.1 in a temporary directory, each with its own log, killed on drop.
 
+use lode_base::config::{Role, TargetConfig};
 use lode_client::{ClientConfig, Session};
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -224,19 +225,15 @@ impl Cluster {
         // Its port takes connections before its admin socket is served (a restarted
         // target's old socket file may still be there): `get_param` right after
         // would miss it.
-        let target = match name.strip_prefix("mdt").or(name.strip_prefix("ost")) {
-            Some(i) => format!(
-                "{}-{}{:04x}",
-                self.fsname,
-                if name.starts_with("mdt") {
-                    "MDT"
-                } else {
-                    "OST"
-                },
-                i.parse::<u32>().unwrap_or(0)
-            ),
-            None => "MGS".to_string(),
+        let kind = match role {
+            "mgs" => Role::Mgs,
+            "mds" => Role::Mdt,
+            _ => Role::Ost,
         };
+        // Named as the server names it (`TargetConfig::name`).
+        let target = TargetConfig::load(&self.target_dir(name), kind)
+            .expect("the target's config")
+            .name();
         let sock = self.run_dir().join(format!("{target}.sock"));
         wait_for(
             &format!("{name}'s admin socket {}", sock.display()),
