@@ -139,10 +139,9 @@ fn a_bare_lode_up_brings_back_an_instance_killed_whole_with_its_fsynced_data() {
 
     // Only the servers dead, the mount daemon alive: lode up restarts them and the
     // mount reconnects by itself.
-    for pid in lode_pids_for(&dir.join("ost1")) {
-        // SAFETY: a signal to a server of this test's instance.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
+    // Waited for: a server killed a moment ago still looks alive to `lode up`, which
+    // would then leave it down and start it only on the next call.
+    kill_all(&dir.join("ost1"));
     let out = up(&["--dir", d]);
     assert!(
         out.status.success(),
