@@ -171,9 +171,43 @@ fn a_create_in_a_directory_the_mount_made_is_one_create_and_stats_need_no_rpc() 
     want.sort();
     assert_eq!(names, want);
     assert!(gone(&m.path().join("d/f3")));
+    // So do a rename into another directory (both directories) and a hard link.
+    fs::create_dir(m.path().join("e")).expect("mkdir");
     c.set_param("mdc.*.md_stats=0");
-    for i in 0..20 {
-        fs::remove_file(m.path().join(format!("d/g{i}"))).expect("unlink");
+    for i in 0..10 {
+        let (from, to) = (format!("d/g{i}"), format!("e/h{i}"));
+        fs::rename(m.path().join(from), m.path().join(to)).expect("rename");
+        let (from, to) = (format!("e/h{i}"), format!("d/l{i}"));
+        fs::hard_link(m.path().join(from), m.path().join(to)).expect("link");
+    }
+    assert_eq!((md_stat(&c, "rename"), md_stat(&c, "link")), (10, 10));
+    assert_eq!(counts(&c), [0, 0, 0, 0, 0], "one RENAME or LINK each");
+    let listed = |d: &str| {
+        let mut n: Vec<String> = fs::read_dir(m.path().join(d))
+            .expect("readdir")
+            .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+            .collect();
+        n.sort();
+        n
+    };
+    let mut want: Vec<String> = (10..20)
+        .map(|i| format!("g{i}"))
+        .chain((0..10).map(|i| format!("l{i}")))
+        .collect();
+    want.sort();
+    assert_eq!(listed("d"), want);
+    let mut want: Vec<String> = (0..10).map(|i| format!("h{i}")).collect();
+    want.sort();
+    assert_eq!(listed("e"), want);
+    assert!(gone(&m.path().join("d/g3")));
+    assert_eq!(
+        fs::metadata(m.path().join("d/l3")).expect("stat").nlink(),
+        2
+    );
+    let names = listed("d");
+    c.set_param("mdc.*.md_stats=0");
+    for n in names {
+        fs::remove_file(m.path().join("d").join(n)).expect("unlink");
     }
     assert_eq!(counts(&c), [0, 0, 0, 0, 20], "one UNLINK per removal");
 }

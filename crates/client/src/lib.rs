@@ -332,8 +332,8 @@ impl Client {
             | Request::Unlink(_)
             | Request::Setattr(_)
             | Request::Readdir(lode_proto::ReaddirReq { plus: true, .. }) => true,
-            // Within one directory, the reply hands the directory back.
-            Request::Rename(r) => r.src_parent == r.dst_parent,
+            // The reply hands the directories back.
+            Request::Rename(_) | Request::Link(_) => true,
             // The attributes lock, unless held: it vouches for read-on-open bytes and
             // for the pages read or written after. Asked again if the one held was
             // granted while another client had the file open for writing (it then
@@ -644,26 +644,26 @@ impl Client {
 struct Changing<'a> {
     client: &'a Client,
     fids: Vec<Fid>,
-    /// Another change of this client's in the directory of a create or unlink is on
-    /// its way too: the reply should bring no lock on the directory's attributes
-    /// (`FLAG_NO_DIR_ATTRS`), which the other change would have to call back.
+    /// Another change of this client's in a directory of a create, unlink, link or
+    /// rename is on its way too: the reply should bring no lock on the directories'
+    /// attributes (`FLAG_NO_DIR_ATTRS`), which the other change would have to call
+    /// back.
     shared: bool,
 }
 
 impl<'a> Changing<'a> {
     fn new(client: &'a Client, req: &Request) -> Changing<'a> {
-        // `dir`: the directory whose attributes lock the reply may bring back.
-        let (fids, dir) = match req {
-            Request::Create(r) => (vec![r.parent], Some(r.parent)),
-            Request::Unlink(r) => (vec![r.parent], Some(r.parent)),
-            Request::Link(r) => (vec![r.parent, r.fid], None),
-            Request::Rename(r) if r.src_parent == r.dst_parent => {
-                (vec![r.src_parent], Some(r.src_parent))
-            }
-            Request::Rename(r) => (vec![r.src_parent, r.dst_parent], None),
-            Request::Setattr(r) => (vec![r.fid], None),
-            Request::Setxattr(r) => (vec![r.fid], None),
-            _ => (Vec::new(), None),
+        // `dirs`: how many of `fids`, from the first, are directories whose
+        // attributes lock the reply may bring back.
+        let (fids, dirs) = match req {
+            Request::Create(r) => (vec![r.parent], 1),
+            Request::Unlink(r) => (vec![r.parent], 1),
+            Request::Link(r) => (vec![r.parent, r.fid], 1),
+            Request::Rename(r) if r.src_parent == r.dst_parent => (vec![r.src_parent], 1),
+            Request::Rename(r) => (vec![r.src_parent, r.dst_parent], 2),
+            Request::Setattr(r) => (vec![r.fid], 0),
+            Request::Setxattr(r) => (vec![r.fid], 0),
+            _ => (Vec::new(), 0),
         };
         let mut shared = false;
         if !fids.is_empty() {
@@ -671,7 +671,9 @@ impl<'a> Changing<'a> {
             for f in &fids {
                 *c.entry(*f).or_default() += 1;
             }
-            shared = dir.is_some_and(|d| c.get(&d).is_some_and(|n| *n > 1));
+            shared = fids[..dirs]
+                .iter()
+                .any(|d| c.get(d).is_some_and(|n| *n > 1));
         }
         Changing {
             client,

@@ -213,7 +213,9 @@ pub(crate) enum DirChange<'a> {
     Add(&'a [u8]),
     /// A name was removed.
     Remove(&'a [u8]),
-    /// A name was renamed to another in the same directory, with `renameat2` flags.
+    /// A name was renamed to another in the same directory, with `renameat2` flags;
+    /// for a rename between two directories, each directory's own name as both, with
+    /// the flags that say what the directory is left with.
     Rename(&'a [u8], &'a [u8], u32),
 }
 
@@ -1029,6 +1031,36 @@ impl Client {
         }
     }
 
+    /// After a rename of ours: the kernel keeps the entry it moved under the new name,
+    /// with the old name's timeout. A lock on the new name the reply brought (`moved`)
+    /// vouches for it; without one, or if it was called back already, the kernel
+    /// must forget the name.
+    pub(crate) fn remember_moved(
+        &self,
+        moved: Option<&MdtBody>,
+        dir: Fid,
+        name: &[u8],
+        cred: &Cred,
+    ) {
+        if let Some(b) = moved {
+            self.remember(b, Some((dir, name, cred)));
+        }
+        let held = moved.is_some_and(|b| {
+            b.name_lock != 0
+                && self
+                    .locks
+                    .cache
+                    .lock()
+                    .names
+                    .get(&NameRef(dir, name))
+                    .is_some_and(|(_, h)| *h == b.name_lock)
+        });
+        if !held {
+            self.locks
+                .invalidate(vec![Inval::Name(dir, name.to_vec())], None);
+        }
+    }
+
     /// Keeps a lock on a directory's permissions: `cred` may search it while held.
     fn remember_search(&self, dir: Fid, cred: &Cred, h: u64) {
         self.keep(vec![(h, Key::Search(dir, cred.clone()), None)]);
@@ -1144,15 +1176,17 @@ impl Client {
             }
         };
         let mut c = self.locks.cache.lock();
-        // A create, unlink or rename within one directory of ours hands the directory
-        // back: its listing waits for the reply (see remember_parent).
+        // A create, unlink, link or rename of ours hands the directories back: their
+        // listings wait for the reply (see remember_parent).
         let handed_back = match req {
-            Request::Create(r) => Some(&r.parent),
-            Request::Unlink(r) => Some(&r.parent),
-            Request::Rename(r) if r.src_parent == r.dst_parent => Some(&r.src_parent),
-            _ => None,
+            Request::Create(r) => [Some(r.parent), None],
+            Request::Unlink(r) => [Some(r.parent), None],
+            Request::Link(r) => [Some(r.parent), None],
+            Request::Rename(r) if r.src_parent == r.dst_parent => [Some(r.src_parent), None],
+            Request::Rename(r) => [Some(r.src_parent), Some(r.dst_parent)],
+            _ => [None, None],
         };
-        if let Some(parent) = handed_back {
+        for parent in handed_back.iter().flatten() {
             let ctime = c.attrs.get(parent).map(|(b, _)| b.attr.ctime);
             if let (Some(ctime), Some(l)) = (ctime, c.listings.remove(parent)) {
                 c.stash.insert(*parent, (ctime, l));
@@ -1206,11 +1240,10 @@ impl Client {
     /// it must go with their lock, or another client's later change (a truncate)
     /// would go unseen for as long as the kernel liked.
     pub(crate) fn after_change(&self, req: &Request, ok: bool, mut invals: Vec<Inval>) {
+        // A rename's new name is seen to by `Client::rename`, once it knows whether
+        // the reply brought a lock on it.
         if ok && !matches!(req, Request::Open(_)) {
             invals.clear();
-            if let Request::Rename(r) = req {
-                invals.push(Inval::Name(r.dst_parent, r.dst_name.clone()));
-            }
         }
         if !invals.is_empty() {
             self.locks.invalidate(invals, None);

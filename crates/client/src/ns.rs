@@ -490,14 +490,33 @@ impl Client {
             flags,
         };
         let rep = self.md(Request::Rename(req)).await?;
-        if let (Reply::Rename(r), true) = (rep, sp == dp) {
+        let Reply::Rename(r) = rep else {
+            self.remember_moved(None, dp, dn, cred);
+            return Ok(());
+        };
+        self.remember_moved(r.moved.as_ref(), dp, dn, cred);
+        if sp == dp {
             self.remember_parent(
                 r.parent.as_ref(),
                 sp,
                 cred,
                 DirChange::Rename(sn, dn, flags),
             );
+            return Ok(());
         }
+        // Between two directories: an exchange leaves both names where they were, a
+        // whiteout leaves one in the source (see `remember_parent`).
+        let keep = flags & (libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT) != 0;
+        let (from, to) = if keep {
+            (
+                DirChange::Rename(sn, sn, flags),
+                DirChange::Rename(dn, dn, flags & libc::RENAME_EXCHANGE),
+            )
+        } else {
+            (DirChange::Remove(sn), DirChange::Add(dn))
+        };
+        self.remember_parent(r.parent.as_ref(), sp, cred, from);
+        self.remember_parent(r.dst_parent.as_ref(), dp, cred, to);
         Ok(())
     }
 
@@ -521,7 +540,11 @@ impl Client {
             }))
             .await?
         {
-            Reply::Link(b) => Ok(b),
+            Reply::Link(r) => {
+                self.remember_parent(r.parent.as_ref(), parent, cred, DirChange::Add(name));
+                self.remember(&r.body, Some((parent, name, cred)));
+                Ok(r.body)
+            }
             _ => Err(Errno::EPROTO),
         }
     }

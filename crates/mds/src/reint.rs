@@ -11,13 +11,14 @@ use lode_base::perm::{
     iflags, is_owner_or_root, may_delete_in_sticky, FS_FLAGS_KEPT, MAY_EXEC, MAY_WRITE,
 };
 use lode_base::{Cred, Errno, Fid, SetAttr, TimeSet};
-use lode_proto::{MdtBody, RenameRep, RenameReq, Reply};
+use lode_proto::{LinkRep, MdtBody, RenameRep, RenameReq, Reply};
 use lode_store::records::{INODE_DATA, INODE_LINKABLE};
 use lode_store::{Batch, Cf};
 
 /// `renameat2` flags.
 const RENAME_NOREPLACE: u32 = 1;
-const RENAME_EXCHANGE: u32 = 2;
+/// `renameat2`'s flag to swap two names.
+pub(crate) const RENAME_EXCHANGE: u32 = 2;
 
 impl Namespace {
     pub(crate) fn unlink(
@@ -141,7 +142,11 @@ impl Namespace {
         p.ctime = now;
         put_inode(&mut b, parent, &p);
         let body = self.body(fid, &rec);
-        let t = self.commit(ctx, b, &Reply::Link(body.clone()))?;
+        let rep = Reply::Link(LinkRep {
+            body: body.clone(),
+            parent: None,
+        });
+        let t = self.commit(ctx, b, &rep)?;
         Ok((body, t))
     }
 

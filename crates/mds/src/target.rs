@@ -993,8 +993,8 @@ impl Mdt {
             }
             MdtRequest::Link(r) => {
                 check_cred(&r.cred)?;
-                let (b, t) = self.ns.link(&ctx, &r.cred, r.fid, r.parent, &r.name)?;
-                (Reply::Link(b), t)
+                let (body, t) = self.ns.link(&ctx, &r.cred, r.fid, r.parent, &r.name)?;
+                (Reply::Link(lode_proto::LinkRep { body, parent: None }), t)
             }
             MdtRequest::Setattr(r) => {
                 check_cred(&r.cred)?;
@@ -1972,18 +1972,31 @@ impl Mdt {
             }
             _ => None,
         };
-        // The directory a create, unlink or rename within it changes, and its ctime
-        // before: handed back after, so the client knows whether its copy was current.
+        // The directories a create, unlink, link or rename changes, and their ctimes
+        // before: handed back after, so the client knows whether its copies were
+        // current.
         let dir_attrs = intent && h.flags & lode_proto::frame::FLAG_NO_DIR_ATTRS == 0;
-        let parent_intent = match &req {
-            MdtRequest::Create(r) if dir_attrs && !is_tmpfile(r) => Some(r.parent),
-            MdtRequest::Unlink(r) if dir_attrs => Some(r.parent),
+        let parent_intent: Vec<(Fid, i64)> = match &req {
+            MdtRequest::Create(r) if dir_attrs && !is_tmpfile(r) => vec![r.parent],
+            MdtRequest::Unlink(r) if dir_attrs => vec![r.parent],
+            MdtRequest::Link(r) if dir_attrs => vec![r.parent],
             MdtRequest::Rename(r) if dir_attrs && r.src_parent == r.dst_parent => {
-                Some(r.src_parent)
+                vec![r.src_parent]
+            }
+            MdtRequest::Rename(r) if dir_attrs => vec![r.src_parent, r.dst_parent],
+            _ => Vec::new(),
+        }
+        .into_iter()
+        .map_while(|p| Some((p, self.ns.inode(p).ok()?.ctime)))
+        .collect();
+        // The name a link or a plain rename leaves, whose lock the reply brings.
+        let named = match &req {
+            MdtRequest::Link(r) if intent => Some((r.parent, r.name.clone())),
+            MdtRequest::Rename(r) if intent && r.flags & crate::reint::RENAME_EXCHANGE == 0 => {
+                Some((r.dst_parent, r.dst_name.clone()))
             }
             _ => None,
-        }
-        .and_then(|p| Some((p, self.ns.inode(p).ok()?.ctime)));
+        };
         // A replay past a gap must find what the change found the first time (one
         // from a reply record, or a committed open sent again, has no digest).
         let replay = h.flags & FLAG_REPLAY != 0;
@@ -2021,14 +2034,28 @@ impl Mdt {
             }
         }
         self.record_failure(exp, tag, xid, 0, &mut out);
-        let parent = match (parent_intent, out.status) {
-            (Some((p, pre)), 0) => self.parent_attrs(p, pre),
-            _ => None,
+        // All of them or none (a directory gone meanwhile).
+        let parents: Vec<ParentAttrs> = if out.status == 0 {
+            parent_intent
+                .iter()
+                .map_while(|&(p, pre)| self.parent_attrs(p, pre))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let parents = if parents.len() == parent_intent.len() {
+            parents
+        } else {
+            Vec::new()
         };
         if let Some(rep) = rep.as_mut() {
             match (create_intent, locks) {
-                (Some(c), Some(l)) => self.grant_created(exp, c, l, parent, rep),
-                (None, Some(l)) if parent.is_some() => self.grant_parent(exp, l, parent, rep),
+                (Some(c), Some(l)) => {
+                    self.grant_created(exp, c, l, parents.into_iter().next(), rep)
+                }
+                (None, Some(l)) if !parents.is_empty() || named.is_some() => {
+                    self.grant_parent(exp, l, parents, named, rep)
+                }
                 (None, Some(l)) => {
                     if let Some(fid) = setattr_intent {
                         self.grant_changed(exp, fid, l, rep);
@@ -2084,27 +2111,68 @@ impl Mdt {
         (r, LockMode::Pr, bits)
     }
 
-    /// An unlink, or a rename within one directory, with an intent: the change's locks
-    /// go, and its client gets the directory's (see [`Mdt::parent_want`]) with the
-    /// directory's new attributes.
+    /// An unlink, link or rename with an intent: the change's locks go, and its client
+    /// gets each directory's (see [`Mdt::parent_want`]) with the directory's new
+    /// attributes (`parents`: the one directory, or a rename's source and destination),
+    /// and, for the name a link or rename leaves (`named`), a lock on that name and on
+    /// the attributes of what it names, as a create's client gets.
     fn grant_parent(
         &self,
         exp: &Export,
         locks: MdtLocks,
-        parent: Option<ParentAttrs>,
+        mut parents: Vec<ParentAttrs>,
+        named: Option<(Fid, Vec<u8>)>,
         rep: &mut Reply,
     ) {
-        let Some(mut p) = parent else { return };
-        let want = self.parent_want(p.body.attr.fid);
-        let got = self.ldlm.release_and_grant(locks, exp.slot, &[want]);
-        if want.2 & ldlm::bits::UPDATE != 0 {
-            p.body.lock = got[0];
-        } else {
-            p.body.dir_lock = got[0];
+        use ldlm::bits::{LOOKUP, PERM, UPDATE};
+        let mut wants: Vec<ldlm::Want> = parents
+            .iter()
+            .map(|p| self.parent_want(p.body.attr.fid))
+            .collect();
+        // What the name now names: a link's reply has it; a rename's is read back.
+        let mut body = match (rep as &Reply, &named) {
+            (Reply::Link(r), Some(_)) => Some(r.body.clone()),
+            (Reply::Rename(_), Some((d, n))) => {
+                let fid = self.ns.dirent(*d, n).ok().flatten().map(|e| e.fid);
+                fid.and_then(|f| self.ns.getattr(f).ok())
+            }
+            _ => None,
+        };
+        if let (Some(b), Some((d, n))) = (&body, &named) {
+            wants.push((ResId::name(*d, n), LockMode::Pr, LOOKUP));
+            wants.push((ResId::object(b.attr.fid), LockMode::Pr, UPDATE | PERM));
         }
+        let got = self.ldlm.release_and_grant(locks, exp.slot, &wants);
+        for ((p, want), h) in parents.iter_mut().zip(&wants).zip(&got) {
+            if want.2 & UPDATE != 0 {
+                p.body.lock = *h;
+            } else {
+                p.body.dir_lock = *h;
+            }
+        }
+        if let Some(b) = body.as_mut() {
+            let n = parents.len();
+            (b.name_lock, b.lock) = (got[n], got[n + 1]);
+            self.own_writes(exp, b);
+        }
+        let mut parents = parents.into_iter();
         match rep {
-            Reply::Rename(r) => r.parent = Some(p),
-            _ => *rep = Reply::Unlink(UnlinkRep { parent: Some(p) }),
+            Reply::Rename(r) => {
+                r.parent = parents.next();
+                r.dst_parent = parents.next();
+                r.moved = body;
+            }
+            Reply::Link(r) => {
+                r.parent = parents.next();
+                if let Some(b) = body {
+                    r.body = b;
+                }
+            }
+            _ => {
+                *rep = Reply::Unlink(UnlinkRep {
+                    parent: parents.next(),
+                })
+            }
         }
     }
 

@@ -478,7 +478,28 @@ pub struct UnlinkRep {
 /// Reply to a rename.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RenameRep {
-    /// With `FLAG_INTENT`, for a rename within one directory: the directory after it.
+    /// With `FLAG_INTENT`: the source directory after the rename (the only one, for a
+    /// rename within one directory).
+    pub parent: Option<ParentAttrs>,
+    /// With `FLAG_INTENT`, for a rename between two directories: the destination
+    /// directory after it.
+    pub dst_parent: Option<ParentAttrs>,
+    /// With `FLAG_INTENT`, for a rename that neither exchanges nor leaves a whiteout:
+    /// the object under its new name, with a PR LOOKUP lock on that name
+    /// (`name_lock`) and a PR UPDATE|PERM lock on its attributes (`lock`), 0 where
+    /// none could be granted. The kernel keeps the entry it moved; this lock vouches
+    /// for it.
+    pub moved: Option<MdtBody>,
+}
+
+/// Reply to a hard link.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkRep {
+    /// The inode, with its new link count; with `FLAG_INTENT`, with a PR LOOKUP lock on
+    /// the new name (`name_lock`) and a PR UPDATE|PERM lock on its attributes (`lock`)
+    /// where they could be granted.
+    pub body: MdtBody,
+    /// With `FLAG_INTENT`: the directory after the link.
     pub parent: Option<ParentAttrs>,
 }
 
@@ -1168,7 +1189,7 @@ messages! {
     /// Rename.
     Rename = 19, Mdt, true: RenameReq => RenameRep,
     /// Hard link.
-    Link = 20, Mdt, true: LinkReq => MdtBody,
+    Link = 20, Mdt, true: LinkReq => LinkRep,
     /// Change attributes.
     Setattr = 21, Mdt, true: SetattrReq => MdtBody,
     /// Read an xattr.
