@@ -3,7 +3,9 @@
 # hard (2 clients × ITEMS/2 in one directory, 3,901 bytes written and read),
 # alternating the two ROUNDS times on fresh file systems, so that this noisy machine's
 # drift falls on both. Results: JSON and text per run in OUT, then one line per run.
-# Needs root (mounts) and a release build. Usage: bench/vs-moosefs.sh [OUT]
+# Needs root (mounts) and a release build. LODE_LAYOUT, if set, is given to
+# `lode setstripe` on lode's root first (e.g. "-E 64K -L mdt -E -1 -c 1": every file
+# Data-on-MDT up to 64 KiB). Usage: bench/vs-moosefs.sh [OUT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 L="${LODE:-${CARGO_TARGET_DIR:-target}/release/lode}"
@@ -31,6 +33,10 @@ md() {
 for r in $(seq 1 "$ROUNDS"); do
     rm -rf "$W/lode"
     "$L" up --dir "$W/lode" --port-base 19880 >/dev/null
+    if [ -n "${LODE_LAYOUT:-}" ]; then
+        # shellcheck disable=SC2086 # the layout's options, split on purpose
+        "$L" setstripe $LODE_LAYOUT "$W/lode/mnt"
+    fi
     md "lode-$r" "$W/lode/mnt"
     "$L" down --dir "$W/lode" >/dev/null
     bench/peers/moosefs.sh up "$W/mfs" "$W/mfsmnt" >/dev/null
