@@ -96,6 +96,24 @@ fn every_change_by_one_mount_is_seen_by_the_other_on_its_next_call() {
     assert!(gone(&pb("d/e3")), "unlink seen");
     assert_eq!(fs::metadata(pb("d/e2")).expect("stat").nlink(), 1);
 
+    // The names a rename or link of A's leaves, A keeps under locks: B's change of
+    // them calls A back.
+    fs::create_dir(pa("d/other")).expect("mkdir");
+    fs::rename(pa("d/e2"), pa("d/other/m")).expect("rename between directories");
+    fs::hard_link(pa("d/other/m"), pa("d/l")).expect("link");
+    assert_eq!(fs::metadata(pa("d/other/m")).expect("stat").nlink(), 2);
+    fs::remove_file(pb("d/l")).expect("unlink on B");
+    assert!(gone(&pa("d/l")), "B's unlink of A's link seen by A");
+    assert_eq!(fs::metadata(pa("d/other/m")).expect("stat").nlink(), 1);
+    fs::rename(pb("d/other/m"), pb("d/e2")).expect("rename back on B");
+    assert!(
+        gone(&pa("d/other/m")),
+        "B's rename of A's moved name seen by A"
+    );
+    assert_eq!(fs::metadata(pa("d/e2")).expect("stat").len(), 10);
+    fs::remove_dir(pb("d/other")).expect("rmdir on B");
+    assert!(gone(&pa("d/other")), "B's rmdir seen by A");
+
     let (e2, name) = (cs(pa("d/e2")), cs("user.k"));
     let r = unsafe { libc::setxattr(e2.as_ptr(), name.as_ptr(), b"v1".as_ptr().cast(), 2, 0) };
     assert_eq!(r, 0);

@@ -352,7 +352,7 @@ impl Client {
         } else {
             0
         };
-        if forgot.is_empty() && !matches!(req, Request::Rename(_)) {
+        if forgot.is_empty() {
             return Ok(self.mdc.call_with(req, flags, &cancels).await?.reply);
         }
         let r = self.mdc.call_with(req.clone(), flags, &cancels).await;
