@@ -959,3 +959,42 @@ fn appends_land_whole(setstripe: Option<&[&str]>) {
         assert_eq!(mine, want, "{who}'s records, whole and in its order");
     }
 }
+
+#[test]
+fn a_rename_onto_another_link_of_the_same_file_leaves_both_names_in_the_renamers_listing() {
+    let c = cluster(1);
+    let s = c.client();
+    let cr = root();
+    let mkdir = |parent, name: &[u8]| {
+        s.run(s.client.mkdir(&cr, parent, name, 0o755, None))
+            .expect("mkdir")
+            .attr
+            .fid
+    };
+    // Directories this client made, and so lists completely.
+    let d = mkdir(lode_base::Fid::ROOT, b"d");
+    let e = mkdir(lode_base::Fid::ROOT, b"e");
+    let f = s
+        .run(s.client.create(&cr, d, b"k", 0o644, None))
+        .expect("create")
+        .attr
+        .fid;
+    s.run(s.client.link(&cr, f, d, b"j")).expect("link");
+    s.run(s.client.link(&cr, f, e, b"m")).expect("link");
+    // POSIX: a rename onto another link of the same file does nothing. The kernel
+    // never sends one, but a native client does.
+    s.run(s.client.rename(&cr, d, b"k", d, b"j", 0))
+        .expect("rename within one directory");
+    s.run(s.client.rename(&cr, d, b"j", e, b"m", 0))
+        .expect("rename between two");
+    for (dir, name) in [(d, &b"k"[..]), (d, b"j"), (e, b"m")] {
+        let b = s.run(s.client.lookup(&cr, dir, name));
+        assert_eq!(
+            b.map(|b| b.attr.fid),
+            Ok(f),
+            "{} still names the file",
+            String::from_utf8_lossy(name)
+        );
+    }
+    assert_eq!(s.run(s.client.getattr(&cr, f)).expect("getattr").nlink, 3);
+}

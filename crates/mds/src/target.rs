@@ -1989,6 +1989,15 @@ impl Mdt {
         .into_iter()
         .map_while(|p| Some((p, self.ns.inode(p).ok()?.ctime)))
         .collect();
+        // A plain rename's source name: still there after, the rename was between two
+        // links of one file, which changes nothing (POSIX), and the client must not
+        // move the name in its listings.
+        let rename_src = match &req {
+            MdtRequest::Rename(r) if r.flags & crate::reint::RENAME_EXCHANGE == 0 => {
+                Some((r.src_parent, r.src_name.clone()))
+            }
+            _ => None,
+        };
         // The name a link or a plain rename leaves, whose lock the reply brings.
         let named = match &req {
             MdtRequest::Link(r) if intent => Some((r.parent, r.name.clone())),
@@ -2034,8 +2043,10 @@ impl Mdt {
             }
         }
         self.record_failure(exp, tag, xid, 0, &mut out);
-        // All of them or none (a directory gone meanwhile).
-        let parents: Vec<ParentAttrs> = if out.status == 0 {
+        // All of them or none (a directory gone meanwhile, or none changed).
+        let unchanged = !parent_intent.is_empty()
+            && rename_src.is_some_and(|(d, n)| !matches!(self.ns.dirent(d, &n), Ok(None)));
+        let parents: Vec<ParentAttrs> = if out.status == 0 && !unchanged {
             parent_intent
                 .iter()
                 .map_while(|&(p, pre)| self.parent_attrs(p, pre))
