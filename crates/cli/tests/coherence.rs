@@ -998,3 +998,83 @@ fn a_rename_onto_another_link_of_the_same_file_leaves_both_names_in_the_renamers
     }
     assert_eq!(s.run(s.client.getattr(&cr, f)).expect("getattr").nlink, 3);
 }
+
+#[test]
+fn another_clients_create_while_a_link_waits_to_run_is_in_the_linkers_listing_after() {
+    let c = cluster(1);
+    let (a, b) = (c.client(), c.client());
+    let cr = root();
+    // A directory A made, and so lists completely under its lock.
+    let d = a
+        .run(a.client.mkdir(&cr, lode_base::Fid::ROOT, b"d", 0o755, None))
+        .expect("mkdir")
+        .attr
+        .fid;
+    let f = a
+        .run(a.client.create(&cr, d, b"f", 0o644, None))
+        .expect("create")
+        .attr
+        .fid;
+    // A's link gives the directory's lock back and then waits on the MDT before it
+    // runs; B's create in the directory, which nothing of A's holds up, runs then.
+    c.set_param("mdt.*.fail_val=800");
+    c.set_param(&format!(
+        "mdt.*.fail_opc={}",
+        lode_proto::Opcode::Link as u16
+    ));
+    c.set_param("mdt.*.fail_loc=0x80000104");
+    std::thread::scope(|sc| {
+        let linker = sc.spawn(|| a.run(a.client.link(&cr, f, d, b"l")));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        b.run(b.client.create(&cr, d, b"x", 0o644, None))
+            .expect("B's create");
+        linker.join().expect("linker").expect("link");
+    });
+    assert_eq!(c.get_param("mdt.*.fail_loc"), "0x0", "the link waited");
+    c.set_param("mdt.*.fail_opc=0");
+    for name in [&b"f"[..], b"l", b"x"] {
+        assert!(
+            a.run(a.client.lookup(&cr, d, name)).is_ok(),
+            "A finds {}",
+            String::from_utf8_lossy(name)
+        );
+    }
+}
+
+#[test]
+fn after_a_mount_exchanges_two_names_another_mounts_unlink_of_one_is_seen() {
+    let c = cluster(1);
+    let (a, b) = (c.mount(), c.mount());
+    let d = a.path().join("d");
+    fs::create_dir(&d).expect("mkdir");
+    fs::write(d.join("p"), b"p").expect("p");
+    fs::write(d.join("q"), b"qq").expect("q");
+    // A's kernel knows both names (and B's, once it has looked).
+    assert_eq!(fs::read(d.join("p")).expect("read p"), b"p");
+    assert_eq!(fs::read(d.join("q")).expect("read q"), b"qq");
+    let name = |n: &str| {
+        std::ffi::CString::new(d.join(n).into_os_string().into_encoded_bytes()).expect("path")
+    };
+    let (p, q) = (name("p"), name("q"));
+    // SAFETY: two valid C strings; renameat2 reads them only.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            libc::AT_FDCWD,
+            q.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(rc, 0, "exchange: {}", std::io::Error::last_os_error());
+    assert_eq!(fs::read(d.join("p")).expect("read p"), b"qq");
+    assert_eq!(fs::read(d.join("q")).expect("read q"), b"p");
+    // B removes both and makes p anew; A, which holds no lock on either name since
+    // the exchange, must not keep either.
+    for n in ["p", "q"] {
+        fs::remove_file(b.path().join("d").join(n)).expect("B's unlink");
+    }
+    fs::write(b.path().join("d").join("p"), b"new").expect("B's new p");
+    assert_eq!(fs::read(d.join("p")).expect("A reads p"), b"new");
+    assert!(gone(&d.join("q")), "q is gone for A too");
+}

@@ -1238,12 +1238,22 @@ impl Client {
     /// under its new name, which no lock of this client covers.
     /// An open is never such an update: the attributes the kernel keeps from before
     /// it must go with their lock, or another client's later change (a truncate)
-    /// would go unseen for as long as the kernel liked.
+    /// would go unseen for as long as the kernel liked. Nor is a rename, for the
+    /// objects it moves or replaces: the kernel refreshes only their ctime after it
+    /// (its permission checks would keep using modes no lock covers any more), and
+    /// after an exchange it keeps both names.
     pub(crate) fn after_change(&self, req: &Request, ok: bool, mut invals: Vec<Inval>) {
         // A rename's new name is seen to by `Client::rename`, once it knows whether
-        // the reply brought a lock on it.
-        if ok && !matches!(req, Request::Open(_)) {
-            invals.clear();
+        // the reply brought a lock on it; its directories by `remember_parent`.
+        match req {
+            Request::Open(_) => {}
+            _ if !ok => {}
+            Request::Rename(r) => invals.retain(|i| match i {
+                Inval::Attr { fid, .. } => *fid != r.src_parent && *fid != r.dst_parent,
+                Inval::Name(..) => r.flags & libc::RENAME_EXCHANGE != 0,
+                Inval::Data(_) | Inval::Pages { .. } => false,
+            }),
+            _ => invals.clear(),
         }
         if !invals.is_empty() {
             self.locks.invalidate(invals, None);

@@ -295,6 +295,60 @@ pub(crate) fn put_inode_unversioned(b: &mut Batch, fid: Fid, rec: &InodeRec) {
     b.put(Cf::Inode, fid.to_bytes().to_vec(), rec.encode());
 }
 
+/// The directories a change under way on this thread changed, as it found them under
+/// their inode locks: their ctime just before it, and the version it left them at.
+/// A client that gave up its listing of a directory to make the change keeps the
+/// listing, patched, only if nothing else changed the directory between its copy
+/// and its change (the ctime before, read here under the lock, not earlier: another
+/// client's change could commit in between) nor between its change and the lock
+/// handed back with the reply (the version, checked once that lock is granted).
+pub(crate) mod dirs {
+    use lode_base::Fid;
+    use lode_store::records::InodeRec;
+    use std::cell::RefCell;
+
+    /// A directory as a change found it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) struct Found {
+        /// The directory.
+        pub fid: Fid,
+        /// Its ctime before the change.
+        pub pre_ctime: i64,
+        /// Its version once the change is in: one on from the version found if the
+        /// change writes it.
+        pub version: u64,
+    }
+
+    thread_local! {
+        /// `Some`: a change is under way on this thread.
+        static FOUND: RefCell<Option<Vec<Found>>> = const { RefCell::new(None) };
+    }
+
+    /// A change starts on this thread.
+    pub(crate) fn begin() {
+        FOUND.with_borrow_mut(|f| *f = Some(Vec::new()));
+    }
+
+    /// The change is over: the directories it noted, in order.
+    pub(crate) fn end() -> Vec<Found> {
+        FOUND.with_borrow_mut(|f| f.take().unwrap_or_default())
+    }
+
+    /// The change found directory `fid` as `rec` and will write it (`writes`) or
+    /// not. The first note of a directory counts.
+    pub(crate) fn note(fid: Fid, rec: &InodeRec, writes: bool) {
+        FOUND.with_borrow_mut(|f| {
+            if let Some(f) = f.as_mut().filter(|f| f.iter().all(|d| d.fid != fid)) {
+                f.push(Found {
+                    fid,
+                    pre_ctime: rec.ctime,
+                    version: rec.version.wrapping_add(u64::from(writes)),
+                });
+            }
+        });
+    }
+}
+
 /// Version-based recovery (Lustre's VBR), per service thread. Every inode a change
 /// reads is folded, with its version, into a digest; the digest at the change's commit
 /// goes to the client with the reply and comes back with the change's replay. A
@@ -418,6 +472,37 @@ mod tests {
             links: Vec::new(),
             btime: 0,
         }
+    }
+
+    #[test]
+    fn a_change_notes_each_directory_once_and_nothing_outside_a_change() {
+        use super::dirs::{begin, end, note, Found};
+        let at = |ctime, version| InodeRec {
+            ctime,
+            version,
+            ..rec(0)
+        };
+        let (a, b) = (Fid::new(1, 1, 0), Fid::new(1, 2, 0));
+        note(a, &at(5, 5), true);
+        begin();
+        note(a, &at(10, 3), true);
+        note(a, &at(11, 4), true);
+        note(b, &at(20, 7), false);
+        let found = end();
+        let want = [
+            Found {
+                fid: a,
+                pre_ctime: 10,
+                version: 4,
+            },
+            Found {
+                fid: b,
+                pre_ctime: 20,
+                version: 7,
+            },
+        ];
+        assert_eq!(found, want);
+        assert!(end().is_empty(), "over: nothing noted");
     }
 
     #[test]

@@ -370,6 +370,8 @@ impl Namespace {
         }
         if self.dirent(r.parent, &r.name)?.is_some() {
             if r.open_flags.is_some_and(|f| f as i32 & libc::O_EXCL == 0) {
+                // The directory stays as it is.
+                crate::inode::dirs::note(r.parent, &parent, false);
                 drop(held);
                 return self.open_existing(ctx, slot, &r);
             }
@@ -449,6 +451,7 @@ impl Namespace {
         // waits for this create, or this create for it), link count and times.
         self.pdo.lock_inodes(&mut held, &[r.parent]);
         let mut parent = self.dir_inode(r.parent)?;
+        crate::inode::dirs::note(r.parent, &parent, true);
         self.inherit_acls(&mut b, r.parent, &parent, r.fid, &mut rec, r.umask)?;
         put_dirent(&mut b, r.parent, &r.name, r.fid, dtype_of(mode));
         put_inode(&mut b, r.fid, &rec);

@@ -79,6 +79,7 @@ impl Namespace {
         let mut child_rec = self.inode(ent.fid)?;
         self.unlink_inode(&mut b, (parent, name), ent.fid, &mut child_rec, now)?;
         let mut p = self.dir_inode(parent)?;
+        crate::inode::dirs::note(parent, &p, true);
         if child_dir {
             p.nlink = p.nlink.saturating_sub(1);
         }
@@ -138,6 +139,7 @@ impl Namespace {
         put_dirent(&mut b, parent, name, fid, dtype_of(rec.mode));
         put_inode(&mut b, fid, &rec);
         let mut p = self.dir_inode(parent)?;
+        crate::inode::dirs::note(parent, &p, true);
         p.mtime = now;
         p.ctime = now;
         put_inode(&mut b, parent, &p);
@@ -287,6 +289,8 @@ impl Namespace {
         } else {
             sdir.clone()
         };
+        crate::inode::dirs::note(sp, &sdir, true);
+        crate::inode::dirs::note(dp, &ddir, true);
         put_dirent(&mut b, dp, &r.dst_name, src.fid, src.dtype);
         srec.ctime = now;
         srec.remove_link(sp, &r.src_name);

@@ -2,6 +2,7 @@
 //! reconstruction for resends, in-flight tracking, parked SYNCs, and the exhaustive
 //! dispatch of `MdtRequest` to the namespace layer.
 
+use crate::inode::dirs::Found;
 use crate::ldlm::{self, Acquired, Ldlm, LockMode, MdtLocks, ResId, Want};
 use crate::{Ctx, MdtConfig, Namespace, OpError, OpResult, OstState, Tunables};
 use lode_base::{Cred, Errno, Fid};
@@ -1940,11 +1941,6 @@ impl Mdt {
     ) -> Outgoing {
         let h = &inc.header;
         let (tag, xid) = (h.tag, h.xid);
-        if lode_rpc::fail::check_op(lode_rpc::fail::DELAY_EXEC, h.opcode) {
-            std::thread::sleep(std::time::Duration::from_millis(u64::from(
-                lode_rpc::fail::val(),
-            )));
-        }
         let intent = self.intent(inc, exp);
         let create_intent = match &req {
             MdtRequest::Create(r) if intent && !is_tmpfile(r) => Some(Created {
@@ -1972,11 +1968,11 @@ impl Mdt {
             }
             _ => None,
         };
-        // The directories a create, unlink, link or rename changes, and their ctimes
-        // before: handed back after, so the client knows whether its copies were
-        // current.
+        // The directories a create, unlink, link or rename changes, handed back after
+        // with their ctimes before (as the change found them under its locks: see
+        // `inode::dirs`), so the client knows whether its copies were current.
         let dir_attrs = intent && h.flags & lode_proto::frame::FLAG_NO_DIR_ATTRS == 0;
-        let parent_intent: Vec<(Fid, i64)> = match &req {
+        let parent_intent: Vec<Fid> = match &req {
             MdtRequest::Create(r) if dir_attrs && !is_tmpfile(r) => vec![r.parent],
             MdtRequest::Unlink(r) if dir_attrs => vec![r.parent],
             MdtRequest::Link(r) if dir_attrs => vec![r.parent],
@@ -1985,18 +1981,6 @@ impl Mdt {
             }
             MdtRequest::Rename(r) if dir_attrs => vec![r.src_parent, r.dst_parent],
             _ => Vec::new(),
-        }
-        .into_iter()
-        .map_while(|p| Some((p, self.ns.inode(p).ok()?.ctime)))
-        .collect();
-        // A plain rename's source name: still there after, the rename was between two
-        // links of one file, which changes nothing (POSIX), and the client must not
-        // move the name in its listings.
-        let rename_src = match &req {
-            MdtRequest::Rename(r) if r.flags & crate::reint::RENAME_EXCHANGE == 0 => {
-                Some((r.src_parent, r.src_name.clone()))
-            }
-            _ => None,
         };
         // The name a link or a plain rename leaves, whose lock the reply brings.
         let named = match &req {
@@ -2014,9 +1998,16 @@ impl Mdt {
         crate::inode::vbr::begin(expected);
         // A replay stamps the time its first run was given.
         crate::inode::clock::begin(if replay { h.op_time } else { 0 });
+        crate::inode::dirs::begin();
+        if lode_rpc::fail::check_op(lode_rpc::fail::DELAY_EXEC, h.opcode) {
+            std::thread::sleep(std::time::Duration::from_millis(u64::from(
+                lode_rpc::fail::val(),
+            )));
+        }
         // The reply stays typed until the grants below have put their locks in it:
         // encoded once, not encoded, decoded and encoded again.
         let done = self.dispatch(inc, exp, req, 0);
+        let found = crate::inode::dirs::end();
         let op_time = crate::inode::clock::end();
         let pre_version = crate::inode::vbr::end();
         let (mut rep, mut out) = match done {
@@ -2043,13 +2034,14 @@ impl Mdt {
             }
         }
         self.record_failure(exp, tag, xid, 0, &mut out);
-        // All of them or none (a directory gone meanwhile, or none changed).
-        let unchanged = !parent_intent.is_empty()
-            && rename_src.is_some_and(|(d, n)| !matches!(self.ns.dirent(d, &n), Ok(None)));
-        let parents: Vec<ParentAttrs> = if out.status == 0 && !unchanged {
+        // All of them or none: a directory gone meanwhile, or one the change did not
+        // find under its locks (a rename between two links of one file changes
+        // nothing, as POSIX says, and the client must not move the name in its
+        // listings).
+        let parents: Vec<Found> = if out.status == 0 {
             parent_intent
                 .iter()
-                .map_while(|&(p, pre)| self.parent_attrs(p, pre))
+                .map_while(|&p| found.iter().find(|f| f.fid == p).copied())
                 .collect()
         } else {
             Vec::new()
@@ -2089,13 +2081,42 @@ impl Mdt {
         out
     }
 
-    /// A directory's attributes after a change, if it is still there.
-    fn parent_attrs(&self, fid: Fid, pre_ctime: i64) -> Option<ParentAttrs> {
-        let rec = self.ns.inode(fid).ok()?;
-        Some(ParentAttrs {
-            body: self.ns.body(fid, &rec),
-            pre_ctime,
-        })
+    /// The directories a change found (`found`) as handed back to its client with
+    /// the locks just granted on them (`got`, one each, on their attributes if `update`
+    /// says so, else on their permissions), read now, under those locks. Another
+    /// client's change that took and gave back its own lock between this change and
+    /// the grant (nothing this client held stopped it) left a directory at another
+    /// version than this change did: its `pre_ctime` then matches no copy, so the
+    /// client drops its listing. All or none: if one is gone, every lock goes back.
+    fn parents_after(
+        &self,
+        exp: &Export,
+        found: &[Found],
+        got: &[u64],
+        update: &[bool],
+    ) -> Vec<ParentAttrs> {
+        let mut out = Vec::with_capacity(found.len());
+        for ((f, &h), &update) in found.iter().zip(got).zip(update) {
+            let Ok(rec) = self.ns.inode(f.fid) else {
+                self.ldlm.cancel_many(exp.slot, &got[..found.len()]);
+                return Vec::new();
+            };
+            let mut body = self.ns.body(f.fid, &rec);
+            if update {
+                body.lock = h;
+            } else {
+                body.dir_lock = h;
+            }
+            out.push(ParentAttrs {
+                body,
+                pre_ctime: if rec.version == f.version {
+                    f.pre_ctime
+                } else {
+                    lode_proto::NO_COPY_CTIME
+                },
+            });
+        }
+        out
     }
 
     /// Gives back the locks `handles` of `exp`'s client (a cancel, or the early cancels
@@ -2131,15 +2152,12 @@ impl Mdt {
         &self,
         exp: &Export,
         locks: MdtLocks,
-        mut parents: Vec<ParentAttrs>,
+        found: Vec<Found>,
         named: Option<(Fid, Vec<u8>)>,
         rep: &mut Reply,
     ) {
         use ldlm::bits::{LOOKUP, PERM, UPDATE};
-        let mut wants: Vec<ldlm::Want> = parents
-            .iter()
-            .map(|p| self.parent_want(p.body.attr.fid))
-            .collect();
+        let mut wants: Vec<ldlm::Want> = found.iter().map(|f| self.parent_want(f.fid)).collect();
         // What the name now names: a link's reply has it; a rename's is read back.
         let mut body = match (rep as &Reply, &named) {
             (Reply::Link(r), Some(_)) => Some(r.body.clone()),
@@ -2154,15 +2172,10 @@ impl Mdt {
             wants.push((ResId::object(b.attr.fid), LockMode::Pr, UPDATE | PERM));
         }
         let got = self.ldlm.release_and_grant(locks, exp.slot, &wants);
-        for ((p, want), h) in parents.iter_mut().zip(&wants).zip(&got) {
-            if want.2 & UPDATE != 0 {
-                p.body.lock = *h;
-            } else {
-                p.body.dir_lock = *h;
-            }
-        }
+        let n = found.len();
+        let update: Vec<bool> = wants[..n].iter().map(|w| w.2 & UPDATE != 0).collect();
+        let parents = self.parents_after(exp, &found, &got, &update);
         if let Some(b) = body.as_mut() {
-            let n = parents.len();
             (b.name_lock, b.lock) = (got[n], got[n + 1]);
             self.own_writes(exp, b);
         }
@@ -2233,7 +2246,7 @@ impl Mdt {
         exp: &Export,
         c: Created,
         locks: MdtLocks,
-        parent_attrs: Option<ParentAttrs>,
+        parent_found: Option<Found>,
         rep: &mut Reply,
     ) {
         let Reply::Create(rep) = rep else {
@@ -2241,7 +2254,7 @@ impl Mdt {
         };
         use ldlm::bits::{DOM, LOOKUP, PERM, UPDATE};
         let parent = c.parent;
-        let dir_want = match parent_attrs {
+        let dir_want = match parent_found {
             Some(_) => self.parent_want(parent),
             None => (ResId::object(parent), LockMode::Pr, PERM),
         };
@@ -2272,10 +2285,9 @@ impl Mdt {
         // pages; another client's does (see `Mdt::own_writes`).
         self.own_writes(exp, &mut rep.body);
         // The directory's lock: on its attributes, sent along, or on its permissions.
-        match parent_attrs {
-            Some(mut p) if dir_want.2 & UPDATE != 0 => {
-                p.body.lock = got[0];
-                rep.parent = Some(p);
+        match parent_found {
+            Some(f) if dir_want.2 & UPDATE != 0 => {
+                rep.parent = self.parents_after(exp, &[f], &got[..1], &[true]).pop();
             }
             _ => rep.body.dir_lock = got[0],
         }
@@ -2323,6 +2335,8 @@ impl Mdt {
             MdtRequest::Setattr(r) => vec![r.fid],
             MdtRequest::DomWrite(r) => vec![r.fid],
             MdtRequest::Link(r) => vec![r.fid],
+            // The reply hands the moved file's attributes over under a lock.
+            MdtRequest::Rename(r) => child(r.src_parent, &r.src_name).into_iter().collect(),
             MdtRequest::LayoutIntent(r) => vec![r.fid],
             MdtRequest::Migrate(r) => vec![r.fid],
             _ => Vec::new(),

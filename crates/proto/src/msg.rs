@@ -464,9 +464,13 @@ pub struct ParentAttrs {
     /// MDT gave none (other clients are busy in it).
     pub body: MdtBody,
     /// Its ctime just before the change: a client copy with this ctime was current
-    /// (nothing else changed the directory in between).
+    /// (nothing else changed the directory in between). [`NO_COPY_CTIME`] when
+    /// another change came between this one and the lock in `body`: no copy is.
     pub pre_ctime: i64,
 }
+
+/// [`ParentAttrs::pre_ctime`] when no client copy of the directory can be current.
+pub const NO_COPY_CTIME: i64 = i64::MIN;
 
 /// Reply to an unlink or rmdir.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
