@@ -109,6 +109,22 @@ struct MkfsArgs {
     dir: PathBuf,
 }
 
+/// The file `mkfs` keeps in a target's directory while it formats it.
+const FORMATTING: &str = "FORMATTING";
+
+/// Removes everything in `dir` (not `dir` itself), then syncs it.
+fn clear_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            std::fs::remove_dir_all(e.path())?;
+        } else {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    lode_base::config::sync_dir(dir)
+}
+
 fn mkfs(a: MkfsArgs) -> Result<()> {
     let role = match (a.mgs, a.mdt, a.ost) {
         (true, false, false) => Role::Mgs,
@@ -131,6 +147,12 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
         if a.dir.join(CONFIG_FILE).exists() {
             bail!("mkfs: {d}: already formatted, refusing to format");
         }
+        if a.dir.join(FORMATTING).exists() {
+            // A format cut short (a crash, a power cut): everything here is its own.
+            clear_dir(&a.dir)
+                .with_context(|| format!("mkfs: {d}: clearing an unfinished format"))?;
+            eprintln!("mkfs: {d}: an unfinished format's leftovers removed");
+        }
         if std::fs::read_dir(&a.dir)
             .with_context(|| format!("mkfs: {d}"))?
             .next()
@@ -141,6 +163,12 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     }
     lode_base::config::create_dir_durable(&a.dir)
         .with_context(|| format!("mkfs: {d}: cannot create"))?;
+    // Durable before anything else is made here, gone once the configuration is: a
+    // format cut short is then told from a directory someone else filled.
+    std::fs::File::create(a.dir.join(FORMATTING))
+        .and_then(|f| f.sync_all())
+        .and_then(|()| lode_base::config::sync_dir(&a.dir))
+        .with_context(|| format!("mkfs: {d}"))?;
     let key_hex = match &a.key_file {
         Some(f) => {
             let k =
@@ -176,6 +204,9 @@ fn mkfs(a: MkfsArgs) -> Result<()> {
     }
     // 0600: it holds secrets.
     lode_base::config::write_secret(&a.dir.join(CONFIG_FILE), c.render().as_bytes())
+        .with_context(|| format!("mkfs: {d}"))?;
+    std::fs::remove_file(a.dir.join(FORMATTING))
+        .and_then(|()| lode_base::config::sync_dir(&a.dir))
         .with_context(|| format!("mkfs: {d}"))?;
     println!("formatted {} as {} ({})", d, c.name(), c.uuid);
     Ok(())

@@ -67,6 +67,36 @@ fn mkfs_refuses_bad_input_and_non_empty_directories() {
 }
 
 #[test]
+fn a_format_cut_short_is_done_again_from_the_start() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("mdt");
+    // What a format cut short before its configuration leaves: its marker, a store
+    // and a half-written configuration.
+    mkfs_ok(&["--mdt", "--fsname", "fs"], &d);
+    assert!(
+        !d.join("FORMATTING").exists(),
+        "a finished format leaves no marker"
+    );
+    let old = std::fs::read_to_string(d.join("CONFIG")).unwrap();
+    std::fs::remove_file(d.join("CONFIG")).unwrap();
+    std::fs::write(d.join("FORMATTING"), b"").unwrap();
+    std::fs::write(d.join("CONFIG.tmp"), b"format=").unwrap();
+    mkfs_ok(&["--mdt", "--fsname", "fs"], &d);
+    let new = std::fs::read_to_string(d.join("CONFIG")).unwrap();
+    assert_ne!(old, new, "a new target (its own uuid)");
+    assert!(d.join("db/CURRENT").is_file(), "a store again");
+    for gone in ["FORMATTING", "CONFIG.tmp"] {
+        assert!(!d.join(gone).exists(), "{gone} removed");
+    }
+    // Without the marker, a directory someone else filled is still refused.
+    std::fs::remove_file(d.join("CONFIG")).unwrap();
+    fails_with(
+        lode().args(["mkfs", "--mdt", "--fsname", "fs"]).arg(&d),
+        "not empty, refusing to format",
+    );
+}
+
+#[test]
 fn servers_refuse_unformatted_foreign_and_busy_directories() {
     let t = tempfile::tempdir().unwrap();
     let run = t.path().join("run");
