@@ -182,6 +182,13 @@ pub fn run(role: Role, a: ServerArgs) -> Result<()> {
         }
         Role::Mdt => start_mdt(&cfg, &a, &listen, rt.handle())?,
         Role::Ost => {
+            let name = cfg.name();
+            lode_oss::set_on_sync_failure(Box::new(move |e| {
+                // Never acknowledge anything after a failed fsync: stop the process.
+                error!("{name}: object sync failure ({e:?}); target stopped");
+                eprintln!("lode: {name}: object sync failure ({e:?}); target stopped");
+                std::process::exit(70);
+            }));
             let ost = lode_oss::Ost::open(lode_oss::OstConfig {
                 fsname: cfg.fsname.clone(),
                 index: cfg.index,

@@ -120,12 +120,17 @@ fn kill9_of_an_oss_keeps_synced_data_and_the_client_reconnects() {
     s.run(cl.close(&fh)).unwrap();
 }
 
+/// A client that gives up on a request after 3 s (a stopped target's requests fail).
+fn impatient_client(c: &lode_testkit::Cluster) -> Session {
+    let mut cfg = c.client_config();
+    cfg.timeout = Duration::from_secs(3);
+    Session::connect(cfg).unwrap()
+}
+
 #[test]
 fn a_failed_sync_stops_the_mdt() {
     let mut c = cluster(1);
-    let mut cfg = c.client_config();
-    cfg.timeout = Duration::from_secs(3);
-    let s = Session::connect(cfg).unwrap();
+    let s = impatient_client(&c);
     let cl = &s.client;
     let r = root();
     s.run(cl.create(&r, Fid::ROOT, b"before", 0o644, None))
@@ -158,11 +163,45 @@ fn a_failed_sync_stops_the_mdt() {
 }
 
 #[test]
+fn a_failed_object_sync_stops_the_ost_and_the_write_is_replayed_after() {
+    let mut c = cluster(1);
+    let s = impatient_client(&c);
+    let r = root();
+    let h = s
+        .run(
+            s.client
+                .create_open(&r, Fid::ROOT, b"f", 0o644, libc::O_RDWR, None),
+        )
+        .unwrap();
+    s.run(s.client.write(&h, 0, b"before")).unwrap();
+    s.run(s.client.fsync(&h)).unwrap();
+    // The next fsync of an object fails: the OST stops rather than try again, which
+    // on Linux may report the lost pages as written.
+    c.set_param("obdfilter.*.fail_loc=0x80000204");
+    s.run(s.client.write(&h, 6, b" after")).unwrap();
+    assert!(s.run(s.client.fsync(&h)).is_err(), "fsync must not succeed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (ost, code) = loop {
+        let stopped = ["ost0", "ost1"]
+            .into_iter()
+            .find_map(|o| Some((o, c.wait_exit(o, Duration::from_millis(100))?)));
+        if let Some(s) = stopped {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "no OST stopped");
+    };
+    assert_eq!(code, 70, "OSS exits with EX_SOFTWARE");
+    assert!(c.log(ost).contains("target stopped"));
+    // Restarted, it is told the write again by the client's replay.
+    c.start_target(ost);
+    s.run(s.client.fsync(&h)).unwrap();
+    assert_eq!(s.run(s.client.read(&h, 0, 64)).unwrap(), b"before after");
+}
+
+#[test]
 fn a_failed_write_stops_the_mdt_and_the_change_is_not_acknowledged() {
     let mut c = cluster(1);
-    let mut cfg = c.client_config();
-    cfg.timeout = Duration::from_secs(3);
-    let s = Session::connect(cfg).unwrap();
+    let s = impatient_client(&c);
     let r = root();
     c.set_param("mdt.*.fail_loc=0x80000202");
     assert!(s

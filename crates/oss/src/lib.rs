@@ -291,8 +291,10 @@ impl Commit {
         self.new_dirs.sync()?;
         self.record
             .write_all_at(&last.to_le_bytes(), 0)
-            .and_then(|()| self.record.sync_data())
             .map_err(|e| io_errno(&e))?;
+        self.record
+            .sync_data()
+            .map_err(|e| sync_failed(io_errno(&e)))?;
         self.committed.fetch_max(last, Ordering::AcqRel);
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.synced.fetch_add(n, Ordering::Relaxed);
@@ -965,7 +967,32 @@ fn open_object(
 
 /// fsyncs a directory, so the entries made in it survive a power cut.
 fn sync_dir(dir: &std::path::Path) -> Result<(), Errno> {
-    lode_base::config::sync_dir(dir).map_err(|e| io_errno(&e))
+    let d = File::open(dir).map_err(|e| io_errno(&e))?;
+    d.sync_all().map_err(|e| sync_failed(io_errno(&e)))
+}
+
+/// What a server process does when an fsync of an object, or of a directory naming
+/// objects, fails (see [`set_on_sync_failure`]).
+static ON_SYNC_FAILURE: std::sync::OnceLock<Box<dyn Fn(Errno) + Send + Sync>> =
+    std::sync::OnceLock::new();
+
+/// Has `f` run when an fsync of an object or of a directory naming objects fails; a
+/// server process stops there. After a failed writeback Linux may mark the pages
+/// clean, so the next fsync could succeed with the data never written: trying again
+/// would report lost writes as committed, and clients would drop their copies. A
+/// restarted OST is told them again by the clients' replay instead. Without it (a
+/// library, a test) the error only goes to the caller. Set once; later calls are
+/// ignored.
+pub fn set_on_sync_failure(f: Box<dyn Fn(Errno) + Send + Sync>) {
+    let _ = ON_SYNC_FAILURE.set(f);
+}
+
+/// A failed fsync: the hook runs (and a server does not come back from it).
+fn sync_failed(e: Errno) -> Errno {
+    if let Some(f) = ON_SYNC_FAILURE.get() {
+        f(e);
+    }
+    e
 }
 
 /// [`sync_dir`] of a directory that may be gone (nothing left to make durable then).
@@ -1059,7 +1086,7 @@ fn change_durably(
     };
     let apply = || {
         change(&f).map_err(|e| io_errno(&e))?;
-        f.sync_data().map_err(|e| io_errno(&e))
+        f.sync_data().map_err(|e| sync_failed(io_errno(&e)))
     };
     match undo {
         Some(u) => u.synced(root, &object_path_in(root, o), apply)?,
@@ -1147,7 +1174,14 @@ fn sync_objects_unbounded(
             files.push((p, f));
         }
         for (p, f) in files {
-            let sync = || f.map_or(Ok(()), |f| f.sync_all().map_err(|e| io_errno(&e)));
+            let sync = || {
+                if lode_rpc::fail::check(lode_rpc::fail::OST_SYNC_FAIL) {
+                    return Err(sync_failed(Errno::EIO));
+                }
+                f.map_or(Ok(()), |f| {
+                    f.sync_all().map_err(|e| sync_failed(io_errno(&e)))
+                })
+            };
             match undo {
                 Some(u) => u.synced(root, &p, sync)?,
                 None => sync()?,

@@ -29,6 +29,8 @@ pub const STORE_SYNC_FAIL: u32 = 0x201;
 pub const STORE_WRITE_FAIL: u32 = 0x202;
 /// Stall each WAL sync of the store by `fail_val` milliseconds (a slow disk).
 pub const STORE_SYNC_DELAY: u32 = 0x203;
+/// Make the OST's next fsync of an object fail (as EIO: a disk error).
+pub const OST_SYNC_FAIL: u32 = 0x204;
 /// Flag bit: act once, then clear `fail_loc` (Lustre's `CFS_FAIL_ONCE`).
 pub const ONCE: u32 = 0x8000_0000;
 /// Flag bit: let the first `fail_val` matches pass, then act on every one after
