@@ -81,6 +81,15 @@ const TARGETS: [Target; 4] = [
     },
 ];
 
+/// A target's name, as it registers with the MGS (`TargetConfig::name`).
+fn target_name(fsname: &str, t: &Target) -> String {
+    match t.role {
+        "mgs" => "MGS".to_string(),
+        "mds" => format!("{fsname}-MDT{:04x}", t.index),
+        _ => format!("{fsname}-OST{:04x}", t.index),
+    }
+}
+
 fn port(base: u16, t: &Target) -> u16 {
     match t.role {
         "mgs" => base,
@@ -468,6 +477,26 @@ pub fn up(a: UpArgs) -> Result<()> {
                     .is_ok_and(|v| v.lines().filter(|l| l.ends_with(" ACTIVE")).count() == 2)
             },
         )?;
+        // A mount asks the MGS for the MDT first: its registration may come after the
+        // MDT saw the OSTs (it is sent on its own, and retried).
+        let mgs_sock = dir.join("run").join("MGS.sock");
+        let registered: Vec<String> = TARGETS
+            .iter()
+            .filter(|t| t.role != "mgs")
+            .map(|t| target_name(&conf.fsname, t))
+            .collect();
+        wait_started(
+            &dir,
+            &mut started,
+            "the MGS to list every target",
+            Duration::from_secs(30),
+            || {
+                lode_rpc::admin::admin_request(&mgs_sock, "value mgs.*.targets").is_ok_and(|v| {
+                    let listed: Vec<&str> = v.lines().filter_map(|l| l.split(' ').next()).collect();
+                    registered.iter().all(|n| listed.contains(&n.as_str()))
+                })
+            },
+        )?;
         Ok::<(), anyhow::Error>(())
     })();
     if let Err(e) = waited {
@@ -489,13 +518,22 @@ pub fn up(a: UpArgs) -> Result<()> {
             source: format!("{mgs}:/{}", conf.fsname),
             mountpoint: mnt.clone(),
         };
-        let pid = daemonize(
+        let pid = match daemonize(
             &args,
             Some(dir.join("mount.log")),
             Some(&dir.join("run")),
             Some(&dir.join(MOUNT_UUID_FILE)),
-        )
-        .map_err(|e| anyhow!("up: {e}"))?;
+        ) {
+            Ok(pid) => pid,
+            Err(e) => {
+                // As above: what this run started goes again.
+                for (_, child) in &mut started {
+                    stop_pid(child.id());
+                    let _ = child.wait();
+                }
+                return Err(anyhow!("up: {e}"));
+            }
+        };
         lode_base::config::write_durable(
             &dir.join("mount.pid"),
             pid.to_string().as_bytes(),
@@ -621,11 +659,7 @@ pub fn status(a: DirArgs) -> Result<()> {
         "TARGET", "ADDRESS", "STATE", "USED", "AVAIL", "USE%"
     );
     for t in &TARGETS {
-        let name = match t.role {
-            "mgs" => "MGS".to_string(),
-            "mds" => format!("{}-MDT{:04x}", conf.fsname, t.index),
-            _ => format!("{}-OST{:04x}", conf.fsname, t.index),
-        };
+        let name = target_name(&conf.fsname, t);
         let addr = format!("127.0.0.1:{}", port(conf.port_base, t));
         let up = server_pid(&dir, t).is_some() && std::net::TcpStream::connect(&addr).is_ok();
         let (used, avail, pct) = match usage.get(&name) {
