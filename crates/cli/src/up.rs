@@ -500,11 +500,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         Ok::<(), anyhow::Error>(())
     })();
     if let Err(e) = waited {
-        // Nothing half-started is left behind: what this run started goes again.
-        for (_, child) in &mut started {
-            stop_pid(child.id());
-            let _ = child.wait();
-        }
+        stop_started(&mut started);
         return Err(e);
     }
     if !live_mount {
@@ -526,11 +522,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         ) {
             Ok(pid) => pid,
             Err(e) => {
-                // As above: what this run started goes again.
-                for (_, child) in &mut started {
-                    stop_pid(child.id());
-                    let _ = child.wait();
-                }
+                stop_started(&mut started);
                 return Err(anyhow!("up: {e}"));
             }
         };
@@ -547,6 +539,14 @@ pub fn up(a: UpArgs) -> Result<()> {
     );
     println!("stop it with: lode down --dir {}", dir.display());
     Ok(())
+}
+
+/// Nothing half-started is left behind: what a failed `lode up` started goes again.
+fn stop_started(started: &mut [(&'static str, std::process::Child)]) {
+    for (_, child) in started {
+        stop_pid(child.id());
+        let _ = child.wait();
+    }
 }
 
 fn stop_pid(pid: u32) {

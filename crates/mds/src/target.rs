@@ -2041,13 +2041,9 @@ impl Mdt {
         let parents: Vec<Found> = if out.status == 0 {
             parent_intent
                 .iter()
-                .map_while(|&p| found.iter().find(|f| f.fid == p).copied())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let parents = if parents.len() == parent_intent.len() {
-            parents
+                .map(|&p| found.iter().find(|f| f.fid == p).copied())
+                .collect::<Option<_>>()
+                .unwrap_or_default()
         } else {
             Vec::new()
         };
@@ -2082,8 +2078,8 @@ impl Mdt {
     }
 
     /// The directories a change found (`found`) as handed back to its client with
-    /// the locks just granted on them (`got`, one each, on their attributes if `update`
-    /// says so, else on their permissions), read now, under those locks. Another
+    /// the locks just granted on them (`got`, one each, as `wants` asked: on their
+    /// attributes with UPDATE, else on their permissions), read now, under those locks. Another
     /// client's change that took and gave back its own lock between this change and
     /// the grant (nothing this client held stopped it) left a directory at another
     /// version than this change did: its `pre_ctime` then matches no copy, so the
@@ -2093,16 +2089,16 @@ impl Mdt {
         exp: &Export,
         found: &[Found],
         got: &[u64],
-        update: &[bool],
+        wants: &[Want],
     ) -> Vec<ParentAttrs> {
         let mut out = Vec::with_capacity(found.len());
-        for ((f, &h), &update) in found.iter().zip(got).zip(update) {
+        for ((f, &h), want) in found.iter().zip(got).zip(wants) {
             let Ok(rec) = self.ns.inode(f.fid) else {
                 self.ldlm.cancel_many(exp.slot, &got[..found.len()]);
                 return Vec::new();
             };
             let mut body = self.ns.body(f.fid, &rec);
-            if update {
+            if want.2 & ldlm::bits::UPDATE != 0 {
                 body.lock = h;
             } else {
                 body.dir_lock = h;
@@ -2173,8 +2169,7 @@ impl Mdt {
         }
         let got = self.ldlm.release_and_grant(locks, exp.slot, &wants);
         let n = found.len();
-        let update: Vec<bool> = wants[..n].iter().map(|w| w.2 & UPDATE != 0).collect();
-        let parents = self.parents_after(exp, &found, &got, &update);
+        let parents = self.parents_after(exp, &found, &got, &wants[..n]);
         if let Some(b) = body.as_mut() {
             (b.name_lock, b.lock) = (got[n], got[n + 1]);
             self.own_writes(exp, b);
@@ -2287,7 +2282,7 @@ impl Mdt {
         // The directory's lock: on its attributes, sent along, or on its permissions.
         match parent_found {
             Some(f) if dir_want.2 & UPDATE != 0 => {
-                rep.parent = self.parents_after(exp, &[f], &got[..1], &[true]).pop();
+                rep.parent = self.parents_after(exp, &[f], &got[..1], &[dir_want]).pop();
             }
             _ => rep.body.dir_lock = got[0],
         }
