@@ -814,13 +814,6 @@ fn a_writer_alone_reads_back_what_it_wrote_from_its_pages() {
     let c = cluster(2);
     let m = c.mount();
     dom_dir(&c, &m.path().join("dom"));
-    let ost_reads = || {
-        c.get_param("osc.*.stats")
-            .lines()
-            .filter(|l| l.split_whitespace().next() == Some("ost_read"))
-            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum::<u64>()
-    };
     for name in ["ost", "dom/f"] {
         let p = m.path().join(name);
         fs::write(&p, [b'.'; 8192]).expect("write");
@@ -831,18 +824,73 @@ fn a_writer_alone_reads_back_what_it_wrote_from_its_pages() {
             .open(&p)
             .expect("open");
         f.write_all_at(&[b'x'; 4096], 4096).expect("write");
-        let (ost, dom) = (ost_reads(), md_stat(&c, "dom_read"));
+        let (ost, dom) = (ost_reads(&c), md_stat(&c, "dom_read"));
         for _ in 0..3 {
             let mut buf = [0u8; 4096];
             f.read_exact_at(&mut buf, 4096).expect("read");
             assert_eq!(buf, [b'x'; 4096], "{name}");
         }
         assert_eq!(
-            (ost_reads() - ost, md_stat(&c, "dom_read") - dom),
+            (ost_reads(&c) - ost, md_stat(&c, "dom_read") - dom),
             (0, 0),
             "{name}: reads sent to the OSTs and the MDT"
         );
     }
+}
+
+/// A reader holding a file open whose attributes lock its mount let go unasked (the
+/// lock LRU, `lru_size`) reads another client's later write, as when the lock is
+/// called back: the pages that lock vouched for go with it.
+#[test]
+fn a_reader_whose_lock_left_the_lru_sees_another_clients_later_write() {
+    use std::os::unix::fs::FileExt;
+    let c = cluster(2);
+    let (a, b) = (c.mount(), c.mount());
+    let (pa, pb) = (a.path().join("f"), b.path().join("f"));
+    // Made on B: A takes a lock for each when it looks them up.
+    fs::create_dir(b.path().join("others")).expect("mkdir");
+    for i in 0..64 {
+        fs::write(b.path().join(format!("others/{i}")), b"x").expect("write");
+    }
+    // Made without a truncate, so that its size is exact on the MDT after the close
+    // and A's lock vouches for its pages.
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&pb)
+        .and_then(|mut g| g.write_all(b"first version"))
+        .expect("write on B");
+    closed_but(&c, 0);
+    let f = fs::File::open(&pa).expect("open on A");
+    let read_a = || {
+        let mut buf = [0u8; 100];
+        let n = f.read_at(&mut buf, 0).expect("read on A");
+        buf[..n].to_vec()
+    };
+    assert_eq!(read_a(), b"first version");
+    let once = ost_reads(&c);
+    assert_eq!(read_a(), b"first version");
+    assert_eq!(ost_reads(&c), once, "the second read from A's pages");
+    // A's lock on f leaves its LRU as other files' locks come in.
+    c.set_param("ldlm.namespaces.*-mdc-*.lru_size=8");
+    for i in 0..64 {
+        let _ = fs::metadata(a.path().join(format!("others/{i}"))).expect("stat");
+    }
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&pb)
+        .and_then(|mut g| g.write_all(b"FIRST VERSION"))
+        .expect("write on B");
+    assert_eq!(read_a(), b"FIRST VERSION", "A's open file after B's write");
+}
+
+/// OST reads sent by every client of `c` so far (`osc.*.stats`).
+fn ost_reads(c: &lode_testkit::Cluster) -> u64 {
+    c.get_param("osc.*.stats")
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some("ost_read"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum::<u64>()
 }
 
 /// Opens `/name` read-only through native client `s`.

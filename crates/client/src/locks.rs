@@ -290,14 +290,17 @@ impl Cache {
         })
     }
 
-    /// What the layers above must forget when the whole cache goes.
+    /// What the layers above must forget when the whole cache goes: with each file's
+    /// attributes, its pages (see [`with_pages`]).
     fn invals(&self) -> Vec<Inval> {
         let mut v: Vec<Inval> = self
             .attrs
             .iter()
-            .map(|(f, (b, _))| Inval::Attr {
-                fid: *f,
-                dir: b.attr.is_dir(),
+            .map(|(f, (b, _))| {
+                with_pages(Inval::Attr {
+                    fid: *f,
+                    dir: b.attr.is_dir(),
+                })
             })
             .collect();
         v.extend(self.names.keys().map(|(d, n)| Inval::Name(*d, n.clone())));
@@ -393,6 +396,18 @@ impl InvalLog {
             .rev()
             .take_while(|(s, _)| *s > seq)
             .any(|(_, k)| *k == INVAL_ALL || keys.contains(k))
+    }
+}
+
+/// A file's attributes forgotten with the lock that kept them, unasked (the LRU, a
+/// lost callback channel, `lru_size=clear`): its pages go too, as on a callback.
+/// That lock vouched for them, and with it gone nobody tells this client of another
+/// client's write; a reader holding the file open would go on reading the kernel's
+/// pages of before it.
+fn with_pages(i: Inval) -> Inval {
+    match i {
+        Inval::Attr { fid, dir: false } => Inval::Data(fid),
+        other => other,
     }
 }
 
@@ -1126,7 +1141,7 @@ impl Client {
                 // (not "everything", which would take back every answer in flight).
                 let n = c.by_lock.len() - max + (max / 8).clamp(1, LRU_SLICE);
                 for h in c.oldest(n) {
-                    invals.extend(c.forget_lock(h));
+                    invals.extend(c.forget_lock(h).map(with_pages));
                     stale.push(h);
                 }
             }
