@@ -838,6 +838,67 @@ fn a_writer_alone_reads_back_what_it_wrote_from_its_pages() {
     }
 }
 
+/// A file on the OSTs read again through the same mount, with nobody else changing
+/// it meanwhile, comes from the kernel's pages: the attributes lock its first read
+/// found vouching for them is still held, and any other client's open for writing,
+/// truncate or layout change would have called it back first. Another mount's write
+/// ends that, and the next read is of the new bytes, which are then kept again.
+#[test]
+fn a_file_read_again_under_the_same_lock_comes_from_the_page_cache() {
+    let c = cluster(2);
+    let (a, b) = (c.mount(), c.mount());
+    let (pa, pb) = (a.path().join("f"), b.path().join("f"));
+    // A change on B, then B's close awaited (no handle is kept open by the open
+    // cache, so the MDT's open files are B's writer's): until then a lock A is
+    // granted does not vouch for the pages.
+    c.set_param("llite.*.opencache_threshold_count=0");
+    let on_b = |change: &dyn Fn() -> std::io::Result<()>| {
+        change().expect("change on B");
+        closed_but(&c, 0);
+    };
+    let first: Vec<u8> = (0..65_536u32).map(|i| (i % 251) as u8).collect();
+    on_b(&|| fs::write(&pb, &first));
+    assert_eq!(fs::read(&pa).expect("read"), first);
+    let read_once = ost_reads(&c);
+    for _ in 0..3 {
+        let f = fs::File::open(&pa).expect("open");
+        assert!(first_page_cached(&f), "kept at the open");
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut &f, &mut got).expect("read");
+        assert_eq!(got, first);
+    }
+    assert_eq!(ost_reads(&c), read_once, "reads again sent to the OSTs");
+
+    // Changed on B in place, same size, then shorter: each next read on A is of
+    // the new bytes, which are kept again after.
+    let second: Vec<u8> = first.iter().map(|x| x ^ 0xff).collect();
+    on_b(&|| {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&pb)
+            .and_then(|mut g| g.write_all(&second))
+    });
+    assert_eq!(fs::read(&pa).expect("read"), second, "B's write, same size");
+    on_b(&|| fs::write(&pb, b"third"));
+    assert_eq!(fs::read(&pa).expect("read"), b"third", "B's write, shorter");
+    // After a truncate the MDT keeps no size until a writer's close settles it (lazy
+    // size on MDT), so nothing is kept until then: B writes it again in place.
+    on_b(&|| {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&pb)
+            .and_then(|mut g| g.write_all(b"THIRD"))
+    });
+    assert_eq!(fs::read(&pa).expect("read"), b"THIRD", "B's write in place");
+    let read_once = ost_reads(&c);
+    assert_eq!(fs::read(&pa).expect("read"), b"THIRD");
+    assert_eq!(ost_reads(&c), read_once, "kept again");
+
+    // Truncated on B: A's next read is empty.
+    on_b(&|| fs::OpenOptions::new().write(true).open(&pb)?.set_len(0));
+    assert_eq!(fs::read(&pa).expect("read"), b"", "B's truncate");
+}
+
 /// A reader holding a file open whose attributes lock its mount let go unasked (the
 /// lock LRU, `lru_size`) reads another client's later write, as when the lock is
 /// called back: the pages that lock vouched for go with it.

@@ -891,8 +891,10 @@ impl Client {
         }
     }
 
-    /// The lock the cached attributes of `fid` are kept under (0: none).
-    pub(crate) fn attr_lock(&self, fid: Fid) -> u64 {
+    /// The lock the cached attributes of `fid` are kept under (0: none). An MDT life
+    /// grants a handle once: the same handle later, with nothing of `fid` forgotten
+    /// in between (`forgotten_since`), means it was held throughout.
+    pub fn attr_lock(&self, fid: Fid) -> u64 {
         self.locks
             .cache
             .lock()

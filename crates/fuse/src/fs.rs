@@ -199,12 +199,27 @@ struct OpenFiles {
 /// forgotten at any open for writing, any truncate through this mount and when the
 /// kernel forgets the inode. Every other change of the bytes moves the file's
 /// version on the MDT, which then no longer answers to the token.
+///
+/// A file with no Data-on-MDT component also keeps its pages across opens by lock
+/// (`lock`): while the attributes lock a read-only open found vouching for them is
+/// still the one held, no other client has opened the file for writing, truncated it
+/// or changed its layout since (each calls that lock back first, and the callback
+/// drops the pages), so the kernel's pages hold the file's bytes still (Lustre's
+/// client keeps its pages under the OST extent locks it holds). A loss of the lock in
+/// between shows twice: as another lock (an MDT life never grants a handle twice) and
+/// in the client's invalidation log since then (which also covers a restarted MDT
+/// granting an old handle number again); either makes that open drop the pages.
 #[derive(Default)]
 struct Pages {
     open: u32,
     /// The number of the last open.
     last_open: u64,
     token: u64,
+    /// The attributes lock a read-only open of the file found vouching for its pages
+    /// (0: none), and the client's invalidation count read before it: see above.
+    /// Forgotten with the token.
+    lock: u64,
+    lock_seq: u64,
 }
 
 impl OpenFiles {
@@ -237,6 +252,10 @@ impl OpenFiles {
         } else {
             0
         };
+        if h.writable() {
+            p.lock = 0;
+            p.lock_seq = 0;
+        }
         if let Some(old) = self.by_fh.insert(fh, h) {
             self.forget_writer(&old);
         }
@@ -269,6 +288,27 @@ impl OpenFiles {
         self.pages.get(&fid).map_or(0, |p| p.token)
     }
 
+    /// The attributes lock that vouched for the kernel's pages of `fid` at its last
+    /// read-only open (0: none; see [`Pages`]), with the invalidation count then.
+    fn pages_lock(&self, fid: Fid) -> (u64, u64) {
+        self.pages
+            .get(&fid)
+            .map_or((0, 0), |p| (p.lock, p.lock_seq))
+    }
+
+    /// A read-only open of `fid`, which has a handle here, found `lock` vouching for
+    /// its pages, the invalidation count `seq` read before; none writes it through
+    /// this mount now.
+    fn note_pages_lock(&mut self, fid: Fid, lock: u64, seq: u64) {
+        if self.writing(fid) {
+            return;
+        }
+        if let Some(p) = self.pages.get_mut(&fid) {
+            p.lock = lock;
+            p.lock_seq = seq;
+        }
+    }
+
     /// After the close of a handle opened as number `n`, alone throughout: the pages
     /// hold what `token` names, if no handle opened since.
     fn closed_with(&mut self, fid: Fid, n: u64, token: u64) {
@@ -285,6 +325,8 @@ impl OpenFiles {
     fn forget_pages(&mut self, fid: Fid) {
         if let Some(p) = self.pages.get_mut(&fid) {
             p.token = 0;
+            p.lock = 0;
+            p.lock_seq = 0;
         }
         self.drop_unused(fid);
     }
@@ -294,7 +336,7 @@ impl OpenFiles {
         if self
             .pages
             .get(&fid)
-            .is_some_and(|p| p.open == 0 && p.token == 0)
+            .is_some_and(|p| p.open == 0 && p.token == 0 && p.lock == 0)
         {
             self.pages.remove(&fid);
         }
@@ -617,6 +659,36 @@ impl Inner {
     /// makes the kernel forget them).
     fn pages_current(&self, h: &FileHandle) -> bool {
         h.cache_current && h.flags & libc::O_APPEND == 0 && self.may_keep_pages(h.fid)
+    }
+
+    /// Whether the kernel's pages of `h`'s file are still its bytes by lock (see
+    /// [`Pages`]): a plain read-only open of a file with no Data-on-MDT component
+    /// (whose pages the data token keeps), while the attributes lock an earlier
+    /// read-only open found vouching for them is still held and vouches still.
+    fn pages_held(&self, h: &FileHandle) -> bool {
+        if !lode_base::perm::plain_read(h.flags) || h.layout().is_none_or(|l| l.dom_end() > 0) {
+            return false;
+        }
+        let (lock, seq) = self.files.lock().pages_lock(h.fid);
+        lock != 0
+            && lock == self.client.attr_lock(h.fid)
+            && !self.client.forgotten_since(seq, None, h.fid)
+            && self.may_keep_pages(h.fid)
+    }
+
+    /// After a plain read-only open of a file with no Data-on-MDT component: the lock
+    /// that vouches for its pages now, if one does, is the one the next open checks
+    /// (the pages this open keeps, or the reads through it fill, are the bytes as of
+    /// under it).
+    fn note_pages_lock(&self, h: &FileHandle) {
+        if !lode_base::perm::plain_read(h.flags) || h.layout().is_none_or(|l| l.dom_end() > 0) {
+            return;
+        }
+        let seq = self.client.inval_seq();
+        let lock = self.client.attr_lock(h.fid);
+        if lock != 0 && self.may_keep_pages(h.fid) {
+            self.files.lock().note_pages_lock(h.fid, lock, seq);
+        }
     }
 
     /// No handle of this mount writes `fid` (a shared writable mapping's pages may
@@ -1218,8 +1290,9 @@ impl Filesystem for LodeFs {
                 Ok(h) => {
                     i.track_writes(&h);
                     let mut open_flags = i.open_flags(&h);
-                    // Pages still current, or the whole file stored in them now.
-                    let keep = i.pages_current(&h) || i.fill_pages(ino, &h);
+                    // Pages still current (by data token, or under the same lock),
+                    // or the whole file stored in them now.
+                    let keep = i.pages_current(&h) || i.pages_held(&h) || i.fill_pages(ino, &h);
                     if keep {
                         open_flags |= FopenFlags::FOPEN_KEEP_CACHE;
                         // The kernel answers the reads from its pages, so they never
@@ -1233,7 +1306,9 @@ impl Filesystem for LodeFs {
                         }
                     }
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
-                    i.files.lock().insert_keeping(fh, Arc::new(h), keep);
+                    let h = Arc::new(h);
+                    i.files.lock().insert_keeping(fh, h.clone(), keep);
+                    i.note_pages_lock(&h);
                     reply.opened(Fh(fh), open_flags);
                 }
                 // The inode the kernel holds is gone from the MDT: a stale handle (the VFS
