@@ -945,6 +945,54 @@ fn a_reader_whose_lock_left_the_lru_sees_another_clients_later_write() {
     assert_eq!(read_a(), b"FIRST VERSION", "A's open file after B's write");
 }
 
+/// A writer's close makes its client's copy of the size exact again, even when the
+/// client wrote another file while the close was out: only a write to the same file
+/// could have come after the attributes the MDT answered with. (Before, any write at
+/// all meanwhile kept the copy glimpsing, and with two writers in one mount about
+/// one file in ten went on asking the OSTs for its size, and read its bytes again.)
+#[test]
+fn a_close_while_the_client_writes_another_file_still_makes_the_size_exact() {
+    let c = cluster(1);
+    let a = c.client();
+    let cr = root();
+    let open = |name: &[u8]| {
+        let fh = a
+            .run(
+                a.client
+                    .create_open(&cr, lode_base::Fid::ROOT, name, 0o644, libc::O_RDWR, None),
+            )
+            .expect("create");
+        a.run(a.client.write(&fh, 0, &[7u8; 4096])).expect("write");
+        fh
+    };
+    let (x, y) = (open(b"x"), open(b"y"));
+    // X's close waits on the MDT before it runs; Y is written meanwhile.
+    delay_next(&c, lode_proto::Opcode::Close, 500);
+    std::thread::scope(|sc| {
+        let closer = sc.spawn(|| a.run(a.client.close(&x)));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        a.run(a.client.write(&y, 4096, &[8u8; 4096]))
+            .expect("write Y");
+        closer.join().expect("closer").expect("close X");
+    });
+    assert_eq!(c.get_param("mdt.*.fail_loc"), "0x0", "the close waited");
+    c.set_param("mdt.*.fail_opc=0");
+    assert!(a.client.keeps_pages(x.fid), "X's size exact in the cache");
+    assert!(
+        !a.client.keeps_pages(y.fid),
+        "Y, still open for writing, glimpses"
+    );
+    a.run(a.client.close(&y)).expect("close Y");
+}
+
+/// The MDT's next request with `opcode` waits `ms` before it runs (`fail_loc`
+/// DELAY_EXEC|ONCE, `fail_opc`); `fail_loc` reads 0 again once it has.
+fn delay_next(c: &lode_testkit::Cluster, opcode: lode_proto::Opcode, ms: u32) {
+    c.set_param(&format!("mdt.*.fail_val={ms}"));
+    c.set_param(&format!("mdt.*.fail_opc={}", opcode as u16));
+    c.set_param("mdt.*.fail_loc=0x80000104");
+}
+
 /// OST reads sent by every client of `c` so far (`osc.*.stats`).
 fn ost_reads(c: &lode_testkit::Cluster) -> u64 {
     c.get_param("osc.*.stats")
@@ -1126,12 +1174,7 @@ fn another_clients_create_while_a_link_waits_to_run_is_in_the_linkers_listing_af
         .fid;
     // A's link gives the directory's lock back and then waits on the MDT before it
     // runs; B's create in the directory, which nothing of A's holds up, runs then.
-    c.set_param("mdt.*.fail_val=800");
-    c.set_param(&format!(
-        "mdt.*.fail_opc={}",
-        lode_proto::Opcode::Link as u16
-    ));
-    c.set_param("mdt.*.fail_loc=0x80000104");
+    delay_next(&c, lode_proto::Opcode::Link, 800);
     std::thread::scope(|sc| {
         let linker = sc.spawn(|| a.run(a.client.link(&cr, f, d, b"l")));
         std::thread::sleep(std::time::Duration::from_millis(300));

@@ -579,6 +579,18 @@ impl Client {
         true
     }
 
+    /// A write or truncate of `fid` through this client is about to go out: moves
+    /// [`Client::data_epoch`] and the file's own counter (see `file_epochs`).
+    fn data_moved(&self, fid: Fid) {
+        self.data_epoch.fetch_add(1, Ordering::AcqRel);
+        self.file_epoch(fid).fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The counter of `file_epochs` that `fid` moves.
+    fn file_epoch(&self, fid: Fid) -> &std::sync::atomic::AtomicU64 {
+        &self.file_epochs[(fid.ino() % self.file_epochs.len() as u64) as usize]
+    }
+
     /// Closes an open file.
     pub async fn close(&self, fh: &FileHandle) -> Result<(), Errno> {
         self.close_token(fh).await.map(|_| ())
@@ -721,7 +733,7 @@ impl Client {
             _ => None,
         };
         let cached = self.attr_lock(fh.fid);
-        let epoch = self.data_epoch.load(Ordering::Acquire);
+        let epoch = self.file_epoch(fh.fid).load(Ordering::Acquire);
         let rep = self
             .md(Request::Close(CloseReq {
                 handle: fh.handle,
@@ -745,8 +757,11 @@ impl Client {
         if let Reply::Close(r) = rep {
             match r.attr {
                 // Attributes from after this client's writes: taken only if it wrote
-                // nothing since the close left.
-                Some(a) if r.exact_size && epoch == self.data_epoch.load(Ordering::Acquire) => {
+                // nothing to the file since the close left (writes to other files,
+                // from other threads, do not matter).
+                Some(a)
+                    if r.exact_size && epoch == self.file_epoch(fh.fid).load(Ordering::Acquire) =>
+                {
                     self.size_exact_with(fh.fid, cached, Some(a));
                 }
                 None if r.exact_size => self.size_exact_with(fh.fid, cached, None),
@@ -996,7 +1011,7 @@ impl Client {
             return Err(Errno::EPERM);
         }
         self.check_live(fh)?;
-        self.data_epoch.fetch_add(1, Ordering::AcqRel);
+        self.data_moved(fh.fid);
         if !fh.wrote.swap(true, Ordering::AcqRel) {
             // Its size is the OSTs' from now on, also for this client's cached copy.
             self.data_written(fh.fid);
@@ -1214,7 +1229,7 @@ impl Client {
             // as a truncate there is (Lustre's ENODATA).
             return Err(Errno::ENODATA);
         }
-        self.data_epoch.fetch_add(1, Ordering::AcqRel);
+        self.data_moved(fh.fid);
         if !fh.wrote.swap(true, Ordering::AcqRel) {
             self.data_written(fh.fid);
         }
@@ -1866,7 +1881,7 @@ impl Client {
     ) -> Result<MdtBody, Errno> {
         self.wb.wait(fid).await;
         if sa.size.is_some() {
-            self.data_epoch.fetch_add(1, Ordering::AcqRel);
+            self.data_moved(fid);
         }
         self.forget_made(fid);
         let body = match self

@@ -97,6 +97,8 @@ type DirCache = HashMap<(Fid, Vec<u8>), (Fid, Instant)>;
 
 /// How long the MGS may take to answer before connecting fails.
 const MGS_CONNECT_TIMEOUT: Duration = Duration::from_secs(8);
+/// Counters `Client::file_epochs` hashes files into.
+const FILE_EPOCHS: usize = 256;
 
 /// A connected client.
 pub struct Client {
@@ -116,6 +118,11 @@ pub struct Client {
     /// Moves on every write or truncate through this client: bytes a read-only handle
     /// was sent with its open (read-on-open) are used only while it has not moved.
     data_epoch: std::sync::atomic::AtomicU64,
+    /// [`Client::data_epoch`] per file, hashed into a few counters: a close takes
+    /// the MDT's attributes as exact only if nothing wrote or truncated that file
+    /// here while it was out. Writes to other files leave them alone; two files
+    /// sharing a counter only cost a missed exact size.
+    file_epochs: Box<[std::sync::atomic::AtomicU64]>,
     /// Objects a change of this client's is on its way to the MDT for, and how many
     /// such changes: a getattr of one asks for no lock (see [`Client::md`]).
     changing: Mutex<HashMap<Fid, u32>>,
@@ -201,6 +208,7 @@ impl Client {
             opencache: opencache::OpenCache::default(),
             unsupported_ioctls: Default::default(),
             data_epoch: Default::default(),
+            file_epochs: (0..FILE_EPOCHS).map(|_| Default::default()).collect(),
             changing: Mutex::new(HashMap::new()),
             known: Mutex::new(HashMap::new()),
             wb: writeback::WriteBacks::default(),
