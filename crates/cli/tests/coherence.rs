@@ -963,9 +963,13 @@ fn a_close_while_the_client_writes_another_file_still_makes_the_size_exact() {
             )
             .expect("create");
         a.run(a.client.write(&fh, 0, &[7u8; 4096])).expect("write");
+        // A stat, as a program's: the first write's layout change gave the
+        // attributes lock back, and this takes one again.
+        a.run(a.client.getattr(&cr, fh.fid)).expect("stat");
         fh
     };
     let (x, y) = (open(b"x"), open(b"y"));
+    assert_ne!(a.client.attr_lock(x.fid), 0, "X's attributes under a lock");
     // X's close waits on the MDT before it runs; Y is written meanwhile.
     delay_next(&c, lode_proto::Opcode::Close, 500);
     std::thread::scope(|sc| {
