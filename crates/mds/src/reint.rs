@@ -457,13 +457,14 @@ impl Namespace {
                 rec.mtime = now;
             }
             rec.size = size;
-            if !all_here(&rec) {
+            let on_osts = !all_here(&rec);
+            if on_osts {
                 // OST objects may hold bytes past the new size for a while: the size
                 // needs a glimpse until a writer's close settles it. A file whose
                 // bytes are all here has its size exact as it is cut.
                 rec.flags |= INODE_DATA;
             }
-            self.data_changed(fid);
+            self.data_changed(fid, ctx.slot.map(|s| s.slot).filter(|_| on_osts));
             if !root {
                 rec.mode = lode_base::perm::drop_setid(rec.mode);
             }
