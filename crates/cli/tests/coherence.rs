@@ -989,6 +989,47 @@ fn a_close_while_the_client_writes_another_file_still_makes_the_size_exact() {
     a.run(a.client.close(&y)).expect("close Y");
 }
 
+/// A reader holding a file open across an MDS restart reads another client's write
+/// made after it: the mount's callback channel closed with the MDS, every lock it held
+/// went, and the pages those locks vouched for went with them (before, the kernel kept
+/// serving the pages read before the restart).
+#[test]
+fn a_reader_holding_a_file_open_across_an_mds_restart_sees_a_later_write() {
+    use std::os::unix::fs::FileExt;
+    let mut c = cluster(2);
+    let (a, b) = (c.mount(), c.mount());
+    let (pa, pb) = (a.path().join("f"), b.path().join("f"));
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&pb)
+        .and_then(|mut g| g.write_all(&[b'a'; 8192]))
+        .expect("write on B");
+    closed_but(&c, 0);
+    let f = fs::File::open(&pa).expect("open on A");
+    let read_a = || {
+        let mut buf = [0u8; 8];
+        f.read_exact_at(&mut buf, 0).expect("read on A");
+        buf
+    };
+    assert_eq!(read_a(), [b'a'; 8]);
+    let once = ost_reads(&c);
+    assert_eq!(read_a(), [b'a'; 8]);
+    assert_eq!(ost_reads(&c), once, "the second read from A's pages");
+    restart_mds(&mut c, &[]);
+    wait_recovered(&c);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&pb)
+        .and_then(|mut g| g.write_all(&[b'B'; 8192]))
+        .expect("write on B");
+    assert_eq!(
+        read_a(),
+        [b'B'; 8],
+        "A's open file after the restart and B's write"
+    );
+}
+
 /// The MDT's next request with `opcode` waits `ms` before it runs (`fail_loc`
 /// DELAY_EXEC|ONCE, `fail_opc`); `fail_loc` reads 0 again once it has.
 fn delay_next(c: &lode_testkit::Cluster, opcode: lode_proto::Opcode, ms: u32) {
