@@ -861,58 +861,6 @@ fn a_closed_files_size_is_kept_on_the_mdt_and_stat_needs_no_glimpse() {
     );
 }
 
-/// A file written again over itself (`>` on an existing file, `O_TRUNC`) by its only
-/// writer has its size kept on the MDT at the close, as a new file's is: the truncate
-/// came from the writer's own client, which glimpses at its close after all of it.
-/// Another client's truncate while a writer has the file open still leaves the size
-/// to glimpses, since that writer's close would not know of it.
-#[test]
-fn a_file_truncated_by_its_only_writers_client_has_its_size_kept_at_close() {
-    let c = cluster(2);
-    let m = c.mount();
-    let other = c.client();
-    let r = root();
-    let p = m.path().join("f");
-    let closed = || {
-        wait_for("the writer's close", Duration::from_secs(10), || {
-            c.get_param("mdt.*.open_files") == "0"
-        })
-    };
-    std::fs::write(&p, vec![5u8; 200_000]).unwrap();
-    closed();
-    std::fs::write(&p, vec![6u8; 1000]).unwrap();
-    closed();
-    let fid = other
-        .run(other.client.lookup(&r, Fid::ROOT, b"f"))
-        .unwrap()
-        .attr
-        .fid;
-    let before = glimpses(&c);
-    let a = other.run(other.client.getattr(&r, fid)).unwrap();
-    assert_eq!(a.size, 1000);
-    assert_eq!(glimpses(&c), before, "the size kept: a stat asks no OST");
-
-    // B truncates while the mount has the file open for writing: the mount's close
-    // does not say the size.
-    let w = OpenOptions::new().write(true).open(&p).unwrap();
-    w.write_all_at(&[7u8; 10], 0).unwrap();
-    other
-        .run(other.client.setattr(
-            &r,
-            fid,
-            lode_base::SetAttr {
-                size: Some(500),
-                ..Default::default()
-            },
-        ))
-        .unwrap();
-    drop(w);
-    closed();
-    let a = other.run(other.client.getattr(&r, fid)).unwrap();
-    assert_eq!(a.size, 500, "B's truncate");
-    assert!(glimpses(&c) > before, "glimpsed");
-}
-
 #[test]
 fn the_close_of_the_handle_that_made_a_file_says_its_size_without_a_glimpse() {
     let c = cluster(2);

@@ -669,24 +669,11 @@ impl Namespace {
     }
 
     /// The file's data changed other than through writes (a truncate): a handle that
-    /// marked it can no longer take the mark back. `own`: the truncate came from
-    /// the client in that slot, and the file has OST objects. If every handle open
-    /// for writing on the file is that client's, a lone writer's close still settles
-    /// the size (lazy size on MDT), as for `>` over an existing file: that client
-    /// forgets what its writes told it of the file at its truncate and glimpses the
-    /// OSTs at its close, after all its writes and truncates. Another client's
-    /// truncate would have come behind the writer's back, and a DoM-only file's
-    /// size is exact here anyway.
-    pub(crate) fn data_changed(&self, fid: Fid, own: Option<u32>) {
+    /// marked it can no longer take the mark back.
+    pub(crate) fn data_changed(&self, fid: Fid) {
         let mut o = self.opens.lock();
         o.clean.remove(&fid);
-        let writers = o.writers.get(&fid).map_or(0, |w| w.0);
-        let all_own = own.is_some_and(|slot| {
-            writers > 0 && o.write_slots.get(&(fid, slot)).copied() == Some(writers)
-        });
-        if !all_own {
-            o.not_alone(fid);
-        }
+        o.not_alone(fid);
         o.break_migration(fid);
     }
 

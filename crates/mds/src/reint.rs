@@ -457,14 +457,13 @@ impl Namespace {
                 rec.mtime = now;
             }
             rec.size = size;
-            let on_osts = !all_here(&rec);
-            if on_osts {
+            if !all_here(&rec) {
                 // OST objects may hold bytes past the new size for a while: the size
                 // needs a glimpse until a writer's close settles it. A file whose
                 // bytes are all here has its size exact as it is cut.
                 rec.flags |= INODE_DATA;
             }
-            self.data_changed(fid, ctx.slot.map(|s| s.slot).filter(|_| on_osts));
+            self.data_changed(fid);
             if !root {
                 rec.mode = lode_base::perm::drop_setid(rec.mode);
             }
