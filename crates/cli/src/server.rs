@@ -184,10 +184,7 @@ pub fn run(role: Role, a: ServerArgs) -> Result<()> {
         Role::Ost => {
             let name = cfg.name();
             lode_oss::set_on_sync_failure(Box::new(move |e| {
-                // Never acknowledge anything after a failed fsync: stop the process.
-                error!("{name}: object sync failure ({e:?}); target stopped");
-                eprintln!("lode: {name}: object sync failure ({e:?}); target stopped");
-                std::process::exit(70);
+                stop_target(&name, format_args!("object sync failure ({e:?})"))
             }));
             let ost = lode_oss::Ost::open(lode_oss::OstConfig {
                 fsname: cfg.fsname.clone(),
@@ -243,6 +240,15 @@ pub fn run(role: Role, a: ServerArgs) -> Result<()> {
     Ok(())
 }
 
+/// A target that can no longer keep what it would acknowledge (a failed write or
+/// sync of its store or of an object) stops the process: one line to its log and to
+/// stderr, exit status 70.
+fn stop_target(name: &str, why: std::fmt::Arguments<'_>) -> ! {
+    error!("{name}: {why}; target stopped");
+    eprintln!("lode: {name}: {why}; target stopped");
+    std::process::exit(70);
+}
+
 fn start_mdt(
     cfg: &TargetConfig,
     a: &ServerArgs,
@@ -255,10 +261,7 @@ fn start_mdt(
     let store = MdtStore::open(engine).map_err(|e| anyhow!("{}: {e}", cfg.name()))?;
     let name = cfg.name();
     store.set_on_stop(Box::new(move |e| {
-        // Never acknowledge anything after a failed write or sync: stop the process.
-        error!("{name}: store failure ({e}); target stopped");
-        eprintln!("lode: {name}: store failure ({e}); target stopped");
-        std::process::exit(70);
+        stop_target(&name, format_args!("store failure ({e})"))
     }));
     store.start_commit_thread()?;
     let mdt = lode_mds::Mdt::open(

@@ -661,14 +661,16 @@ impl Inner {
         h.cache_current && h.flags & libc::O_APPEND == 0 && self.may_keep_pages(h.fid)
     }
 
-    /// Whether the kernel's pages of `h`'s file are still its bytes by lock (see
-    /// [`Pages`]): a plain read-only open of a file with no Data-on-MDT component
-    /// (whose pages the data token keeps), while the attributes lock an earlier
-    /// read-only open found vouching for them is still held and vouches still.
+    /// Whether an open's pages are kept by lock (see [`Pages`]): a plain read-only open
+    /// of a file with no Data-on-MDT component (whose pages the data token keeps).
+    fn by_lock(h: &FileHandle) -> bool {
+        lode_base::perm::plain_read(h.flags) && h.layout().is_some_and(|l| l.dom_end() == 0)
+    }
+
+    /// Whether the kernel's pages of the file a [`Inner::by_lock`] open `h` is of are
+    /// still its bytes: the attributes lock an earlier such open found vouching for
+    /// them is still held and vouches still.
     fn pages_held(&self, h: &FileHandle) -> bool {
-        if !lode_base::perm::plain_read(h.flags) || h.layout().is_none_or(|l| l.dom_end() > 0) {
-            return false;
-        }
         let (lock, seq) = self.files.lock().pages_lock(h.fid);
         lock != 0
             && lock == self.client.attr_lock(h.fid)
@@ -676,14 +678,10 @@ impl Inner {
             && self.may_keep_pages(h.fid)
     }
 
-    /// After a plain read-only open of a file with no Data-on-MDT component: the lock
-    /// that vouches for its pages now, if one does, is the one the next open checks
-    /// (the pages this open keeps, or the reads through it fill, are the bytes as of
-    /// under it).
+    /// After a [`Inner::by_lock`] open: the lock that vouches for the file's pages now,
+    /// if one does, is the one the next open checks (the pages this open keeps, or
+    /// the reads through it fill, are the bytes as of under it).
     fn note_pages_lock(&self, h: &FileHandle) {
-        if !lode_base::perm::plain_read(h.flags) || h.layout().is_none_or(|l| l.dom_end() > 0) {
-            return;
-        }
         let seq = self.client.inval_seq();
         let lock = self.client.attr_lock(h.fid);
         if lock != 0 && self.may_keep_pages(h.fid) {
@@ -1292,7 +1290,9 @@ impl Filesystem for LodeFs {
                     let mut open_flags = i.open_flags(&h);
                     // Pages still current (by data token, or under the same lock),
                     // or the whole file stored in them now.
-                    let keep = i.pages_current(&h) || i.pages_held(&h) || i.fill_pages(ino, &h);
+                    let by_lock = Inner::by_lock(&h);
+                    let keep =
+                        i.pages_current(&h) || by_lock && i.pages_held(&h) || i.fill_pages(ino, &h);
                     if keep {
                         open_flags |= FopenFlags::FOPEN_KEEP_CACHE;
                         // The kernel answers the reads from its pages, so they never
@@ -1308,7 +1308,9 @@ impl Filesystem for LodeFs {
                     let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
                     let h = Arc::new(h);
                     i.files.lock().insert_keeping(fh, h.clone(), keep);
-                    i.note_pages_lock(&h);
+                    if by_lock {
+                        i.note_pages_lock(&h);
+                    }
                     reply.opened(Fh(fh), open_flags);
                 }
                 // The inode the kernel holds is gone from the MDT: a stale handle (the VFS
