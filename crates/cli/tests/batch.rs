@@ -64,6 +64,7 @@ fn chmod(fid: Fid, mode: u32) -> Request {
             ..Default::default()
         },
         opened_for_write: false,
+        handle: 0,
     })
 }
 

@@ -1030,14 +1030,6 @@ fn a_reader_holding_a_file_open_across_an_mds_restart_sees_a_later_write() {
     );
 }
 
-/// The MDT's next request with `opcode` waits `ms` before it runs (`fail_loc`
-/// DELAY_EXEC|ONCE, `fail_opc`); `fail_loc` reads 0 again once it has.
-fn delay_next(c: &lode_testkit::Cluster, opcode: lode_proto::Opcode, ms: u32) {
-    c.set_param(&format!("mdt.*.fail_val={ms}"));
-    c.set_param(&format!("mdt.*.fail_opc={}", opcode as u16));
-    c.set_param("mdt.*.fail_loc=0x80000104");
-}
-
 /// OST reads sent by every client of `c` so far (`osc.*.stats`).
 fn ost_reads(c: &lode_testkit::Cluster) -> u64 {
     c.get_param("osc.*.stats")

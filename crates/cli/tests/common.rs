@@ -537,6 +537,14 @@ pub fn mdt_stat(c: &Cluster, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The MDT's next request with `opcode` waits `ms` before it runs (`fail_loc`
+/// DELAY_EXEC|ONCE, `fail_opc`); `fail_loc` reads 0 again once it has.
+pub fn delay_next(c: &Cluster, opcode: lode_proto::Opcode, ms: u32) {
+    c.set_param(&format!("mdt.*.fail_val={ms}"));
+    c.set_param(&format!("mdt.*.fail_opc={}", opcode as u16));
+    c.set_param("mdt.*.fail_loc=0x80000104");
+}
+
 /// The OSTs' `obdfilter.*.stats` counts of `names`, summed over the OSTs.
 pub fn ost_stat(c: &Cluster, names: &[&str]) -> u64 {
     c.get_param("obdfilter.*.stats")

@@ -861,6 +861,96 @@ fn a_closed_files_size_is_kept_on_the_mdt_and_stat_needs_no_glimpse() {
     );
 }
 
+/// A file written again over itself (`>` on an existing file: `O_TRUNC`), or cut by
+/// `ftruncate` through its only writer, has its size kept on the MDT at the close,
+/// as a new file's is: the truncate names the handle it comes through, so it is
+/// ordered before that handle's close. A truncate by path names none: it may
+/// overtake a close the kernel did not wait for, and leaves the size to glimpses;
+/// as does another client's truncate while a writer has the file open.
+#[test]
+fn a_truncate_through_the_only_writer_keeps_the_size_at_its_close() {
+    let c = cluster(2);
+    let m = c.mount();
+    let other = c.client();
+    let r = root();
+    let p = m.path().join("f");
+    std::fs::write(&p, vec![5u8; 200_000]).unwrap();
+    all_closed(&c);
+    std::fs::write(&p, vec![6u8; 1000]).unwrap();
+    all_closed(&c);
+    let fid = other
+        .run(other.client.lookup(&r, Fid::ROOT, b"f"))
+        .unwrap()
+        .attr
+        .fid;
+    let stat = |want: u64| {
+        let a = other.run(other.client.getattr(&r, fid)).unwrap();
+        assert_eq!(a.size, want);
+    };
+    let before = glimpses(&c);
+    stat(1000);
+    assert_eq!(
+        glimpses(&c),
+        before,
+        "`>`: the size kept, a stat asks no OST"
+    );
+
+    // ftruncate through the only writer, shorter and then longer (a hole).
+    let w = OpenOptions::new().write(true).open(&p).unwrap();
+    w.write_all_at(&[7u8; 3000], 0).unwrap();
+    w.set_len(10).unwrap();
+    w.set_len(70_000).unwrap();
+    drop(w);
+    all_closed(&c);
+    let before = glimpses(&c);
+    stat(70_000);
+    assert_eq!(glimpses(&c), before, "ftruncate: the size kept");
+    let back = std::fs::read(&p).unwrap();
+    assert_eq!(back.len(), 70_000);
+    assert_eq!(&back[..10], &[7u8; 10]);
+    assert!(back[10..].iter().all(|&b| b == 0), "the hole reads zeros");
+
+    // A truncate by path from the same mount overtakes the writer's close, which
+    // the kernel does not wait for: the close, its size glimpsed, is held before it
+    // leaves (`mdc.*.net_delay_us`), and the truncate, sent when the delay is off
+    // again, reaches the MDT first. What the close glimpsed is not the size then.
+    let w = OpenOptions::new().write(true).open(&p).unwrap();
+    w.write_all_at(&[8u8; 200_000], 0).unwrap();
+    let closes = mdt_stat(&c, "mds_close");
+    c.set_param("mdc.*.net_delay_us=800000");
+    drop(w);
+    std::thread::sleep(Duration::from_millis(200));
+    c.set_param("mdc.*.net_delay_us=0");
+    let cpath = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::truncate(cpath.as_ptr(), 0) }, 0);
+    assert_eq!(mdt_stat(&c, "mds_close"), closes, "the truncate went first");
+    all_closed(&c);
+    stat(0);
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 0, "through the mount");
+
+    // B truncates while the mount has the file open for writing: the mount's close
+    // does not say the size.
+    let w = OpenOptions::new().write(true).open(&p).unwrap();
+    w.write_all_at(&[9u8; 10], 0).unwrap();
+    let a = other
+        .run(other.client.setattr(
+            &r,
+            fid,
+            lode_base::SetAttr {
+                size: Some(500),
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    assert_eq!(a.attr.size, 500);
+    drop(w);
+    all_closed(&c);
+    let before = glimpses(&c);
+    stat(500);
+    assert!(glimpses(&c) > before, "B's truncate: glimpsed");
+}
+
 #[test]
 fn the_close_of_the_handle_that_made_a_file_says_its_size_without_a_glimpse() {
     let c = cluster(2);

@@ -1850,12 +1850,14 @@ impl Client {
         };
         let opened = fh.writable() || fh.flags & libc::O_TRUNC != 0;
         fh.truncated.store(true, Ordering::Release);
-        self.setattr_as(cred, fh.fid, sa, opened).await.map(|_| ())
+        self.setattr_as(cred, fh.fid, sa, opened, fh.handle)
+            .await
+            .map(|_| ())
     }
 
     /// Sets attributes; a size change truncates the OST objects too.
     pub async fn setattr(&self, cred: &Cred, fid: Fid, sa: SetAttr) -> Result<MdtBody, Errno> {
-        self.setattr_as(cred, fid, sa, false).await
+        self.setattr_as(cred, fid, sa, false, 0).await
     }
 
     /// Sets attributes through an open handle (an `ftruncate`, or the kernel's update
@@ -1868,16 +1870,19 @@ impl Client {
         fh: &FileHandle,
         sa: SetAttr,
     ) -> Result<MdtBody, Errno> {
-        self.setattr_as(cred, fh.fid, sa, fh.writable()).await
+        self.setattr_as(cred, fh.fid, sa, fh.writable(), fh.handle)
+            .await
     }
 
-    /// SETATTR on the MDT, then the OST objects: punched to a new size, given a new mtime.
+    /// SETATTR on the MDT, then the OST objects: punched to a new size, given a new
+    /// mtime. `handle`: the MDT open handle it comes through (0: none).
     async fn setattr_as(
         &self,
         cred: &Cred,
         fid: Fid,
         sa: SetAttr,
         opened: bool,
+        handle: u64,
     ) -> Result<MdtBody, Errno> {
         self.wb.wait(fid).await;
         if sa.size.is_some() {
@@ -1890,6 +1895,7 @@ impl Client {
                 fid,
                 attr: sa.clone(),
                 opened_for_write: opened,
+                handle,
             }))
             .await?
         {

@@ -509,7 +509,7 @@ mod tests {
                 ..Default::default()
             };
             move || {
-                ns.setattr(&Ctx::default(), &Cred::root(), fid, &sa, false)
+                ns.setattr(&Ctx::default(), &Cred::root(), fid, &sa, false, None)
                     .map(|_| ())
             }
         }

@@ -669,12 +669,33 @@ impl Namespace {
     }
 
     /// The file's data changed other than through writes (a truncate): a handle that
-    /// marked it can no longer take the mark back.
-    pub(crate) fn data_changed(&self, fid: Fid) {
-        let mut o = self.opens.lock();
+    /// marked it can no longer take the mark back, a migration's copy is stale, and
+    /// its writers are no longer alone, unless the truncate came through open handle
+    /// `through.1` of the client in slot `through.0`, and that is the file's only
+    /// writer, alone since its open. That writer stays alone: its client sent the
+    /// truncate while holding the handle, so the handle's close comes after it (and
+    /// after the OST punch that went with it), and what the close glimpses then is
+    /// the size. A `>` over an existing file (`O_TRUNC`) keeps its size on the MDT
+    /// so. A truncate by path may overtake a close the kernel did not wait for
+    /// (`close(fd); truncate(path)`): it names no handle and counts, as any other.
+    pub(crate) fn truncated(&self, fid: Fid, through: Option<(u32, u64)>) {
+        let mut guard = self.opens.lock();
+        let o = &mut *guard;
         o.clean.remove(&fid);
-        o.not_alone(fid);
         o.break_migration(fid);
+        let own = through.and_then(|(slot, handle)| {
+            let h = o.handles.get_mut(&handle)?;
+            let w = o.writers.get_mut(&fid)?;
+            let sole = h.fid == fid && h.slot == slot && h.write && h.alone;
+            (sole && w.0 == 1 && w.1 == h.events).then_some((h, w))
+        });
+        match own {
+            Some((h, w)) => {
+                w.1 += 1;
+                h.events = w.1;
+            }
+            None => o.not_alone(fid),
+        }
     }
 
     /// True if some client holds `fid` open for writing.

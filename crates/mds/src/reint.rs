@@ -349,6 +349,7 @@ impl Namespace {
         fid: Fid,
         sa: &SetAttr,
         opened_for_write: bool,
+        through: Option<(u32, u64)>,
     ) -> OpResult<(MdtBody, u64)> {
         let mut held = self.pdo.lock(&[], &[]);
         self.pdo.lock_inodes(&mut held, &[fid]);
@@ -463,7 +464,7 @@ impl Namespace {
                 // bytes are all here has its size exact as it is cut.
                 rec.flags |= INODE_DATA;
             }
-            self.data_changed(fid);
+            self.truncated(fid, through);
             if !root {
                 rec.mode = lode_base::perm::drop_setid(rec.mode);
             }

@@ -999,9 +999,10 @@ impl Mdt {
             }
             MdtRequest::Setattr(r) => {
                 check_cred(&r.cred)?;
-                let (b, t) = self
-                    .ns
-                    .setattr(&ctx, &r.cred, r.fid, &r.attr, r.opened_for_write)?;
+                let through = (r.handle != 0).then_some((exp.slot, r.handle));
+                let (b, t) =
+                    self.ns
+                        .setattr(&ctx, &r.cred, r.fid, &r.attr, r.opened_for_write, through)?;
                 (Reply::Setattr(b), t)
             }
             MdtRequest::Getxattr(r) => {

@@ -642,6 +642,11 @@ pub struct SetattrReq {
     /// True if the caller holds the file open for writing (ftruncate skips the
     /// write-permission check, as Linux does).
     pub opened_for_write: bool,
+    /// The MDT open handle a truncate comes through (`ftruncate`, `O_TRUNC`; 0: none,
+    /// as for `truncate(2)` by path). Through the file's only writer, the truncate
+    /// is ordered before that writer's close, which can then still settle the size
+    /// (lazy size on MDT).
+    pub handle: u64,
 }
 
 /// getxattr / listxattr.
