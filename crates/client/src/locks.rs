@@ -818,7 +818,12 @@ impl Client {
                 // open for writing calls this lock back.
                 b.written = false;
                 if let Some(a) = attr.filter(|a| a.fid == fid) {
+                    // A read here since the close left moved the access time in this
+                    // copy (`cache_atime`) ahead of the MDT's, which only has it once
+                    // that time rides ahead of a later request.
+                    let atime = b.attr.atime.max(a.atime);
                     b.attr = a;
+                    b.attr.atime = atime;
                 }
             }
         }
