@@ -712,3 +712,78 @@ fn only_the_target_itself_can_move_it_even_for_a_key_holder() {
     let s = c.client();
     assert!(fid(&s, "/").is_ok(), "MDT0 serves again");
 }
+
+/// A SETATTR saying its caller holds the file open for writing (which lets a
+/// truncate skip the write-permission check, as `ftruncate` does on Linux) counts
+/// only with a write handle of that caller on that file to show for it: a claim with
+/// no handle, or with another file's or a read handle, is checked as a truncate by
+/// path is. Through a real write handle the truncate goes through.
+#[test]
+fn holding_a_file_open_for_writing_takes_a_write_handle_to_show() {
+    let c = cluster(1);
+    let s = c.client();
+    let r = root();
+    let u = user();
+    let other = s
+        .run(s.client.create(&r, Fid::ROOT, b"other", 0o666, None))
+        .expect("create other");
+    let f = s
+        .run(s.client.create(&r, Fid::ROOT, b"f", 0o644, None))
+        .expect("create f");
+    let fid = f.attr.fid;
+    let fh = s.run(s.client.open(&r, fid, libc::O_RDWR)).expect("open f");
+    assert_eq!(s.run(s.client.write(&fh, 0, b"root's")), Ok(6));
+    let ro = s
+        .run(s.client.open(&u, fid, libc::O_RDONLY))
+        .expect("the user reads f");
+    let w_other = s
+        .run(s.client.open(&u, other.attr.fid, libc::O_RDWR))
+        .expect("the user writes other");
+    let claim = |handle: u64| {
+        Request::Setattr(lode_proto::SetattrReq {
+            cred: u.clone(),
+            fid,
+            attr: lode_base::SetAttr {
+                size: Some(0),
+                ..Default::default()
+            },
+            opened_for_write: true,
+            handle,
+        })
+    };
+    for (h, what) in [
+        (0, "no handle"),
+        (ro.handle, "a read handle"),
+        (w_other.handle, "another file's write handle"),
+        (fh.handle + 1_000_000, "a handle nobody has"),
+    ] {
+        let got = s.run(s.client.batch(vec![claim(h)])).expect("the batch");
+        assert!(
+            matches!(got.first(), Some(Err(Errno::EACCES))),
+            "{what}: {got:?}"
+        );
+    }
+    let a = s.run(s.client.getattr(&r, fid)).expect("getattr");
+    assert_eq!(a.size, 6, "nothing was cut");
+    // The user's own write handle (the mode lets the user write once root allows).
+    let sa = lode_base::SetAttr {
+        mode: Some(0o666),
+        ..Default::default()
+    };
+    s.run(s.client.setattr(&r, fid, sa)).expect("chmod");
+    let uw = s
+        .run(s.client.open(&u, fid, libc::O_WRONLY))
+        .expect("the user opens f for writing");
+    let sa = lode_base::SetAttr {
+        mode: Some(0o644),
+        ..Default::default()
+    };
+    s.run(s.client.setattr(&r, fid, sa)).expect("chmod back");
+    s.run(s.client.truncate_open(&u, &uw, 2))
+        .expect("ftruncate through the user's own write handle");
+    let a = s.run(s.client.getattr(&r, fid)).expect("getattr");
+    assert_eq!(a.size, 2);
+    for h in [&fh, &ro, &w_other, &uw] {
+        s.run(s.client.close(h)).expect("close");
+    }
+}

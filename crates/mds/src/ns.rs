@@ -668,6 +668,16 @@ impl Namespace {
         self.opens.lock().not_alone(fid);
     }
 
+    /// True if `handle` is open for writing (or truncation) on `fid` by the client in
+    /// `slot`.
+    pub(crate) fn writes_through(&self, fid: Fid, slot: u32, handle: u64) -> bool {
+        self.opens
+            .lock()
+            .handles
+            .get(&handle)
+            .is_some_and(|h| h.fid == fid && h.slot == slot && h.write)
+    }
+
     /// The file's data changed other than through writes (a truncate): a handle that
     /// marked it can no longer take the mark back, a migration's copy is stale, and
     /// its writers are no longer alone, unless the truncate came through open handle

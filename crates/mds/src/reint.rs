@@ -354,6 +354,10 @@ impl Namespace {
         let mut held = self.pdo.lock(&[], &[]);
         self.pdo.lock_inodes(&mut held, &[fid]);
         let mut rec = self.inode(fid)?;
+        // The client's word that it holds the file open for writing counts only with
+        // the handle to show for it (a replay's handle may be opened again after it).
+        let opened_for_write = opened_for_write
+            && (ctx.replay || through.is_some_and(|(slot, h)| self.writes_through(fid, slot, h)));
         let attr = rec.attr(fid);
         let now = now_ns();
         let root = cred.uid == 0;
