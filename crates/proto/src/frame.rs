@@ -6,7 +6,7 @@ use lode_base::limits::{LOCKS_PER_RPC_MAX, RPC_SIZE_MAX};
 /// Frame magic, `LODE` in ASCII.
 pub const MAGIC: u32 = 0x4c4f_4445;
 /// Wire format version; bumped whenever a golden test has to change.
-pub const PROTO_VERSION: u16 = 12;
+pub const PROTO_VERSION: u16 = 13;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 80;
 /// Size of the length and CRC fields before the header.

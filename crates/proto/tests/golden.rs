@@ -25,7 +25,7 @@ fn header_bytes_are_frozen() {
     h.write(&mut b);
     let expect: Vec<u8> = vec![
         0x45, 0x44, 0x4f, 0x4c, // magic LODE
-        0x0c, 0x00, // version (12: early lock cancels inside the request)
+        0x0d, 0x00, // version (13: SETATTR names the open handle it comes through)
         0x0f, 0x00, // opcode 15
         0x02, 0x00, // flags
         0x03, 0x00, // tag
@@ -85,6 +85,37 @@ fn lookup_body_bytes_are_frozen() {
     );
     assert_eq!(
         Request::decode(Opcode::Lookup as u16, &r.encode()).unwrap(),
+        r
+    );
+}
+
+#[test]
+fn setattr_body_bytes_are_frozen() {
+    let r = Request::Setattr(SetattrReq {
+        cred: Cred::root(),
+        fid: Fid::ROOT,
+        attr: lode_base::SetAttr {
+            size: Some(5),
+            ..Default::default()
+        },
+        opened_for_write: true,
+        handle: 9,
+    });
+    assert_eq!(
+        r.encode(),
+        vec![
+            0x00, 0x00, 0x00, // uid 0, gid 0, no groups
+            0x87, 0x80, 0x80, 0x80, 0x20, // seq 0x200000007 varint
+            0x01, 0x00, // oid 1, ver 0
+            0x00, 0x00, 0x00, // mode, uid, gid: none
+            0x01, 0x05, // size 5
+            0x00, 0x00, 0x00, // atime, mtime, flags: none
+            0x01, // opened_for_write
+            0x09, // handle 9
+        ]
+    );
+    assert_eq!(
+        Request::decode(Opcode::Setattr as u16, &r.encode()).unwrap(),
         r
     );
 }
