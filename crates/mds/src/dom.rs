@@ -96,7 +96,7 @@ impl Namespace {
     fn check_write_handle(&self, ctx: &Ctx, slot: u32, fid: Fid, handle: u64) -> OpResult<()> {
         let mut o = self.opens.lock();
         match o.handles.get_mut(&handle) {
-            Some(h) if h.fid == fid && h.slot == slot && h.write => {
+            Some(h) if h.writes(fid, slot) => {
                 h.dom_wrote = true;
                 Ok(())
             }

@@ -90,6 +90,14 @@ pub(crate) struct OpenHandle {
     dom_wrote: bool,
 }
 
+impl OpenHandle {
+    /// Open for writing (or truncation) on `fid` by the client in `slot`: what a
+    /// request naming this handle must find to act as that file's writer.
+    fn writes(&self, fid: Fid, slot: u32) -> bool {
+        self.fid == fid && self.slot == slot && self.write
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Opens {
     handles: HashMap<u64, OpenHandle>,

@@ -675,7 +675,7 @@ impl Namespace {
             .lock()
             .handles
             .get(&handle)
-            .is_some_and(|h| h.fid == fid && h.slot == slot && h.write)
+            .is_some_and(|h| h.writes(fid, slot))
     }
 
     /// The file's data changed other than through writes (a truncate): a handle that
@@ -696,7 +696,7 @@ impl Namespace {
         let own = through.and_then(|(slot, handle)| {
             let h = o.handles.get_mut(&handle)?;
             let w = o.writers.get_mut(&fid)?;
-            let sole = h.fid == fid && h.slot == slot && h.write && h.alone;
+            let sole = h.writes(fid, slot) && h.alone;
             (sole && w.0 == 1 && w.1 == h.events).then_some((h, w))
         });
         match own {
