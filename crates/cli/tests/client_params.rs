@@ -138,7 +138,16 @@ fn mount_tunables_follow_lustres_rules_through_get_param_and_set_param() {
     for i in 0..20 {
         std::fs::write(m.path().join(format!("f{i}")), b"data").expect("write");
     }
-    let stats = value(&c, "mdc.*.rpc_stats");
+    // The kernel does not wait for a close (FUSE RELEASE) before `write`
+    // returns, so the last file's close may still be on the wire: wait for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let stats = loop {
+        let stats = value(&c, "mdc.*.rpc_stats");
+        if stats.contains("modify_RPCs_in_flight:  0\n") || std::time::Instant::now() > deadline {
+            break stats;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     let lines: Vec<&str> = stats.lines().collect();
     assert!(
         lines[0].starts_with("snapshot_time:            "),
