@@ -24,6 +24,14 @@
 //! the inodes a previous run deleted took 37% of an OSS's CPU during a run of small
 //! files, nearly all of it in the writes' `open`. A new file never held bytes, so it is
 //! usable at once (no commit first); taken, it is made durable as any pool file is.
+//!
+//! Placement: the files live in a directory made anew at each start, with a random
+//! name, under `pool/`, which carries ext4's "top directory" flag (`chattr +T`). ext4
+//! then places that directory, and so the inodes of the files made in it, in a block
+//! group of its own choosing among the emptiest, rather than beside the OST's other
+//! directories: the groups a previous run's objects were deleted from are where the
+//! allocator's scan is slow. Measured here after `rm -rf` of 10,000 objects: 183 µs
+//! per new file in the old place, 21-27 µs in a new top-level one.
 
 use crate::io_errno as io;
 use lode_base::Errno;
@@ -33,8 +41,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The pool's directory, beside `O/` (never inside it: `O/` holds only objects).
+/// The pool's directory, beside `O/` (never inside it: `O/` holds only objects). The
+/// files are in one directory below it, made at each start.
 pub const POOL_DIR: &str = "pool";
+
+/// ext4's "top directory" inode flag (`FS_TOPDIR_FL`, not in the `libc` crate):
+/// directories made below one are spread over block groups as top-level ones are.
+const FS_TOPDIR_FL: libc::c_int = 0x0002_0000;
 
 /// Most files the pool keeps; a destroy past it removes the file.
 const POOL_MAX: usize = 16384;
@@ -106,6 +119,9 @@ pub struct Pool {
 
 /// What the pool and its precreator share.
 struct Inner {
+    /// `pool/`.
+    top: PathBuf,
+    /// This run's directory in `pool/`, holding the files.
     dir: PathBuf,
     files: Mutex<Files>,
     /// Wakes the precreator: the pool ran low, or is closing.
@@ -129,11 +145,11 @@ impl Pool {
     /// The pool of the OST directory `ost_dir`, empty: what a run that did not stop
     /// cleanly left is set aside (see the module's documentation).
     pub fn open(ost_dir: &Path) -> std::io::Result<Pool> {
-        let dir = ost_dir.join(POOL_DIR);
-        let left = match std::fs::read_dir(&dir) {
+        let top = ost_dir.join(POOL_DIR);
+        let left = match std::fs::read_dir(&top) {
             Ok(mut rd) => rd.next().is_some(),
             Err(e) if e.kind() == ErrorKind::NotFound => {
-                std::fs::create_dir(&dir)?;
+                std::fs::create_dir(&top)?;
                 false
             }
             Err(e) => return Err(e),
@@ -143,17 +159,28 @@ impl Pool {
                 .map(|n| ost_dir.join(format!("{POOL_DIR}.stale.{n}")))
                 .find(|p| !p.exists())
                 .ok_or_else(|| std::io::Error::other("no name for the stale pool"))?;
-            std::fs::rename(&dir, &aside)?;
-            std::fs::create_dir(&dir)?;
+            std::fs::rename(&top, &aside)?;
+            std::fs::create_dir(&top)?;
             tracing::warn!(
                 "object pool: files left by an unclean stop set aside in {} (remove them once fsck has run)",
                 aside.display()
             );
         }
-        std::fs::File::open(&dir)?.sync_all()?;
+        let t = std::fs::File::open(&top)?;
+        if let Err(e) = set_topdir(&t) {
+            // Another file system, or one without the flag: only placement is lost.
+            tracing::debug!(
+                "object pool: no top-directory flag on {} ({e})",
+                top.display()
+            );
+        }
+        let dir = top.join(format!("{:016x}", rand::random::<u64>()));
+        std::fs::create_dir(&dir)?;
+        t.sync_all()?;
         std::fs::File::open(ost_dir)?.sync_all()?;
         Ok(Pool {
             inner: Arc::new(Inner {
+                top,
                 dir,
                 files: Mutex::default(),
                 wake: Condvar::new(),
@@ -308,7 +335,12 @@ impl Pool {
         for n in names {
             remove(&self.path(n))?;
         }
-        std::fs::File::open(&self.inner.dir)
+        match std::fs::remove_dir(&self.inner.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&e)),
+        }
+        std::fs::File::open(&self.inner.top)
             .and_then(|d| d.sync_all())
             .map_err(|e| io(&e))
     }
@@ -403,6 +435,26 @@ fn precreate(inner: &Inner) {
     }
 }
 
+/// Sets ext4's top-directory flag on the directory `d` (see the module's documentation).
+fn set_topdir(d: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // The kernel reads and writes an `int`, whatever the ioctl's number says.
+    let mut flags: libc::c_int = 0;
+    // SAFETY: a valid open descriptor, and the flags' address for the call to fill.
+    if unsafe { libc::ioctl(d.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if flags & FS_TOPDIR_FL != 0 {
+        return Ok(());
+    }
+    flags |= FS_TOPDIR_FL;
+    // SAFETY: as above; the call only reads the flags.
+    if unsafe { libc::ioctl(d.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Removes an object's file; Ok if there was none.
 pub(crate) fn remove(p: &Path) -> Result<(), Errno> {
     match std::fs::remove_file(p) {
@@ -426,6 +478,24 @@ mod tests {
         std::fs::write(t.path().join(POOL_DIR).join("7"), b"old").unwrap();
         let pool = Pool::open(t.path()).unwrap();
         assert_eq!(std::fs::read_dir(pool.dir()).unwrap().count(), 0);
+        // The files are in a directory of this run's below `pool/`, which ext4 spreads.
+        assert_eq!(pool.dir().parent(), Some(t.path().join(POOL_DIR).as_path()));
+        let top = std::fs::File::open(t.path().join(POOL_DIR)).unwrap();
+        if nix::sys::statfs::fstatfs(&top).unwrap().filesystem_type()
+            == nix::sys::statfs::EXT4_SUPER_MAGIC
+        {
+            let mut flags: libc::c_int = 0;
+            // SAFETY: a valid descriptor and the flags' address.
+            let r = unsafe {
+                libc::ioctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&top),
+                    libc::FS_IOC_GETFLAGS,
+                    &mut flags,
+                )
+            };
+            assert_eq!(r, 0);
+            assert_ne!(flags & FS_TOPDIR_FL, 0, "pool/ is a top directory");
+        }
         let aside = t.path().join(format!("{POOL_DIR}.stale.0")).join("7");
         assert_eq!(std::fs::read(aside).unwrap(), b"old");
 
@@ -466,7 +536,10 @@ mod tests {
         std::fs::write(&d, b"x").unwrap();
         pool.destroy(&d).unwrap();
         pool.drain().unwrap();
-        assert_eq!(std::fs::read_dir(pool.dir()).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(t.path().join(POOL_DIR)).unwrap().count(),
+            0
+        );
         drop(pool);
         Pool::open(t.path()).unwrap();
         assert!(!t.path().join(format!("{POOL_DIR}.stale.1")).exists());
@@ -506,7 +579,10 @@ mod tests {
         assert_eq!(ready(&pool), PRECREATE_HIGH);
         // A clean stop stops the precreator and empties the pool.
         pool.drain().unwrap();
-        assert_eq!(std::fs::read_dir(pool.dir()).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(t.path().join(POOL_DIR)).unwrap().count(),
+            0
+        );
         drop(pool);
         Pool::open(t.path()).unwrap();
         assert!(!t.path().join(format!("{POOL_DIR}.stale.0")).exists());
