@@ -175,7 +175,18 @@ impl Pool {
             );
         }
         let dir = top.join(format!("{:016x}", rand::random::<u64>()));
-        std::fs::create_dir(&dir)?;
+        let dir = match std::fs::create_dir(&dir) {
+            Ok(()) => dir,
+            Err(e) => {
+                // A full disk, say: the OST still starts, its pool in `pool/` itself.
+                tracing::warn!(
+                    "object pool: cannot make {} ({e}); its files go in {}",
+                    dir.display(),
+                    top.display()
+                );
+                top.clone()
+            }
+        };
         t.sync_all()?;
         std::fs::File::open(ost_dir)?.sync_all()?;
         Ok(Pool {
@@ -335,10 +346,12 @@ impl Pool {
         for n in names {
             remove(&self.path(n))?;
         }
-        match std::fs::remove_dir(&self.inner.dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(io(&e)),
+        if self.inner.dir != self.inner.top {
+            match std::fs::remove_dir(&self.inner.dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&e)),
+            }
         }
         std::fs::File::open(&self.inner.top)
             .and_then(|d| d.sync_all())
@@ -543,6 +556,51 @@ mod tests {
         drop(pool);
         Pool::open(t.path()).unwrap();
         assert!(!t.path().join(format!("{POOL_DIR}.stale.1")).exists());
+    }
+
+    /// Sets or clears `flag` on `d` (ext4 inode flags), as `chattr` does.
+    fn chattr(d: &Path, flag: libc::c_int, on: bool) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open(d)?;
+        let mut flags: libc::c_int = 0;
+        // SAFETY: a valid descriptor and the flags' address.
+        if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        flags = if on { flags | flag } else { flags & !flag };
+        // SAFETY: as above.
+        if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_pool_whose_run_directory_cannot_be_made_still_opens() {
+        let t = tempfile::tempdir().unwrap();
+        let objs = t.path().join("O");
+        std::fs::create_dir(&objs).unwrap();
+        let top = t.path().join(POOL_DIR);
+        std::fs::create_dir(&top).unwrap();
+        // An immutable `pool/` refuses the run's directory even to root (where
+        // `chattr +i` is allowed: ext4, CAP_LINUX_IMMUTABLE).
+        const FS_IMMUTABLE_FL: libc::c_int = 0x10;
+        if chattr(&top, FS_IMMUTABLE_FL, true).is_err() {
+            eprintln!("skipped: cannot make {} immutable here", top.display());
+            return;
+        }
+        let pool = Pool::open(t.path());
+        let ok = pool.as_ref().map(|p| p.dir() == top.as_path());
+        // What the pool cannot keep, a destroy removes.
+        let a = objs.join("a");
+        std::fs::write(&a, b"x").unwrap();
+        let destroyed = pool.as_ref().map(|p| p.destroy(&a));
+        let drained = pool.as_ref().map(|p| p.drain());
+        chattr(&top, FS_IMMUTABLE_FL, false).unwrap();
+        assert!(ok.unwrap(), "the files go in pool/ itself");
+        assert!(matches!(destroyed, Ok(Ok(()))), "{destroyed:?}");
+        assert!(!a.exists());
+        assert!(matches!(drained, Ok(Ok(()))), "{drained:?}");
     }
 
     #[test]
