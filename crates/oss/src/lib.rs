@@ -362,11 +362,17 @@ impl Ost {
         }
         let undo = powercut::Undo::from_env(&cfg.dir)?.map(Arc::new);
         let pool = match undo {
-            None => {
-                let p = pool::Pool::open(&cfg.dir)?;
-                p.start_precreating()?;
-                Some(p)
-            }
+            None => match pool::Pool::open(&cfg.dir) {
+                Ok(p) => {
+                    p.start_precreating()?;
+                    Some(p)
+                }
+                Err(e) => {
+                    // A full disk, say: objects are then made and removed one by one.
+                    warn!(target = %cfg.target_name(), "object pool: cannot open it ({e}); running without one");
+                    None
+                }
+            },
             Some(_) => None,
         };
         let (clients, expected) = recovery::Clients::load(&cfg.dir)?;
@@ -1415,6 +1421,36 @@ impl lode_rpc::admin::Registry for OstParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ost_whose_pool_cannot_be_opened_runs_without_one() {
+        let t = tempfile::tempdir().unwrap();
+        // `pool` taken by a file: the pool's directory cannot be read or made.
+        std::fs::write(t.path().join(pool::POOL_DIR), b"").unwrap();
+        let ost = Ost::open(OstConfig {
+            fsname: "lode".into(),
+            index: 0,
+            uuid: "lode-OST0000_UUID".into(),
+            dir: t.path().to_path_buf(),
+            key: vec![7; 32],
+        })
+        .expect("the OST starts");
+        assert!(ost.commit.pool.is_none());
+        // Objects are then made and removed one by one.
+        let o = ObjId {
+            fid: lode_base::Fid {
+                seq: 0x2_0000_0401,
+                oid: 9,
+                ver: 0,
+            },
+            comp: 0,
+            stripe: 0,
+        };
+        ost.write(&o, 0, b"bytes", None, false, None).unwrap();
+        assert_eq!(std::fs::read(ost.object_path(&o)).unwrap(), b"bytes");
+        ost.destroy(&[o], None).unwrap();
+        assert!(!ost.object_path(&o).exists());
+    }
 
     #[test]
     fn a_new_objects_directories_are_listed_for_the_next_sync_and_not_synced_by_the_write() {

@@ -1,5 +1,6 @@
 //! Object files kept for reuse. A destroyed object's file is truncated and moved into
-//! `pool/` in the OST directory rather than removed, and a new object takes one from
+//! the pool's directory (`pool/RUN/` in the OST directory, see Placement below) rather
+//! than removed, and a new object takes one from
 //! there rather than creating a file. Creating files costs an inode allocation, and on
 //! ext4 without a journal (this project's machines) that allocator skips, one by one,
 //! every inode freed in the last minutes (`recently_deleted`, up to six minutes while
@@ -10,12 +11,14 @@
 //! synced it (its size 0 durable), so an object made from it never shows a former
 //! object's bytes after a power cut. Taking one is a `rename` with `RENAME_NOREPLACE`
 //! into the object's name, made durable as a new object's name is, by the commit that
-//! syncs the object and its directory; the commit syncs `pool/` too. A clean stop
-//! empties the pool. Leftovers found at start (the OSS was killed, or the machine
-//! lost power) are never removed: a rename that a power cut kept half of leaves the
-//! file named by an object too, with one link counted, and removing the pool's name
-//! would free the object's inode. The whole directory is set aside as
-//! `pool.stale.N`, for an admin to remove once `fsck` has run.
+//! syncs the object and its directory; the commit syncs the pool's directory too. A
+//! clean stop empties the pool and removes its directory. Leftover files found at
+//! start (the OSS was killed, or the machine lost power) are never removed: a rename
+//! that a power cut kept half of leaves the file named by an object too, with one link
+//! counted, and removing the pool's name would free the object's inode. The whole of
+//! `pool/` is set aside as `pool.stale.N`, for an admin to remove once `fsck` has run
+//! (empty directories left there are only removed). If the pool cannot be opened (a
+//! full disk), the OST runs without one.
 //!
 //! Precreation (Lustre's OST precreates objects for the MDS to hand out): a thread
 //! keeps [`PRECREATE_LOW`] to [`PRECREATE_HIGH`] files ready, making new empty ones
@@ -147,7 +150,12 @@ impl Pool {
     pub fn open(ost_dir: &Path) -> std::io::Result<Pool> {
         let top = ost_dir.join(POOL_DIR);
         let left = match std::fs::read_dir(&top) {
-            Ok(mut rd) => rd.next().is_some(),
+            // An empty directory holds nothing to keep (a run killed before its
+            // precreator made a file): it goes; anything else is a leftover.
+            Ok(rd) => rd.into_iter().any(|e| match e {
+                Ok(e) => std::fs::remove_dir(e.path()).is_err(),
+                Err(_) => true,
+            }),
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 std::fs::create_dir(&top)?;
                 false
@@ -347,6 +355,11 @@ impl Pool {
             remove(&self.path(n))?;
         }
         if self.inner.dir != self.inner.top {
+            // The removals durable before the directory goes: else a power cut could
+            // keep the files without the directory naming them.
+            std::fs::File::open(&self.inner.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io(&e))?;
             match std::fs::remove_dir(&self.inner.dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
@@ -481,18 +494,29 @@ pub(crate) fn remove(p: &Path) -> Result<(), Errno> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_destroyed_file_is_reused_empty_only_after_a_commit_synced_it() {
+    /// An OST directory with its `O/`.
+    fn ost_dir() -> (tempfile::TempDir, PathBuf) {
         let t = tempfile::tempdir().unwrap();
         let objs = t.path().join("O");
         std::fs::create_dir(&objs).unwrap();
+        (t, objs)
+    }
+
+    #[test]
+    fn a_destroyed_file_is_reused_empty_only_after_a_commit_synced_it() {
+        let (t, objs) = ost_dir();
         // A leftover of a run that did not stop cleanly is set aside, not removed.
         std::fs::create_dir(t.path().join(POOL_DIR)).unwrap();
         std::fs::write(t.path().join(POOL_DIR).join("7"), b"old").unwrap();
         let pool = Pool::open(t.path()).unwrap();
-        assert_eq!(std::fs::read_dir(pool.dir()).unwrap().count(), 0);
-        // The files are in a directory of this run's below `pool/`, which ext4 spreads.
+        // The files are in a directory of this run's below `pool/`, which ext4 spreads,
+        // and `pool/` holds nothing else.
         assert_eq!(pool.dir().parent(), Some(t.path().join(POOL_DIR).as_path()));
+        let in_top: Vec<_> = std::fs::read_dir(t.path().join(POOL_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(in_top, vec![pool.dir().to_path_buf()]);
         let top = std::fs::File::open(t.path().join(POOL_DIR)).unwrap();
         if nix::sys::statfs::fstatfs(&top).unwrap().filesystem_type()
             == nix::sys::statfs::EXT4_SUPER_MAGIC
@@ -558,6 +582,37 @@ mod tests {
         assert!(!t.path().join(format!("{POOL_DIR}.stale.1")).exists());
     }
 
+    #[test]
+    fn a_killed_runs_files_are_set_aside_and_its_empty_directories_removed() {
+        let (t, objs) = ost_dir();
+        // A run killed with a destroyed file in its pool (no drain).
+        let pool = Pool::open(t.path()).unwrap();
+        let a = objs.join("a");
+        std::fs::write(&a, b"bytes").unwrap();
+        pool.destroy(&a).unwrap();
+        let run = pool.dir().to_path_buf();
+        drop(pool);
+        // The next start sets the whole of `pool/` aside, the file in it.
+        let pool = Pool::open(t.path()).unwrap();
+        let aside = t.path().join(format!("{POOL_DIR}.stale.0"));
+        let kept = aside.join(run.file_name().unwrap());
+        assert_eq!(std::fs::read_dir(&kept).unwrap().count(), 1);
+        assert_ne!(pool.dir(), run.as_path());
+        // A run killed before any file entered its pool: nothing to set aside, and its
+        // empty directory goes.
+        let empty = pool.dir().to_path_buf();
+        drop(pool);
+        let pool = Pool::open(t.path()).unwrap();
+        assert!(!empty.exists());
+        assert!(!t.path().join(format!("{POOL_DIR}.stale.1")).exists());
+        assert_eq!(
+            std::fs::read_dir(t.path().join(POOL_DIR)).unwrap().count(),
+            1,
+            "this run's directory only"
+        );
+        pool.drain().unwrap();
+    }
+
     /// Sets or clears `flag` on `d` (ext4 inode flags), as `chattr` does.
     fn chattr(d: &Path, flag: libc::c_int, on: bool) -> std::io::Result<()> {
         use std::os::fd::AsRawFd;
@@ -577,9 +632,7 @@ mod tests {
 
     #[test]
     fn a_pool_whose_run_directory_cannot_be_made_still_opens() {
-        let t = tempfile::tempdir().unwrap();
-        let objs = t.path().join("O");
-        std::fs::create_dir(&objs).unwrap();
+        let (t, objs) = ost_dir();
         let top = t.path().join(POOL_DIR);
         std::fs::create_dir(&top).unwrap();
         // An immutable `pool/` refuses the run's directory even to root (where
@@ -605,9 +658,7 @@ mod tests {
 
     #[test]
     fn the_precreator_keeps_new_empty_files_ready_and_a_drain_removes_them() {
-        let t = tempfile::tempdir().unwrap();
-        let objs = t.path().join("O");
-        std::fs::create_dir(&objs).unwrap();
+        let (t, objs) = ost_dir();
         let pool = Pool::open(t.path()).unwrap();
         pool.start_precreating().unwrap();
         let ready = |pool: &Pool| pool.inner.files.lock().ready.len();
