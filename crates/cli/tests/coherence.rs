@@ -954,6 +954,8 @@ fn a_reader_whose_lock_left_the_lru_sees_another_clients_later_write() {
 fn a_close_while_the_client_writes_another_file_still_makes_the_size_exact() {
     let c = cluster(1);
     let a = c.client();
+    // Locks come only once the callback channel, opened after the connect, is up.
+    channel_up(&a);
     let cr = root();
     let open = |name: &[u8]| {
         let fh = a
