@@ -140,14 +140,12 @@ fn mount_tunables_follow_lustres_rules_through_get_param_and_set_param() {
     }
     // The kernel does not wait for a close (FUSE RELEASE) before `write`
     // returns, so the last file's close may still be on the wire: wait for it.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let stats = loop {
-        let stats = value(&c, "mdc.*.rpc_stats");
-        if stats.contains("modify_RPCs_in_flight:  0\n") || std::time::Instant::now() > deadline {
-            break stats;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    lode_testkit::wait_for(
+        "the last close to be answered",
+        std::time::Duration::from_secs(10),
+        || value(&c, "mdc.*.rpc_stats").contains("modify_RPCs_in_flight:  0\n"),
+    );
+    let stats = value(&c, "mdc.*.rpc_stats");
     let lines: Vec<&str> = stats.lines().collect();
     assert!(
         lines[0].starts_with("snapshot_time:            "),

@@ -463,19 +463,30 @@ fn precreate(inner: &Inner) {
 
 /// Sets ext4's top-directory flag on the directory `d` (see the module's documentation).
 fn set_topdir(d: &std::fs::File) -> std::io::Result<()> {
+    let flags = inode_flags(d)?;
+    if flags & FS_TOPDIR_FL != 0 {
+        return Ok(());
+    }
+    set_inode_flags(d, flags | FS_TOPDIR_FL)
+}
+
+/// The inode flags of `f`, as `lsattr` reads them (`FS_IOC_GETFLAGS`).
+fn inode_flags(f: &std::fs::File) -> std::io::Result<libc::c_int> {
     use std::os::fd::AsRawFd;
     // The kernel reads and writes an `int`, whatever the ioctl's number says.
     let mut flags: libc::c_int = 0;
     // SAFETY: a valid open descriptor, and the flags' address for the call to fill.
-    if unsafe { libc::ioctl(d.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
+    if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    if flags & FS_TOPDIR_FL != 0 {
-        return Ok(());
-    }
-    flags |= FS_TOPDIR_FL;
-    // SAFETY: as above; the call only reads the flags.
-    if unsafe { libc::ioctl(d.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) } != 0 {
+    Ok(flags)
+}
+
+/// Sets the inode flags of `f`, as `chattr` does (`FS_IOC_SETFLAGS`).
+fn set_inode_flags(f: &std::fs::File, flags: libc::c_int) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open descriptor; the call only reads the flags.
+    if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
@@ -521,16 +532,7 @@ mod tests {
         if nix::sys::statfs::fstatfs(&top).unwrap().filesystem_type()
             == nix::sys::statfs::EXT4_SUPER_MAGIC
         {
-            let mut flags: libc::c_int = 0;
-            // SAFETY: a valid descriptor and the flags' address.
-            let r = unsafe {
-                libc::ioctl(
-                    std::os::fd::AsRawFd::as_raw_fd(&top),
-                    libc::FS_IOC_GETFLAGS,
-                    &mut flags,
-                )
-            };
-            assert_eq!(r, 0);
+            let flags = inode_flags(&top).unwrap();
             assert_ne!(flags & FS_TOPDIR_FL, 0, "pool/ is a top directory");
         }
         let aside = t.path().join(format!("{POOL_DIR}.stale.0")).join("7");
@@ -615,19 +617,9 @@ mod tests {
 
     /// Sets or clears `flag` on `d` (ext4 inode flags), as `chattr` does.
     fn chattr(d: &Path, flag: libc::c_int, on: bool) -> std::io::Result<()> {
-        use std::os::fd::AsRawFd;
         let f = std::fs::File::open(d)?;
-        let mut flags: libc::c_int = 0;
-        // SAFETY: a valid descriptor and the flags' address.
-        if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        flags = if on { flags | flag } else { flags & !flag };
-        // SAFETY: as above.
-        if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        let flags = inode_flags(&f)?;
+        set_inode_flags(&f, if on { flags | flag } else { flags & !flag })
     }
 
     #[test]
