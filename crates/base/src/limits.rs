@@ -4,8 +4,23 @@
 pub const NAME_MAX: usize = 255;
 /// Longest path the client resolves, in bytes (Linux PATH_MAX).
 pub const PATH_MAX: usize = 4096;
-/// Most hard links to one inode (ldiskfs without dir_nlink: 65000).
+/// Most hard links to one file (ldiskfs: 65000). A directory's subdirectories are not
+/// bounded by it: past it, the directory's link count is shown as 1, "not counted",
+/// as ext4's and Lustre's ldiskfs MDTs do with `dir_nlink` (see [`shown_nlink`]).
 pub const LINK_MAX: u32 = 65000;
+
+/// The link count `stat` shows for an inode of `mode` whose exact count is `nlink`: a directory
+/// at or past [`LINK_MAX`] (65,000 - 2 subdirectories or more) shows 1, which tools
+/// (`find`, `du`) read as "subdirectories not counted", as on ext4 with `dir_nlink`.
+/// The MDT keeps the exact count, so the directory shows it again once enough of its
+/// subdirectories are gone (ext4 keeps 1 for good).
+pub fn shown_nlink(mode: u32, nlink: u32) -> u32 {
+    if mode & libc::S_IFMT == libc::S_IFDIR && nlink >= LINK_MAX {
+        1
+    } else {
+        nlink
+    }
+}
 /// Longest symlink target (Linux: a page).
 pub const SYMLINK_MAX: usize = 4096;
 /// Longest xattr name (Linux XATTR_NAME_MAX).
@@ -175,3 +190,18 @@ pub const MAX_UNSTABLE_MB_MAX: u64 = 16 << 10;
 pub const RECOVERY_TIME_SOFT_DEFAULT_S: u64 = 30;
 /// `recovery_time_hard` default (seconds): recovery ends by then whatever is missing.
 pub const RECOVERY_TIME_HARD_DEFAULT_S: u64 = 90;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_past_link_max_shows_one_link_and_a_file_its_count() {
+        let dir = libc::S_IFDIR | 0o755;
+        assert_eq!(shown_nlink(dir, 2), 2);
+        assert_eq!(shown_nlink(dir, LINK_MAX - 1), LINK_MAX - 1);
+        assert_eq!(shown_nlink(dir, LINK_MAX), 1);
+        assert_eq!(shown_nlink(dir, u32::MAX), 1);
+        assert_eq!(shown_nlink(libc::S_IFREG | 0o644, LINK_MAX), LINK_MAX);
+    }
+}

@@ -603,6 +603,63 @@ fn xattr_errnos() {
 }
 
 #[test]
+fn a_directory_holds_more_subdirectories_than_link_max_and_then_shows_one_link() {
+    // As ext4 and Lustre's ldiskfs MDTs with `dir_nlink`: mkdir past 65,000
+    // subdirectories succeeds (mdtest makes 100,000s in one directory), and the
+    // directory's link count reads 1 ("not counted") while it is past the bound.
+    let c = cluster(1);
+    let s = c.client();
+    let cl = &s.client;
+    let r = root();
+    s.run(async {
+        use futures::StreamExt;
+        let top = cl
+            .mkdir(&r, Fid::ROOT, b"wide", 0o755, None)
+            .await
+            .unwrap()
+            .attr
+            .fid;
+        let other = cl
+            .mkdir(&r, Fid::ROOT, b"other", 0o755, None)
+            .await
+            .unwrap()
+            .attr
+            .fid;
+        let n = lode_base::limits::LINK_MAX; // 2 + n - 1 = LINK_MAX + 1 links at the end
+        futures::stream::iter(0..n - 1)
+            .map(|i| {
+                let r = &r;
+                async move {
+                    cl.mkdir(r, top, format!("d{i}").as_bytes(), 0o755, None)
+                        .await
+                }
+            })
+            .buffer_unordered(32)
+            .for_each(|x| async {
+                x.expect("mkdir");
+            })
+            .await;
+        assert_eq!(cl.getattr(&r, top).await.unwrap().nlink, 1);
+        // A directory moved in from elsewhere counts too, and moved back out.
+        cl.mkdir(&r, other, b"m", 0o755, None).await.unwrap();
+        cl.rename(&r, other, b"m", top, b"m", 0).await.unwrap();
+        assert_eq!(cl.getattr(&r, other).await.unwrap().nlink, 2);
+        assert_eq!(cl.getattr(&r, top).await.unwrap().nlink, 1);
+        cl.rename(&r, top, b"m", other, b"m", 0).await.unwrap();
+        assert_eq!(cl.getattr(&r, other).await.unwrap().nlink, 3);
+        // The exact count is kept: below the bound again, it shows again.
+        for i in 0..2 {
+            cl.rmdir(&r, top, format!("d{i}").as_bytes()).await.unwrap();
+        }
+        assert_eq!(
+            cl.getattr(&r, top).await.unwrap().nlink,
+            lode_base::limits::LINK_MAX - 1
+        );
+        // A file's hard links stay bounded (see `link_max_gives_emlink`).
+    });
+}
+
+#[test]
 fn link_max_gives_emlink() {
     let c = cluster(1);
     let s = c.client();

@@ -8,7 +8,7 @@ use crate::pdo::Mode;
 use crate::{Ctx, Namespace, OpError, OpResult, OpenHandle};
 use lode_base::hash::{name_hash, DOTDOT_COOKIE, DOT_COOKIE, END_COOKIE};
 use lode_base::limits::{
-    LINK_MAX, READDIR_GROUP_BYTES_MAX, READDIR_PAGE_BYTES, READDIR_PAGE_ENTRIES, SYMLINK_MAX,
+    READDIR_GROUP_BYTES_MAX, READDIR_PAGE_BYTES, READDIR_PAGE_ENTRIES, SYMLINK_MAX,
 };
 use lode_base::perm::{MAY_EXEC, MAY_READ, MAY_WRITE};
 use lode_base::{Cred, Errno, Fid, FileType};
@@ -465,10 +465,8 @@ impl Namespace {
         body.glimpse = false;
         let rep = opened(body, handle);
         if dir {
-            if parent.nlink >= LINK_MAX {
-                return Err(Errno::EMLINK.into());
-            }
-            parent.nlink += 1;
+            // Subdirectories are not bounded by `LINK_MAX` (see `shown_nlink`).
+            parent.nlink = parent.nlink.checked_add(1).ok_or(Errno::EMLINK)?;
         }
         parent.mtime = now;
         parent.ctime = now;

@@ -298,10 +298,8 @@ impl Namespace {
         if src_is_dir && cross {
             srec.parent = dp;
             sdir.nlink = sdir.nlink.saturating_sub(1);
-            if ddir.nlink >= LINK_MAX {
-                return Err(Errno::EMLINK.into());
-            }
-            ddir.nlink += 1;
+            // Subdirectories are not bounded by `LINK_MAX` (see `shown_nlink`).
+            ddir.nlink = ddir.nlink.checked_add(1).ok_or(Errno::EMLINK)?;
         }
         match &dst {
             Some(d) if exchange => {

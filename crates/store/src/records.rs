@@ -175,7 +175,7 @@ impl InodeRec {
             mode: self.mode,
             uid: self.uid,
             gid: self.gid,
-            nlink: self.nlink,
+            nlink: lode_base::limits::shown_nlink(self.mode, self.nlink),
             size: self.size,
             blocks: self.blocks,
             atime: self.atime,
