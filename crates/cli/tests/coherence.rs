@@ -144,6 +144,31 @@ fn every_change_by_one_mount_is_seen_by_the_other_on_its_next_call() {
 }
 
 #[test]
+fn a_directory_the_mount_made_answers_new_names_itself_past_65536_entries() {
+    // mdtest makes hundreds of thousands of files in one directory: the listing that
+    // answers "no such name" without a LOOKUP follows it past 65,536 names.
+    let c = cluster(2);
+    let m = c.mount();
+    fs::create_dir(m.path().join("d")).expect("mkdir");
+    let create = |i: usize| {
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(m.path().join(format!("d/f{i}")))
+            .expect("create");
+    };
+    (0..66_000).for_each(create);
+    c.set_param("mdc.*.md_stats=0");
+    (66_000..67_000).for_each(create);
+    assert_eq!(md_stat(&c, "create"), 1000);
+    assert_eq!(md_stat(&c, "getattr_name"), 0, "no LOOKUP of a new name");
+    // And a name it holds is still found as the file it is.
+    assert!(fs::metadata(m.path().join("d/f65999"))
+        .expect("stat")
+        .is_file());
+}
+
+#[test]
 fn a_create_in_a_directory_the_mount_made_is_one_create_and_stats_need_no_rpc() {
     let c = cluster(2);
     let m = c.mount();

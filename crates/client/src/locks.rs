@@ -7,7 +7,7 @@
 //! (an empty callback), drops every lock.
 
 use crate::Client;
-use foldhash::{HashMap, HashSet, HashSetExt};
+use foldhash::{HashMap, HashSet};
 use lode_base::perm::{may_access, MAY_EXEC};
 use lode_base::{Cred, Errno, Fid};
 use lode_proto::frame::{FLAG_CALLBACK, FLAG_REPLY};
@@ -153,11 +153,11 @@ struct Cache {
     /// Every name of a directory whose attributes are cached, for directories this
     /// client made or has followed every change of since: "no such name" is answered
     /// here. Goes with the directory's attributes (their lock covers its contents).
-    listings: HashMap<Fid, HashSet<Vec<u8>>>,
+    listings: HashMap<Fid, Listing>,
     /// Listings whose directory's lock went early for this client's own change in it:
     /// with the ctime they were current at, until the change's reply says whether
     /// anything else happened in between (see [`Client::remember_parent`]).
-    stash: HashMap<Fid, (i64, HashSet<Vec<u8>>)>,
+    stash: HashMap<Fid, (i64, Listing)>,
 }
 
 /// Names under locks: `(directory, name)` → (the child, the lock). Looked up by
@@ -203,9 +203,51 @@ fn push_keys<'a>(
     }
 }
 
-/// Names a listing keeps at most; a larger directory is not listed (its lookups of
-/// missing names go to the MDT).
-const LISTING_MAX: usize = 1 << 16;
+/// Names a listing follows at most; a larger directory is not listed (its lookups of
+/// missing names go to the MDT). A million: mdtest makes hundreds of thousands of
+/// files in one directory, and a listing costs about 16 bytes a name.
+const LISTING_MAX: usize = 1 << 20;
+
+/// The names of a listed directory, kept as a multiset of their hashes rather than
+/// the names themselves (a tenth of the memory): a hash not there is a name not
+/// there; a hash there may be another name's (a collision only sends that lookup to
+/// the MDT, it never answers "no such name" wrongly).
+#[derive(Default)]
+struct Listing {
+    hashes: HashMap<u64, u32>,
+    names: usize,
+}
+
+impl Listing {
+    /// Whether `name` may be in the directory.
+    fn may_have(&self, name: &[u8]) -> bool {
+        self.hashes.contains_key(&lode_base::hash::name_hash(name))
+    }
+
+    fn add(&mut self, name: &[u8]) {
+        *self
+            .hashes
+            .entry(lode_base::hash::name_hash(name))
+            .or_default() += 1;
+        self.names += 1;
+    }
+
+    /// Takes `name` out; false if the listing did not have it (it no longer follows
+    /// the directory).
+    #[must_use]
+    fn remove(&mut self, name: &[u8]) -> bool {
+        let h = lode_base::hash::name_hash(name);
+        match self.hashes.get_mut(&h) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                self.hashes.remove(&h);
+            }
+            None => return false,
+        }
+        self.names -= 1;
+        true
+    }
+}
 
 /// A change this client made in a directory, as its listing follows it.
 pub(crate) enum DirChange<'a> {
@@ -985,7 +1027,7 @@ impl Client {
         match c.names.get(&NameRef(parent, name)) {
             Some((child, _)) => c.attrs.get(child).map(|(b, _)| Ok(b.clone())),
             // Known absent: the directory is listed here, under its lock.
-            None if c.listings.get(&parent).is_some_and(|l| !l.contains(name)) => {
+            None if c.listings.get(&parent).is_some_and(|l| !l.may_have(name)) => {
                 Some(Err(Errno::ENOENT))
             }
             None => None,
@@ -998,7 +1040,7 @@ impl Client {
     pub(crate) fn remember_new_dir(&self, dir: Fid) {
         let mut c = self.locks.cache.lock();
         if c.attrs.contains_key(&dir) {
-            c.listings.insert(dir, HashSet::new());
+            c.listings.insert(dir, Listing::default());
         }
     }
 
@@ -1023,33 +1065,36 @@ impl Client {
             return;
         }
         self.remember(&p.body, None);
-        let Some((ctime, mut names)) = prior else {
+        let Some((ctime, mut listing)) = prior else {
             return;
         };
         if ctime != p.pre_ctime {
             return;
         }
         match change {
-            DirChange::Add(n) => {
-                names.insert(n.to_vec());
-            }
+            DirChange::Add(n) => listing.add(n),
             DirChange::Remove(n) => {
-                names.remove(n);
+                if !listing.remove(n) {
+                    return;
+                }
             }
             // Both names stay.
             DirChange::Rename(_, _, flags) if flags & libc::RENAME_EXCHANGE != 0 => {}
             // A whiteout takes the old name's place: not a listing kept here.
             DirChange::Rename(_, _, flags) if flags & libc::RENAME_WHITEOUT != 0 => return,
             DirChange::Rename(from, to, _) => {
-                names.remove(from);
-                names.insert(to.to_vec());
+                if !listing.remove(from) {
+                    return;
+                }
+                listing.add(to);
             }
         }
         let mut c = self.locks.cache.lock();
         // Only if the lock just handed back is still the one kept (not already called
         // back) and the listing stays small enough.
-        if c.attrs.get(&dir).is_some_and(|(_, h)| *h == p.body.lock) && names.len() <= LISTING_MAX {
-            c.listings.insert(dir, names);
+        if c.attrs.get(&dir).is_some_and(|(_, h)| *h == p.body.lock) && listing.names <= LISTING_MAX
+        {
+            c.listings.insert(dir, listing);
         }
     }
 
@@ -1581,6 +1626,25 @@ async fn serve_channel(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listing_answers_absent_only_for_names_it_does_not_hold() {
+        let mut l = Listing::default();
+        assert!(!l.may_have(b"f.0"));
+        l.add(b"f.0");
+        l.add(b"f.1");
+        assert!(l.may_have(b"f.0") && l.may_have(b"f.1") && !l.may_have(b"f.2"));
+        // Two names with one hash (the same name stands in for a collision): one
+        // removed, the other is still "maybe there".
+        l.add(b"f.0");
+        assert!(l.remove(b"f.0"));
+        assert!(l.may_have(b"f.0"));
+        assert!(l.remove(b"f.0"));
+        assert!(!l.may_have(b"f.0"));
+        // A name it never had: the listing no longer follows the directory.
+        assert!(!l.remove(b"f.9"));
+        assert_eq!(l.names, 1);
+    }
 
     #[test]
     fn a_name_is_found_by_reference_as_by_its_owned_key() {
