@@ -169,6 +169,29 @@ fn a_directory_the_mount_made_answers_new_names_itself_past_65536_entries() {
 }
 
 #[test]
+fn a_directory_looked_in_keeps_its_listing_through_a_walk_larger_than_the_lru() {
+    // mdtest stats every entry of its directory, more than the LRU holds, then makes
+    // files there: the directory, used by every lookup, must outlive the entries.
+    // (The LRU holds two of statahead's pages: 4,096 locks, 2 an entry.)
+    let c = cluster(2);
+    let m = c.mount();
+    c.set_param("ldlm.namespaces.*-mdc-*.lru_size=4096");
+    fs::create_dir(m.path().join("d")).expect("mkdir");
+    for i in 0..6000 {
+        fs::File::create(m.path().join(format!("d/f{i}"))).expect("create");
+    }
+    for i in 0..6000 {
+        fs::metadata(m.path().join(format!("d/f{i}"))).expect("stat");
+    }
+    c.set_param("mdc.*.md_stats=0");
+    for i in 6000..6100 {
+        fs::File::create(m.path().join(format!("d/f{i}"))).expect("create");
+    }
+    assert_eq!(md_stat(&c, "create"), 100);
+    assert_eq!(md_stat(&c, "getattr_name"), 0, "no LOOKUP of a new name");
+}
+
+#[test]
 fn a_create_in_a_directory_the_mount_made_is_one_create_and_stats_need_no_rpc() {
     let c = cluster(2);
     let m = c.mount();

@@ -268,6 +268,24 @@ impl Cache {
         self.keeps += 1;
         self.by_lock.insert(handle, (key, self.keeps));
         self.order.push_back((handle, self.keeps));
+        self.compact_order();
+    }
+
+    /// Marks the entry `handle` keeps as used now, so the LRU gives back entries in
+    /// the order they were last used rather than kept (Lustre moves a lock it
+    /// matches to the LRU's tail too).
+    fn touch(&mut self, handle: u64) {
+        self.keeps += 1;
+        let k = self.keeps;
+        if let Some((_, at)) = self.by_lock.get_mut(&handle) {
+            *at = k;
+            self.order.push_back((handle, k));
+            self.compact_order();
+        }
+    }
+
+    /// Drops stale entries from the order once they outnumber the live ones.
+    fn compact_order(&mut self) {
         if self.order.len() > 2 * self.by_lock.len() + 1024 {
             let live = &self.by_lock;
             self.order
@@ -1011,16 +1029,22 @@ impl Client {
         if !self.locks.up.load(Ordering::Acquire) || name == b"." || name == b".." {
             return None;
         }
-        let c = self.locks.cache.lock();
-        let may_search = match c.attrs.get(&parent) {
+        let mut c = self.locks.cache.lock();
+        let (may_search, dir_lock) = match c.attrs.get(&parent) {
             // Who an ACL lets search is the MDT's to say, where the ACL decides: what
             // it said under the directory's lock.
-            Some((dir, _)) if dir.acl && lode_base::acl::consulted(&dir.attr, cred) => {
-                c.search.contains_key(&(parent, cred.clone()))
+            Some((dir, h)) if dir.acl && lode_base::acl::consulted(&dir.attr, cred) => {
+                (c.search.contains_key(&(parent, cred.clone())), Some(*h))
             }
-            Some((dir, _)) => may_access(&dir.attr, cred, MAY_EXEC),
-            None => c.search.contains_key(&(parent, cred.clone())),
+            Some((dir, h)) => (may_access(&dir.attr, cred, MAY_EXEC), Some(*h)),
+            None => (c.search.contains_key(&(parent, cred.clone())), None),
         };
+        // A directory looked in stays, and its listing with it: a walk of more
+        // entries than the LRU holds would otherwise push it out, and every create
+        // in it after would cost a LOOKUP.
+        if let Some(h) = dir_lock {
+            c.touch(h);
+        }
         if !may_search {
             return None;
         }
