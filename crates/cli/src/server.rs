@@ -87,30 +87,56 @@ fn default_port(role: Role, index: u32) -> u32 {
     }
 }
 
+/// How long a new server waits for the lock of a server that is exiting.
+const LOCK_EXITING_WAIT: Duration = Duration::from_secs(10);
+
 /// Takes the target's lock file; a second server on the same directory is refused.
+/// A server killed a moment ago holds the lock until its last thread is gone (its
+/// leader already shows as a zombie, and a large store takes a while to unmap), so
+/// `kill -9` then `lode up` would find it taken: while the holder is exiting, the
+/// lock is waited for, up to [`LOCK_EXITING_WAIT`].
 fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
     let path = dir.join("lock");
-    let f = std::fs::OpenOptions::new()
+    let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&path)
         .with_context(|| format!("{}", path.display()))?;
-    let mut f = match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(l) => l,
-        Err((_, _)) => {
-            let pid = std::fs::read_to_string(&path).unwrap_or_default();
-            bail!(
-                "{}: already in use by a running server (pid {})",
-                dir.display(),
-                pid.trim()
-            );
+    let deadline = std::time::Instant::now() + LOCK_EXITING_WAIT;
+    let mut f = loop {
+        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(l) => break l,
+            Err((back, _)) => {
+                let pid = std::fs::read_to_string(&path).unwrap_or_default();
+                let pid = pid.trim();
+                if std::time::Instant::now() < deadline && exiting(pid) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    f = back;
+                    continue;
+                }
+                bail!(
+                    "{}: already in use by a running server (pid {pid})",
+                    dir.display()
+                );
+            }
         }
     };
     f.set_len(0)?;
     write!(f, "{}", std::process::id())?;
     Ok(f)
+}
+
+/// Whether the process `pid` (as a lock file names it) is gone or exiting: no such
+/// process, or its leader a zombie while its other threads finish.
+fn exiting(pid: &str) -> bool {
+    match pid.parse::<u32>() {
+        Ok(p) if p > 0 => std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |s| {
+            s.rsplit_once(')').is_some_and(|(_, r)| r.starts_with(" Z"))
+        }),
+        _ => false,
+    }
 }
 
 /// Logs to stderr, filtered by `LODE_LOG` (default `info`).
@@ -383,4 +409,38 @@ fn spawn_register(cfg: &TargetConfig, kind: TargetKind, listen: &str, rt: &tokio
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_held_for_a_gone_process_is_waited_for_and_a_live_ones_refused_at_once() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let held = lock_dir(d.path()).expect("first lock");
+        // The holder named in the file is alive (this process): refused at once.
+        let t = std::time::Instant::now();
+        assert!(lock_dir(d.path()).is_err());
+        assert!(t.elapsed() < Duration::from_secs(1));
+        // The file names a process that is gone (a pid above pid_max): the lock is
+        // waited for, and taken once its holder lets go.
+        let f: &std::fs::File = &held;
+        f.set_len(0).expect("truncate");
+        std::os::unix::fs::FileExt::write_all_at(f, (1u32 << 23).to_string().as_bytes(), 0)
+            .expect("write");
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(held);
+        });
+        let l = lock_dir(d.path()).expect("lock after the holder went");
+        releaser.join().expect("releaser");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("lock")).expect("read"),
+            std::process::id().to_string()
+        );
+        drop(l);
+        assert!(!exiting("not a pid") && !exiting("") && !exiting(&std::process::id().to_string()));
+        assert!(exiting(&(1u32 << 23).to_string()));
+    }
 }
