@@ -10,7 +10,7 @@ pub const PATH_MAX: usize = 4096;
 pub const LINK_MAX: u32 = 65000;
 
 /// The link count `stat` shows for an inode of `mode` whose exact count is `nlink`: a directory
-/// at or past [`LINK_MAX`] (65,000 - 2 subdirectories or more) shows 1, which tools
+/// at or past [`LINK_MAX`] (64,998 subdirectories or more) shows 1, which tools
 /// (`find`, `du`) read as "subdirectories not counted", as on ext4 with `dir_nlink`.
 /// The MDT keeps the exact count, so the directory shows it again once enough of its
 /// subdirectories are gone (ext4 keeps 1 for good).

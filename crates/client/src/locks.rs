@@ -158,6 +158,8 @@ struct Cache {
     /// with the ctime they were current at, until the change's reply says whether
     /// anything else happened in between (see [`Client::remember_parent`]).
     stash: HashMap<Fid, (i64, Listing)>,
+    /// Names in `listings` and `stash` together, at most [`LISTED_NAMES_MAX`].
+    listed: usize,
 }
 
 /// Names under locks: `(directory, name)` → (the child, the lock). Looked up by
@@ -205,13 +207,18 @@ fn push_keys<'a>(
 
 /// Names a listing follows at most; a larger directory is not listed (its lookups of
 /// missing names go to the MDT). A million: mdtest makes hundreds of thousands of
-/// files in one directory, and a listing costs 9 to 18 bytes a name.
+/// files in one directory, and a listing costs 10 to 21 bytes a name.
 const LISTING_MAX: usize = 1 << 20;
+
+/// Names all of a client's listings follow together at most (about 40 to 90 MB):
+/// past it, a listing that grows is dropped, and its directory's lookups of missing
+/// names go to the MDT.
+const LISTED_NAMES_MAX: usize = 1 << 22;
 
 /// The names of a listed directory, kept as a multiset of their hashes rather than
 /// the names themselves: a hash not there is a name not there; a hash there may be
 /// another name's (a collision only sends that lookup to the MDT, it never answers
-/// "no such name" wrongly). A set of hashes (9 to 18 bytes a name, against 80 or so
+/// "no such name" wrongly). A set of hashes (10 to 21 bytes a name, against 80 or so
 /// for the names), and the counts of the rare hashes that several names share.
 #[derive(Default)]
 struct Listing {
@@ -288,6 +295,40 @@ impl Cache {
         }
     }
 
+    /// Keeps `l` as `dir`'s listing, unless that would take the names listed past
+    /// [`LISTED_NAMES_MAX`].
+    fn put_listing(&mut self, dir: Fid, l: Listing) {
+        self.drop_listing(dir);
+        if self.listed + l.names <= LISTED_NAMES_MAX {
+            self.listed += l.names;
+            self.listings.insert(dir, l);
+        }
+    }
+
+    /// Forgets `dir`'s listing.
+    fn drop_listing(&mut self, dir: Fid) {
+        if let Some(l) = self.listings.remove(&dir) {
+            self.listed -= l.names;
+        }
+    }
+
+    /// Sets `dir`'s listing aside for a change of this client's in it (its names still
+    /// count as listed), with the directory's `ctime`.
+    fn stash_listing(&mut self, dir: Fid, ctime: i64) {
+        if let Some(l) = self.listings.remove(&dir) {
+            if let Some((_, old)) = self.stash.insert(dir, (ctime, l)) {
+                self.listed -= old.names;
+            }
+        }
+    }
+
+    /// Takes `dir`'s listing set aside by [`Cache::stash_listing`] out of the count.
+    fn unstash_listing(&mut self, dir: Fid) -> Option<(i64, Listing)> {
+        let (ctime, l) = self.stash.remove(&dir)?;
+        self.listed -= l.names;
+        Some((ctime, l))
+    }
+
     /// Drops stale entries from the order once they outnumber the live ones.
     fn compact_order(&mut self) {
         if self.order.len() > 2 * self.by_lock.len() + 1024 {
@@ -324,7 +365,7 @@ impl Cache {
                 match self.attrs.remove(&fid) {
                     Some((b, h)) if h == handle => {
                         dir = b.attr.is_dir();
-                        self.listings.remove(&fid);
+                        self.drop_listing(fid);
                     }
                     Some(other) => {
                         self.attrs.insert(fid, other);
@@ -380,7 +421,7 @@ impl Cache {
     fn forget(&mut self, key: &Key) -> Option<u64> {
         let h = match key {
             Key::Attr(f) => {
-                self.listings.remove(f);
+                self.drop_listing(*f);
                 self.attrs.remove(f)?.1
             }
             Key::Name(d, n) => self.names.remove(&NameRef(*d, n))?.1,
@@ -1065,10 +1106,13 @@ impl Client {
     /// After this client's mkdir: the new directory is empty, and if its attributes are
     /// cached (under its lock), lookups in it need not leave the client until someone
     /// else changes it.
-    pub(crate) fn remember_new_dir(&self, dir: Fid) {
+    /// `lock`: the lock the mkdir's reply kept its attributes under; a listing is
+    /// kept only while that very lock holds them (one granted later, after another
+    /// client may have made names in it, would not vouch for the directory empty).
+    pub(crate) fn remember_new_dir(&self, dir: Fid, lock: u64) {
         let mut c = self.locks.cache.lock();
-        if c.attrs.contains_key(&dir) {
-            c.listings.insert(dir, Listing::default());
+        if lock != 0 && c.attrs.get(&dir).is_some_and(|(_, h)| *h == lock) {
+            c.put_listing(dir, Listing::default());
         }
     }
 
@@ -1083,7 +1127,7 @@ impl Client {
         cred: &Cred,
         change: DirChange<'_>,
     ) {
-        let prior = self.locks.cache.lock().stash.remove(&dir);
+        let prior = self.locks.cache.lock().unstash_listing(dir);
         let Some(p) = p else { return };
         if p.body.lock == 0 {
             if p.body.dir_lock != 0 {
@@ -1122,7 +1166,7 @@ impl Client {
         // back) and the listing stays small enough.
         if c.attrs.get(&dir).is_some_and(|(_, h)| *h == p.body.lock) && listing.names <= LISTING_MAX
         {
-            c.listings.insert(dir, listing);
+            c.put_listing(dir, listing);
         }
     }
 
@@ -1283,8 +1327,8 @@ impl Client {
         };
         for parent in handed_back.iter().flatten() {
             let ctime = c.attrs.get(parent).map(|(b, _)| b.attr.ctime);
-            if let (Some(ctime), Some(l)) = (ctime, c.listings.remove(parent)) {
-                c.stash.insert(*parent, (ctime, l));
+            if let Some(ctime) = ctime {
+                c.stash_listing(*parent, ctime);
             }
         }
         // A change of an object's permissions (chmod, chown, an ACL) ends what its
@@ -1654,6 +1698,35 @@ async fn serve_channel(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listings_and_stashed_listings_count_toward_one_bound() {
+        let (a, b) = (Fid::new(0x200000400, 1, 0), Fid::new(0x200000400, 2, 0));
+        let mut c = Cache::default();
+        let mut l = Listing::default();
+        l.add(b"x");
+        l.add(b"y");
+        c.put_listing(a, l);
+        assert_eq!(c.listed, 2);
+        c.stash_listing(a, 7);
+        assert!(c.listings.is_empty());
+        assert_eq!(c.listed, 2, "a stashed listing still counts");
+        let (ctime, mut l) = c.unstash_listing(a).expect("stashed");
+        assert_eq!((ctime, c.listed), (7, 0));
+        l.add(b"z");
+        c.put_listing(a, l);
+        assert_eq!(c.listed, 3);
+        // Past the bound, a listing is not kept; the others stay.
+        let big = Listing {
+            names: LISTED_NAMES_MAX - 2,
+            ..Listing::default()
+        };
+        c.put_listing(b, big);
+        assert!(!c.listings.contains_key(&b));
+        assert_eq!(c.listed, 3);
+        c.drop_listing(a);
+        assert_eq!(c.listed, 0);
+    }
 
     #[test]
     fn a_listing_answers_absent_only_for_names_it_does_not_hold() {

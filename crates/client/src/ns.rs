@@ -294,7 +294,7 @@ impl Client {
                 self.remember(&r.body, Some((parent, name, cred)));
                 self.remember_parent(r.parent.as_ref(), parent, cred, DirChange::Add(name));
                 if r.body.attr.is_dir() {
-                    self.remember_new_dir(r.body.attr.fid);
+                    self.remember_new_dir(r.body.attr.fid, r.body.lock);
                 }
                 Ok(r.body)
             }

@@ -311,7 +311,7 @@ impl Namespace {
                 if is_dir(drec.mode) && cross {
                     drec.parent = sp;
                     ddir.nlink = ddir.nlink.saturating_sub(1);
-                    sdir.nlink += 1;
+                    sdir.nlink = sdir.nlink.checked_add(1).ok_or(Errno::EMLINK)?;
                 }
                 put_inode(&mut b, d.fid, &drec);
             }
