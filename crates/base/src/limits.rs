@@ -9,8 +9,8 @@ pub const PATH_MAX: usize = 4096;
 /// as ext4's and Lustre's ldiskfs MDTs do with `dir_nlink` (see [`shown_nlink`]).
 pub const LINK_MAX: u32 = 65000;
 
-/// The link count `stat` shows for an inode of `mode` whose exact count is `nlink`: a directory
-/// at or past [`LINK_MAX`] (64,998 subdirectories or more) shows 1, which tools
+/// The link count `stat` shows for an inode of `mode` whose exact count is `nlink`: a
+/// directory at or past [`LINK_MAX`] (64,998 subdirectories or more) shows 1, which tools
 /// (`find`, `du`) read as "subdirectories not counted", as on ext4 with `dir_nlink`.
 /// The MDT keeps the exact count, so the directory shows it again once enough of its
 /// subdirectories are gone (ext4 keeps 1 for good).

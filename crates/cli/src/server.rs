@@ -132,11 +132,17 @@ fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
 /// process, or its leader a zombie while its other threads finish.
 fn exiting(pid: &str) -> bool {
     match pid.parse::<u32>() {
-        Ok(p) if p > 0 => std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |s| {
-            s.rsplit_once(')').is_some_and(|(_, r)| r.starts_with(" Z"))
-        }),
+        Ok(p) if p > 0 => zombie(p).unwrap_or(true),
         _ => false,
     }
+}
+
+/// Whether process `pid`'s leader is a zombie (its other threads, which still hold
+/// its files, may be exiting yet); `None`: no such process. The state follows the
+/// last `)` of `/proc/PID/stat`, since the command name before it may hold any byte.
+pub(crate) fn zombie(pid: u32) -> Option<bool> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(s.rsplit_once(')').is_some_and(|(_, r)| r.starts_with(" Z")))
 }
 
 /// Logs to stderr, filtered by `LODE_LOG` (default `info`).

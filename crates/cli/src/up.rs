@@ -184,8 +184,7 @@ fn lode_process(verb: &str, path: &Path) -> Option<u32> {
             .unwrap_or_default();
         let lode =
             name == "lode" || (name.starts_with("lode") && args.get(1).is_some_and(|a| a == verb));
-        let zombie =
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "));
+        let zombie = crate::server::zombie(pid) == Some(true);
         (lode && !zombie && args.iter().any(|a| a == verb) && args.iter().any(|a| *a == p))
             .then_some(pid)
     })
@@ -572,8 +571,7 @@ fn wait_gone(pid: u32, within: Duration) -> bool {
         // exiting, and those still hold the process's files (a target's lock file):
         // gone means the leader alone is left.
         let gone = !Path::new(&format!("/proc/{pid}")).exists()
-            || (std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.contains(") Z "))
+            || (crate::server::zombie(pid) == Some(true)
                 && std::fs::read_dir(format!("/proc/{pid}/task")).map_or(true, |d| d.count() <= 1));
         if gone {
             return true;

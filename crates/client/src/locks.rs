@@ -276,10 +276,8 @@ impl Cache {
     /// Keeps `key` under `handle`, as the newest in the LRU's order; drops stale
     /// entries from the order once they outnumber the live ones.
     fn kept(&mut self, handle: u64, key: Key) {
-        self.keeps += 1;
-        self.by_lock.insert(handle, (key, self.keeps));
-        self.order.push_back((handle, self.keeps));
-        self.compact_order();
+        self.by_lock.insert(handle, (key, 0));
+        self.touch(handle);
     }
 
     /// Marks the entry `handle` keeps as used now, so the LRU gives back entries in
