@@ -886,6 +886,68 @@ fn a_writer_alone_reads_back_what_it_wrote_from_its_pages() {
     }
 }
 
+/// A file this mount made, whose attributes it keeps under its create's lock (the
+/// kernel with them, for as long as the lock is held), shows each of its own writes
+/// at once: the size, the blocks and the modification time that `stat` gives after
+/// each write, through another descriptor too, and where an O_APPEND lands. The
+/// kernel is not told of them by the mount; its own write path marks them stale.
+#[test]
+fn a_file_made_here_shows_each_of_its_own_writes_at_once() {
+    use std::os::unix::fs::FileExt;
+    let c = cluster(2);
+    let m = c.mount();
+    dom_dir(&c, &m.path().join("dom"));
+    for name in ["ost", "dom/f"] {
+        let p = m.path().join(name);
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&p)
+            .expect("create");
+        let other = fs::File::open(&p).expect("open");
+        let md = fs::metadata(&p).expect("stat");
+        assert_eq!((md.len(), md.blocks()), (0, 0), "{name}");
+        let mut mtime = (md.mtime(), md.mtime_nsec());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        for (i, (off, len)) in [(0u64, 100usize), (100, 4000), (65536, 10)]
+            .into_iter()
+            .enumerate()
+        {
+            f.write_all_at(&vec![b'a' + i as u8; len], off)
+                .expect("write");
+            let end = off + len as u64;
+            for md in [fs::metadata(&p), other.metadata(), f.metadata()] {
+                let md = md.expect("stat");
+                assert_eq!(md.len(), end, "{name}: size after write {i}");
+                assert!(md.blocks() > 0, "{name}: blocks after write {i}");
+                assert!(
+                    (md.mtime(), md.mtime_nsec()) > mtime,
+                    "{name}: mtime after write {i}"
+                );
+            }
+            mtime = {
+                let md = fs::metadata(&p).expect("stat");
+                (md.mtime(), md.mtime_nsec())
+            };
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let mut a = fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .expect("open for append");
+        a.write_all(b"tail").expect("append");
+        drop(a);
+        let want = 65546 + 4;
+        assert_eq!(fs::metadata(&p).expect("stat").len(), want, "{name}");
+        let mut buf = [0u8; 4];
+        other.read_exact_at(&mut buf, want - 4).expect("read");
+        assert_eq!(&buf, b"tail", "{name}");
+        drop((f, other));
+        assert_eq!(fs::metadata(&p).expect("stat").len(), want, "{name}");
+    }
+}
+
 /// A file on the OSTs read again through the same mount, with nobody else changing
 /// it meanwhile, comes from the kernel's pages: the attributes lock its first read
 /// found vouching for them is still held, and any other client's open for writing,
