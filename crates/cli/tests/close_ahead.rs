@@ -1,9 +1,9 @@
 //! Closes of handles nothing was written through (read-only ones, and writers that
-//! wrote nothing), and of the handle that made a file all on the MDT and alone wrote
-//! it, that ride ahead of the next request (`CloseAhead`): no round trip of their
-//! own, yet every handle is closed on the MDT soon after, through an idle spell, an
-//! MDS restart and another client's unlink, and a client can close only its own
-//! handles that way.
+//! wrote nothing), and of the handle that made a file all on the MDT or all on OSTs
+//! and alone wrote it, that ride ahead of the next request (`CloseAhead`): no round
+//! trip of their own, yet every handle is closed on the MDT soon after, through an
+//! idle spell, an MDS restart and another client's unlink, and a client can close
+//! only its own handles that way.
 
 mod common;
 
@@ -169,22 +169,40 @@ fn a_client_closes_ahead_only_its_own_handles() {
         .run(a.client.open(&root(), f, libc::O_RDONLY))
         .expect("open for reading");
     assert_eq!(open_files(&c), 2);
-    let close_ahead = |s: &Session, handles: Vec<u64>| {
+    let sized = |h: u64| {
+        (
+            h,
+            lode_proto::CloseAttrs {
+                size: 1 << 40,
+                blocks: 8,
+                mtime: 1,
+            },
+        )
+    };
+    let close_ahead = |s: &Session, handles: Vec<u64>, written: Vec<u64>| {
+        let written = written.into_iter().map(sized).collect();
         s.run(
             s.client
                 .mdc()
-                .call(Request::CloseAhead(CloseAheadReq { handles })),
+                .call(Request::CloseAhead(CloseAheadReq { handles, written })),
         )
         .map(|_| ())
     };
-    // Another client's handles, and one that is not open: ignored.
-    close_ahead(&b, vec![w.handle, r.handle]).expect("answered");
-    close_ahead(&a, vec![12345]).expect("answered");
+    // Another client's handles, with a size or not, and one that is not open:
+    // ignored.
+    close_ahead(&b, vec![w.handle, r.handle], vec![]).expect("answered");
+    close_ahead(&b, vec![], vec![w.handle]).expect("answered");
+    close_ahead(&a, vec![12345], vec![54321]).expect("answered");
     assert_eq!(open_files(&c), 2, "nothing closed");
     assert_eq!(
-        close_ahead(&a, vec![r.handle; CLOSES_AHEAD_MAX + 1]),
+        close_ahead(&a, vec![r.handle; CLOSES_AHEAD_MAX + 1], vec![]),
         Err(Errno::EPROTO),
         "too many handles in one frame"
+    );
+    assert_eq!(
+        close_ahead(&a, vec![r.handle; CLOSES_AHEAD_MAX], vec![w.handle]),
+        Err(Errno::EPROTO),
+        "too many handles in one frame, with sizes"
     );
     assert_eq!(open_files(&c), 2);
     let closes = mdt_stat(&c, "mds_close");
@@ -541,6 +559,7 @@ fn a_close_ahead_of_a_writer_whose_bytes_reached_an_ost_keeps_the_mark() {
     // MDT, which saw bytes written here while objects exist, keeps the mark.
     s.run(cl.mdc().call(Request::CloseAhead(CloseAheadReq {
         handles: vec![fh.handle],
+        written: vec![],
     })))
     .expect("answered");
     assert_eq!(open_files(&c), 0, "closed");
@@ -636,4 +655,110 @@ fn a_committed_dom_create_whose_writes_were_not_is_opened_again_for_their_replay
     hold_commits(&c, 1);
     s.run(cl.write(&fh, 0, &[3u8; 6000])).expect("write");
     closed_ahead_through_a_crash(&mut c, &s, &fh, &[3u8; 6000]);
+}
+
+/// `name` in the root, made by `s` on the OSTs (the root's layout) and open
+/// read-write, with `bytes` written at 0 and at 5,000.
+fn ost_file_written(s: &Session, name: &str, bytes: &[u8]) -> lode_client::FileHandle {
+    let fh = create_in_root(s, name, libc::O_RDWR);
+    s.run(s.client.write(&fh, 0, bytes)).expect("write");
+    s.run(s.client.write(&fh, 5000, bytes)).expect("write");
+    fh
+}
+
+#[test]
+fn the_maker_of_a_file_on_osts_closes_ahead_with_the_size_its_writes_left() {
+    let c = cluster(2);
+    let (s, other) = (c.client(), c.client());
+    let cl = &s.client;
+    let (closes, ahead) = (mdt_stat(&c, "mds_close"), mdt_stat(&c, "mds_close_ahead"));
+    let fh = ost_file_written(&s, "o", &[4u8; 3000]);
+    assert!(fh.layout().is_some_and(|l| l.has_objects()));
+    s.run(cl.close(&fh)).expect("close");
+    let gets = || mdt_stat(&c, "mds_getattr") + mdt_stat(&c, "mds_getattr_name");
+    let glimpses = || ost_stat(&c, &["ost_getattr"]);
+    let (before, glimpsed) = (gets(), glimpses());
+    // The maker knows the size with no glimpse.
+    let mine = cached_in_root(&s, "o");
+    assert!(!mine.glimpse, "the size is known exactly");
+    assert_eq!(mine.attr.size, 8000);
+    assert!(mine.attr.blocks > 0);
+    assert_eq!(
+        (gets(), glimpses()),
+        (before, glimpsed),
+        "no GETATTR, no glimpse"
+    );
+    s.run(cl.statfs())
+        .expect("statfs: the close goes ahead of it");
+    assert_eq!(open_files(&c), 0, "closed on the MDT");
+    assert_eq!(mdt_stat(&c, "mds_close"), closes, "no CLOSE RPC");
+    assert_eq!(mdt_stat(&c, "mds_close_ahead"), ahead + 1);
+    // The MDT keeps it as lazy size: another client needs no glimpse either, and
+    // sees what the OSTs would say.
+    let theirs = cached_in_root(&other, "o");
+    assert!(!theirs.glimpse, "the mark taken back");
+    assert_eq!(glimpses(), glimpsed, "no glimpse");
+    assert_eq!(
+        (theirs.attr.size, theirs.attr.blocks, theirs.attr.mtime),
+        (mine.attr.size, mine.attr.blocks, mine.attr.mtime)
+    );
+    let r = other
+        .run(other.client.open(&root(), fh.fid, libc::O_RDONLY))
+        .expect("open");
+    let data = other.run(other.client.read(&r, 0, 9000)).expect("read");
+    assert_eq!(data.len(), 8000);
+    assert!(data[..3000].iter().all(|&b| b == 4) && data[3000..5000].iter().all(|&b| b == 0));
+    other.run(other.client.close(&r)).expect("close");
+}
+
+#[test]
+fn a_maker_on_osts_whose_file_another_client_opened_for_writing_leaves_the_size_to_the_osts() {
+    let c = cluster(2);
+    let (s, other) = (c.client(), c.client());
+    let cl = &s.client;
+    let fh = ost_file_written(&s, "o", &[4u8; 3000]);
+    // Another client opens it for writing (the maker's lock is called back) and
+    // writes further.
+    let w = other
+        .run(other.client.open(&root(), fh.fid, libc::O_WRONLY))
+        .expect("another writer");
+    other
+        .run(other.client.write(&w, 20_000, b"end"))
+        .expect("the other writes");
+    s.run(cl.close(&fh)).expect("close");
+    s.run(cl.statfs()).expect("statfs");
+    let b = cached_in_root(&s, "o");
+    assert!(b.glimpse, "the maker's copy is no longer exact");
+    assert_eq!(size_in_root(&s, "o"), 20_003);
+    other.run(other.client.close(&w)).expect("close");
+    assert_eq!(size_in_root(&c.client(), "o"), 20_003);
+}
+
+#[test]
+fn an_uncommitted_file_on_osts_closed_ahead_is_replayed_and_closed_again_with_its_size() {
+    let mut c = cluster(2);
+    let s = c.client();
+    hold_commits(&c, 1);
+    let fh = ost_file_written(&s, "o", &[6u8; 3000]);
+    s.run(s.client.close(&fh)).expect("close ahead");
+    s.run(s.client.statfs())
+        .expect("statfs: the close goes ahead of it");
+    assert_eq!(open_files(&c), 0);
+    let (last, committed) = transnos(&c);
+    assert!(committed < last, "the create is not committed");
+    crash_and_recover_with_no_gap(&mut c);
+    let other = c.client();
+    let b = cached_in_root(&other, "o");
+    assert_eq!(b.attr.fid, fh.fid, "the create is there");
+    assert!(
+        !b.glimpse,
+        "its mark taken back again, by a close with its size"
+    );
+    assert_eq!(b.attr.size, 8000);
+    let r = other
+        .run(other.client.open(&root(), fh.fid, libc::O_RDONLY))
+        .expect("open");
+    let data = other.run(other.client.read(&r, 0, 9000)).expect("read");
+    assert_eq!(data.len(), 8000);
+    assert!(data[5000..].iter().all(|&b| b == 6));
 }

@@ -1082,10 +1082,11 @@ fn a_close_while_the_client_writes_another_file_still_makes_the_size_exact() {
     };
     let (x, y) = (open(b"x"), open(b"y"));
     assert_ne!(a.client.attr_lock(x.fid), 0, "X's attributes under a lock");
-    // X's close waits on the MDT before it runs; Y is written meanwhile.
+    // X's close (by RPC: as its maker and only writer it would go ahead) waits on the
+    // MDT before it runs; Y is written meanwhile.
     delay_next(&c, lode_proto::Opcode::Close, 500);
     std::thread::scope(|sc| {
-        let closer = sc.spawn(|| a.run(a.client.close(&x)));
+        let closer = sc.spawn(|| a.run(a.client.close_now(&x)));
         std::thread::sleep(std::time::Duration::from_millis(200));
         a.run(a.client.write(&y, 4096, &[8u8; 4096]))
             .expect("write Y");

@@ -164,6 +164,8 @@ pub(crate) struct Known {
     dom_token: u64,
     /// DOM_WRITEs sent and not answered yet: while any is out, `dom` may miss it.
     dom_out: u32,
+    /// OST writes sent and not answered yet: while any is out, `objs` may miss it.
+    ost_out: u32,
     /// The attributes lock the create granted (0: none): while the copy kept is
     /// under it, no other client changed the file (a callback would have ended it).
     lock: u64,
@@ -515,6 +517,7 @@ impl Client {
                         dom: None,
                         dom_token: 0,
                         dom_out: 0,
+                        ost_out: 0,
                         lock: rep.body.lock,
                         dom_lock,
                     },
@@ -687,8 +690,11 @@ impl Client {
     /// answers to its DOM_WRITEs said the size, blocks and mtime they left, and its
     /// attributes lock, granted while no other client wrote the file and called back
     /// by any open for writing since, says nobody else changed them (see
-    /// `Client::dom_closed_exact`), and the data token that names its bytes then
-    /// (see `Client::close_token`). `None` for any other handle written through or
+    /// `Client::maker_closed_exact`), and the data token that names its bytes then
+    /// (see `Client::close_token`). And the handle that made a file all on OSTs and
+    /// alone wrote it (mdtest's hard files, a copy of small files): the answers to its
+    /// writes said what the objects hold, which its close ahead tells the MDT (lazy
+    /// size on MDT), and the same lock says nobody else changed them. `None` for any other handle written through or
     /// truncated with, which the caller closes by RPC with the size it knows; else
     /// the close's data token (0: none).
     fn close_ahead(&self, fh: &FileHandle) -> Option<u64> {
@@ -698,19 +704,29 @@ impl Client {
         {
             return None;
         }
-        let written = if fh.wrote.load(Ordering::Acquire) {
-            Some(self.dom_known_at_close(fh)?)
+        let wrote = fh.wrote.load(Ordering::Acquire);
+        let token = if wrote && fh.layout().is_some_and(|l| l.has_objects()) {
+            let (a, lock) = self.ost_known_at_close(fh)?;
+            if !self.mdc.close_ahead_written(fh.handle, a) {
+                return None;
+            }
+            self.maker_closed_exact(fh.fid, lock, &a, true);
+            0
         } else {
-            None
-        };
-        if !self.mdc.close_ahead(fh.handle) {
-            return None;
-        }
-        // Closed whatever follows: a copy no longer under the create's lock keeps
-        // asking the MDT, which is right, only slower.
-        let token = match written {
-            Some((a, t, lock)) if self.dom_closed_exact(fh.fid, lock, &a) => t,
-            _ => 0,
+            let written = if wrote {
+                Some(self.dom_known_at_close(fh)?)
+            } else {
+                None
+            };
+            if !self.mdc.close_ahead(fh.handle) {
+                return None;
+            }
+            // Closed whatever follows: a copy no longer under the create's lock keeps
+            // asking the MDT, which is right, only slower.
+            match written {
+                Some((a, t, lock)) if self.maker_closed_exact(fh.fid, lock, &a, false) => t,
+                _ => 0,
+            }
         };
         // The MDT gives back the layout lock granted with the open when it closes it.
         self.forget_layout_lock(fh.layout_lock.swap(0, Ordering::AcqRel));
@@ -928,8 +944,36 @@ impl Client {
     /// changed. Forgets the file either way at that handle's close.
     fn known_at_close(&self, fh: &FileHandle) -> Option<lode_proto::CloseAttrs> {
         let k = self.forget_known(fh)?;
+        self.known_attrs(fh, &k.objs, k.gen)
+    }
+
+    /// What the writes through `fh` to OST objects left of the file it made, if it is
+    /// all on OSTs, its create's attributes lock is known and no write is out: the
+    /// size, blocks and mtime for a close ahead, and that lock (see
+    /// `Client::close_ahead`). Keeps the file known (the close may not go ahead).
+    fn ost_known_at_close(&self, fh: &FileHandle) -> Option<(lode_proto::CloseAttrs, u64)> {
+        let (objs, gen, lock) = {
+            let known = self.known.lock();
+            let k = known.get(&fh.fid)?;
+            if k.handle != fh.handle || k.lock == 0 || k.ost_out != 0 || k.dom.is_some() {
+                return None;
+            }
+            (k.objs.clone(), k.gen, k.lock)
+        };
+        Some((self.known_attrs(fh, &objs, gen)?, lock))
+    }
+
+    /// The size, blocks and mtime the answers `objs` to writes through `fh` (under
+    /// layout generation `gen`) say, for a file all on OSTs; `None` if the layout
+    /// changed or an OST restart lost a write.
+    fn known_attrs(
+        &self,
+        fh: &FileHandle,
+        objs_known: &HashMap<ObjId, ObjAttr>,
+        gen: u32,
+    ) -> Option<lode_proto::CloseAttrs> {
         let layout = fh.layout()?;
-        if layout.gen != k.gen || layout.dom_end() != 0 {
+        if layout.gen != gen || layout.dom_end() != 0 {
             return None;
         }
         let objs = objects(fh.fid, &layout);
@@ -944,7 +988,7 @@ impl Client {
         drop(oscs);
         let (mut size, mut blocks, mut mtime) = (0, 0, fh.attr.mtime);
         for (ci, stripe, _, obj) in objs {
-            let Some(a) = k.objs.get(&obj) else {
+            let Some(a) = objs_known.get(&obj) else {
                 // Never written: made with the file, so nothing there.
                 continue;
             };
@@ -971,6 +1015,7 @@ impl Client {
         let Some(k) = known.get_mut(&obj.fid) else {
             return;
         };
+        k.ost_out = k.ost_out.saturating_sub(1);
         match attr {
             Some(a) => {
                 let e = k.objs.entry(obj).or_default();
@@ -1413,6 +1458,11 @@ impl Client {
         append: bool,
     ) -> Result<(), Errno> {
         let osc = self.osc(ost).await?;
+        if let Some(k) = self.known.lock().get_mut(&obj.fid) {
+            // Answered in `object_written`; a call given up on leaves it counted,
+            // which only makes the close go by RPC.
+            k.ost_out += 1;
+        }
         let r = osc
             .call(Request::OstWrite(OstWriteReq {
                 obj,

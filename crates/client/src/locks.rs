@@ -936,15 +936,24 @@ impl Client {
         }
     }
 
-    /// The handle that made `fid`, a file all on the MDT, closes ahead as its only
-    /// writer (see `Client::close_ahead`): `a` (what its DOM_WRITEs' answers left) is
-    /// the file's size, blocks and mtime on the MDT now, for the copy kept under
-    /// `lock`, the attributes lock its create was granted (while nobody else could
-    /// write the file). Any change by another client since (an open for writing, a
-    /// setattr, a layout change) would have called that lock back; this client's own
-    /// other writers, setattrs and fallocates ended what `a` came from. The copy
-    /// needs no glimpse from now on. False, changing nothing, without such a copy.
-    pub(crate) fn dom_closed_exact(&self, fid: Fid, lock: u64, a: &lode_proto::CloseAttrs) -> bool {
+    /// The handle that made `fid` closes ahead as its only writer (see
+    /// `Client::close_ahead`): `a` (what the answers to its writes left: its
+    /// DOM_WRITEs' for a file all on the MDT, `on_osts` false; its OST writes' for a
+    /// file all on OSTs) is the file's size, blocks and mtime now, for the copy kept
+    /// under `lock`, the attributes lock its create was granted (while nobody else
+    /// could write the file). Any change by another client since (an open for
+    /// writing, a setattr, a layout change) would have called that lock back; this
+    /// client's own other writers, setattrs and fallocates ended what `a` came from.
+    /// The copy needs no glimpse from now on (the MDT keeps the same as lazy size,
+    /// or, if a crash loses that, glimpses the same). False, changing nothing,
+    /// without such a copy.
+    pub(crate) fn maker_closed_exact(
+        &self,
+        fid: Fid,
+        lock: u64,
+        a: &lode_proto::CloseAttrs,
+        on_osts: bool,
+    ) -> bool {
         if !self.locks.up.load(Ordering::Acquire) {
             return false;
         }
@@ -954,7 +963,9 @@ impl Client {
                 if *h == lock
                     && !b.written
                     && b.attr.fid == fid
-                    && b.layout.as_ref().is_some_and(|l| !l.has_objects()) =>
+                    && b.layout
+                        .as_ref()
+                        .is_some_and(|l| l.has_objects() == on_osts) =>
             {
                 b.glimpse = false;
                 b.attr.size = a.size;

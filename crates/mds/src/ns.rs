@@ -893,10 +893,21 @@ impl Namespace {
     /// file's destruction at its last close (which no change can depend on; a restart
     /// destroys it again) and the taking back of a data mark (see `close_inner`) are
     /// written. A handle not open, another client's or migrating the file is skipped.
+    /// `written`: handles that wrote to OST objects, each with the size its writes
+    /// left, kept as lazy size on MDT if it was the only writer (see `close_inner`).
     /// Returns the layout locks of the handles closed, and how many were skipped.
-    pub(crate) fn close_ahead(&self, slot: u32, handles: &[u64]) -> (Vec<u64>, usize) {
+    pub(crate) fn close_ahead(
+        &self,
+        slot: u32,
+        handles: &[u64],
+        written: &[(u64, lode_proto::CloseAttrs)],
+    ) -> (Vec<u64>, usize) {
         let (mut locks, mut skipped) = (Vec::new(), 0);
-        for &handle in handles {
+        let all = handles
+            .iter()
+            .map(|&h| (h, None))
+            .chain(written.iter().map(|(h, a)| (*h, Some(*a))));
+        for (handle, attrs) in all {
             let lock = {
                 let o = self.opens.lock();
                 match o.handles.get(&handle) {
@@ -912,7 +923,7 @@ impl Namespace {
                     }
                 }
             };
-            match self.close_inner(&Ctx::default(), handle, false, None, true) {
+            match self.close_inner(&Ctx::default(), handle, attrs.is_some(), attrs, true) {
                 Ok(_) => locks.push(lock),
                 Err(e) => tracing::warn!(handle, "closing a handle ahead: {e:?}"),
             }
@@ -1123,6 +1134,21 @@ impl Namespace {
                     rec.flags &= !INODE_DATA;
                     put_inode_unversioned(&mut b, fid, &rec);
                     unmarked = true;
+                } else if let Some(a) = lazy.filter(|_| {
+                    untracked
+                        && rec.flags & INODE_DATA != 0
+                        && rec.nlink > 0
+                        && rec.layout.is_some()
+                }) {
+                    // Closed ahead by the only writer since its open, which wrote to
+                    // OST objects: lazy size on MDT as below, and the mark goes, at
+                    // the same version and not synced, as a close ahead's taking back
+                    // of the mark above (a crash that loses it leaves the mark: a
+                    // glimpse, never a wrong size). The objects' flag keeps them
+                    // destroyed at unlink either way.
+                    keep_lazy_size(&mut rec, &a);
+                    put_inode_unversioned(&mut b, fid, &rec);
+                    unmarked = true;
                 } else if untracked {
                     // See `close_ahead`: the inode stays as it is, but for the mark a
                     // departed or evicted last writer of a DoM-only file would leave
@@ -1159,12 +1185,7 @@ impl Namespace {
                 }) {
                     // Lazy size on MDT: nobody else wrote since this writer opened, so
                     // its glimpse is the file's size until the next writer.
-                    rec.size = a.size;
-                    rec.blocks = a.blocks;
-                    rec.mtime = rec.mtime.max(a.mtime);
-                    rec.ctime = rec.ctime.max(a.mtime);
-                    rec.flags &= !INODE_DATA;
-                    rec.flags |= records::INODE_OBJECTS;
+                    keep_lazy_size(&mut rec, &a);
                     put_inode(&mut b, fid, &rec);
                     rep.exact_size = true;
                     rep.attr = Some(rec.attr(fid));
@@ -1232,6 +1253,18 @@ impl Namespace {
     pub(crate) fn remove_entry(b: &mut Batch, parent: Fid, name: &[u8]) {
         del_dirent(b, parent, name);
     }
+}
+
+/// Lazy size on MDT: `rec` takes the size, blocks and mtime its only writer's close
+/// said (`a`), its data mark goes, and the objects' flag stays, so that unlink still
+/// destroys them.
+fn keep_lazy_size(rec: &mut InodeRec, a: &lode_proto::CloseAttrs) {
+    rec.size = a.size;
+    rec.blocks = a.blocks;
+    rec.mtime = rec.mtime.max(a.mtime);
+    rec.ctime = rec.ctime.max(a.mtime);
+    rec.flags &= !INODE_DATA;
+    rec.flags |= records::INODE_OBJECTS;
 }
 
 /// The mode and group of a new inode of type `ftype` in `parent`, made by `cred` with

@@ -1090,10 +1090,10 @@ impl Mdt {
                 (Reply::LdlmCancel(Empty {}), 0)
             }
             MdtRequest::CloseAhead(r) => {
-                if r.handles.len() > lode_base::limits::CLOSES_AHEAD_MAX {
+                if r.handles.len() + r.written.len() > lode_base::limits::CLOSES_AHEAD_MAX {
                     return Err(Errno::EPROTO.into());
                 }
-                let (locks, skipped) = self.ns.close_ahead(exp.slot, &r.handles);
+                let (locks, skipped) = self.ns.close_ahead(exp.slot, &r.handles, &r.written);
                 for lock in locks {
                     self.ungrant(exp, lock);
                 }

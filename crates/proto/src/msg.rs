@@ -190,13 +190,18 @@ pub struct LdlmCancelReq {
     pub handles: Vec<u64>,
 }
 
-/// Open handles the client has closed having written nothing through them (read-only
-/// ones, and writers that wrote nothing), told to the MDT ahead of another request in
-/// the same write (at most [`lode_base::limits::CLOSES_AHEAD_MAX`]).
+/// Open handles the client has closed, told to the MDT ahead of another request in
+/// the same write (at most [`lode_base::limits::CLOSES_AHEAD_MAX`] in all): those it
+/// wrote nothing through (read-only ones, and writers that wrote nothing) or only
+/// bytes on the MDT, and those that made a file on OSTs and alone wrote it, each with
+/// the size its writes' answers said.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloseAheadReq {
-    /// The handles.
+    /// The handles with nothing to say.
     pub handles: Vec<u64>,
+    /// The handles that wrote to OST objects, with the file's size, blocks and mtime
+    /// as their writes left them (what `CloseReq::attrs` says).
+    pub written: Vec<(u64, CloseAttrs)>,
 }
 
 /// Reads through open handles that moved their files' access times (lode's), told to

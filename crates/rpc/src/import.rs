@@ -23,7 +23,9 @@ use lode_base::Errno;
 use lode_proto::frame::{
     check_len, FLAG_INTENT, FLAG_REPLAY, FLAG_REPLAY_DONE, FLAG_REPLY, FLAG_RESENT,
 };
-use lode_proto::{ConnectRep, ConnectReq, Empty, Frame, Header, Opcode, Reply, Request};
+use lode_proto::{
+    CloseAttrs, ConnectRep, ConnectReq, Empty, Frame, Header, Opcode, Reply, Request,
+};
 use parking_lot::{Condvar, Mutex};
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
@@ -448,7 +450,9 @@ struct Extra<'a> {
 /// [`Import::access_ahead`]).
 #[derive(Default)]
 struct AheadCloses {
-    handles: Vec<u64>,
+    /// Each with the size its writes to OST objects left, if it wrote there (see
+    /// [`Import::close_ahead_written`]).
+    handles: Vec<(u64, Option<CloseAttrs>)>,
     /// Open handles read through, with the access time each read gave its file.
     access: Vec<(u64, i64)>,
     /// A PING is due to carry them if no request does first.
@@ -460,7 +464,7 @@ struct AheadCloses {
 /// MDT may have closed them already, and closing a closed handle does nothing.
 struct AheadTaken<'a> {
     imp: &'a Arc<Import>,
-    closes: Vec<u64>,
+    closes: Vec<(u64, Option<CloseAttrs>)>,
     /// Access times: sent once, not again if the request fails (they are lazy, as
     /// Lustre's are: a lost one leaves the file's access time earlier, nothing else).
     access: Vec<(u64, i64)>,
@@ -472,8 +476,8 @@ impl AheadTaken<'_> {
     fn done(mut self, sent: Option<u32>, reply: Option<u32>) {
         let closes = std::mem::take(&mut self.closes);
         if sent.is_some() && sent == reply {
-            for h in closes {
-                self.imp.closed_ahead(h);
+            for (h, written) in closes {
+                self.imp.closed_ahead(h, written);
             }
         } else {
             self.imp.ahead_again(closes);
@@ -572,6 +576,10 @@ struct HeldOpen {
     ahead: bool,
     /// The highest transno of a DOM_WRITE through it (0: none).
     last_write: u64,
+    /// Closed ahead after writes to OST objects: the size they left, which its
+    /// close ahead again says too (without it, the MDT would take the file for
+    /// unwritten).
+    written: Option<CloseAttrs>,
 }
 
 /// A change to replay if the target restarts before committing it.
@@ -1091,8 +1099,14 @@ impl Import {
             ahead.push((Opcode::AccessAhead, c.encode()));
         }
         if !closes.closes.is_empty() {
+            let (written, plain): (Vec<_>, Vec<_>) =
+                closes.closes.iter().partition(|(_, w)| w.is_some());
             let c = Request::CloseAhead(lode_proto::CloseAheadReq {
-                handles: closes.closes.clone(),
+                handles: plain.into_iter().map(|(h, _)| h).collect(),
+                written: written
+                    .into_iter()
+                    .filter_map(|(h, w)| w.map(|w| (h, w)))
+                    .collect(),
             });
             ahead.push((Opcode::CloseAhead, c.encode()));
         }
@@ -1579,6 +1593,7 @@ impl Import {
                 closing: 0,
                 ahead: false,
                 last_write: 0,
+                written: None,
             },
         );
         handle
@@ -1623,11 +1638,23 @@ impl Import {
     /// closes them as it closes a departed client's handles, but for taking back the
     /// data mark that a writer's open set.
     pub fn close_ahead(self: &Arc<Self>, handle: u64) -> bool {
+        self.queue_close(handle, None)
+    }
+
+    /// [`Import::close_ahead`] for a handle that made a file on OST objects and alone
+    /// wrote it: its close says the size, blocks and mtime its writes left (`attrs`),
+    /// for the MDT to keep as lazy size on MDT if nobody else wrote the file since
+    /// its open. Its open, replayed after a restart, is closed ahead again with them.
+    pub fn close_ahead_written(self: &Arc<Self>, handle: u64, attrs: CloseAttrs) -> bool {
+        self.queue_close(handle, Some(attrs))
+    }
+
+    fn queue_close(self: &Arc<Self>, handle: u64, written: Option<CloseAttrs>) -> bool {
         let mut a = self.ahead.lock();
         if a.handles.len() >= CLOSES_AHEAD_MAX {
             return false;
         }
-        a.handles.push(handle);
+        a.handles.push((handle, written));
         self.md_stats.record(Opcode::Close);
         self.arm_ahead(&mut a);
         true
@@ -1709,13 +1736,13 @@ impl Import {
 
     /// `handles` wait again for a request to ride ahead of (once each: a reconnect
     /// that failed after its replay queued them may queue them again).
-    fn ahead_again(self: &Arc<Self>, handles: Vec<u64>) {
+    fn ahead_again(self: &Arc<Self>, handles: Vec<(u64, Option<CloseAttrs>)>) {
         if handles.is_empty() {
             return;
         }
         let mut a = self.ahead.lock();
         for h in handles {
-            if !a.handles.contains(&h) {
+            if !a.handles.iter().any(|(k, _)| *k == h.0) {
                 a.handles.push(h);
             }
         }
@@ -1726,7 +1753,7 @@ impl Import {
     /// and the DOM_WRITEs through it are committed. Until then the open is replayed
     /// (or the file opened again) after a restart, a close ahead having no transno to
     /// be replayed at, and closed ahead again.
-    fn closed_ahead(&self, handle: u64) {
+    fn closed_ahead(&self, handle: u64, written: Option<CloseAttrs>) {
         let committed = self.pruned.load(Ordering::Acquire);
         let mut o = self.opens.lock();
         let Some(h) = o.held.get_mut(&handle) else {
@@ -1742,6 +1769,7 @@ impl Import {
             return;
         }
         h.ahead = true;
+        h.written = written;
         h.closing = t;
         o.closing.insert(t, handle);
     }
@@ -1890,7 +1918,7 @@ impl Import {
         let mut again = Vec::new();
         for (handle, o) in self.opens.lock().held.iter() {
             if o.ahead {
-                again.push(*handle);
+                again.push((*handle, o.written));
             }
             let f = frames.entry(o.transno).or_insert_with(|| {
                 let h = Header {
