@@ -894,20 +894,21 @@ impl Namespace {
     /// destroys it again) and the taking back of a data mark (see `close_inner`) are
     /// written. A handle not open, another client's or migrating the file is skipped.
     /// `written`: handles that wrote to OST objects, each with the size its writes
-    /// left, kept as lazy size on MDT if it was the only writer (see `close_inner`).
+    /// left if known, kept as lazy size on MDT if it was the only writer (see
+    /// `close_inner`); without it the data mark stays.
     /// Returns the layout locks of the handles closed, and how many were skipped.
     pub(crate) fn close_ahead(
         &self,
         slot: u32,
         handles: &[u64],
-        written: &[(u64, lode_proto::CloseAttrs)],
+        written: &[(u64, Option<lode_proto::CloseAttrs>)],
     ) -> (Vec<u64>, usize) {
         let (mut locks, mut skipped) = (Vec::new(), 0);
         let all = handles
             .iter()
-            .map(|&h| (h, None))
-            .chain(written.iter().map(|(h, a)| (*h, Some(*a))));
-        for (handle, attrs) in all {
+            .map(|&h| (h, false, None))
+            .chain(written.iter().map(|&(h, a)| (h, true, a)));
+        for (handle, wrote, attrs) in all {
             let lock = {
                 let o = self.opens.lock();
                 match o.handles.get(&handle) {
@@ -923,7 +924,7 @@ impl Namespace {
                     }
                 }
             };
-            match self.close_inner(&Ctx::default(), handle, attrs.is_some(), attrs, true) {
+            match self.close_inner(&Ctx::default(), handle, wrote, attrs, true) {
                 Ok(_) => locks.push(lock),
                 Err(e) => tracing::warn!(handle, "closing a handle ahead: {e:?}"),
             }

@@ -199,9 +199,10 @@ pub struct LdlmCancelReq {
 pub struct CloseAheadReq {
     /// The handles with nothing to say.
     pub handles: Vec<u64>,
-    /// The handles that wrote to OST objects, with the file's size, blocks and mtime
-    /// as their writes left them (what `CloseReq::attrs` says).
-    pub written: Vec<(u64, CloseAttrs)>,
+    /// The handles that wrote to OST objects, each with the file's size, blocks and
+    /// mtime as its writes left them (what `CloseReq::attrs` says), if known to be
+    /// current.
+    pub written: Vec<(u64, Option<CloseAttrs>)>,
 }
 
 /// Reads through open handles that moved their files' access times (lode's), told to

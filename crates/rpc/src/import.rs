@@ -450,9 +450,8 @@ struct Extra<'a> {
 /// [`Import::access_ahead`]).
 #[derive(Default)]
 struct AheadCloses {
-    /// Each with the size its writes to OST objects left, if it wrote there (see
-    /// [`Import::close_ahead_written`]).
-    handles: Vec<(u64, Option<CloseAttrs>)>,
+    /// Each with what it says of its writes.
+    handles: Vec<(u64, AheadWrote)>,
     /// Open handles read through, with the access time each read gave its file.
     access: Vec<(u64, i64)>,
     /// A PING is due to carry them if no request does first.
@@ -464,7 +463,7 @@ struct AheadCloses {
 /// MDT may have closed them already, and closing a closed handle does nothing.
 struct AheadTaken<'a> {
     imp: &'a Arc<Import>,
-    closes: Vec<(u64, Option<CloseAttrs>)>,
+    closes: Vec<(u64, AheadWrote)>,
     /// Access times: sent once, not again if the request fails (they are lazy, as
     /// Lustre's are: a lost one leaves the file's access time earlier, nothing else).
     access: Vec<(u64, i64)>,
@@ -476,8 +475,8 @@ impl AheadTaken<'_> {
     fn done(mut self, sent: Option<u32>, reply: Option<u32>) {
         let closes = std::mem::take(&mut self.closes);
         if sent.is_some() && sent == reply {
-            for (h, written) in closes {
-                self.imp.closed_ahead(h, written);
+            for (h, wrote) in closes {
+                self.imp.closed_ahead(h, wrote);
             }
         } else {
             self.imp.ahead_again(closes);
@@ -576,10 +575,22 @@ struct HeldOpen {
     ahead: bool,
     /// The highest transno of a DOM_WRITE through it (0: none).
     last_write: u64,
-    /// Closed ahead after writes to OST objects: the size they left, which its
-    /// close ahead again says too (without it, the MDT would take the file for
-    /// unwritten).
-    written: Option<CloseAttrs>,
+    /// Closed ahead after writes to OST objects: its close ahead again says so
+    /// (else the MDT would take the file for unwritten), without the size, which
+    /// other clients may have changed since (a replay's open knows nothing of them).
+    wrote_osts: bool,
+}
+
+/// What a close riding ahead says of the writes through its handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AheadWrote {
+    /// Nothing the MDT must learn: nothing written, or only bytes on the MDT.
+    Nothing,
+    /// Writes to OST objects, which then held this (see
+    /// [`Import::close_ahead_written`]).
+    Sized(CloseAttrs),
+    /// Writes to OST objects, what they hold not known to be current.
+    Unsized,
 }
 
 /// A change to replay if the target restarts before committing it.
@@ -1099,15 +1110,18 @@ impl Import {
             ahead.push((Opcode::AccessAhead, c.encode()));
         }
         if !closes.closes.is_empty() {
-            let (written, plain): (Vec<_>, Vec<_>) =
-                closes.closes.iter().partition(|(_, w)| w.is_some());
-            let c = Request::CloseAhead(lode_proto::CloseAheadReq {
-                handles: plain.into_iter().map(|(h, _)| h).collect(),
-                written: written
-                    .into_iter()
-                    .filter_map(|(h, w)| w.map(|w| (h, w)))
-                    .collect(),
-            });
+            let mut c = lode_proto::CloseAheadReq {
+                handles: Vec::new(),
+                written: Vec::new(),
+            };
+            for &(h, w) in &closes.closes {
+                match w {
+                    AheadWrote::Nothing => c.handles.push(h),
+                    AheadWrote::Sized(a) => c.written.push((h, Some(a))),
+                    AheadWrote::Unsized => c.written.push((h, None)),
+                }
+            }
+            let c = Request::CloseAhead(c);
             ahead.push((Opcode::CloseAhead, c.encode()));
         }
         let mut on = None;
@@ -1593,7 +1607,7 @@ impl Import {
                 closing: 0,
                 ahead: false,
                 last_write: 0,
-                written: None,
+                wrote_osts: false,
             },
         );
         handle
@@ -1638,18 +1652,21 @@ impl Import {
     /// closes them as it closes a departed client's handles, but for taking back the
     /// data mark that a writer's open set.
     pub fn close_ahead(self: &Arc<Self>, handle: u64) -> bool {
-        self.queue_close(handle, None)
+        self.queue_close(handle, AheadWrote::Nothing)
     }
 
     /// [`Import::close_ahead`] for a handle that made a file on OST objects and alone
     /// wrote it: its close says the size, blocks and mtime its writes left (`attrs`),
     /// for the MDT to keep as lazy size on MDT if nobody else wrote the file since
-    /// its open. Its open, replayed after a restart, is closed ahead again with them.
+    /// its open. Its open, replayed after a restart, is closed ahead again saying
+    /// that it wrote but not what (the MDT then keeps asking the OSTs): by then
+    /// another client may have written the file and closed it, which the replayed
+    /// open cannot know.
     pub fn close_ahead_written(self: &Arc<Self>, handle: u64, attrs: CloseAttrs) -> bool {
-        self.queue_close(handle, Some(attrs))
+        self.queue_close(handle, AheadWrote::Sized(attrs))
     }
 
-    fn queue_close(self: &Arc<Self>, handle: u64, written: Option<CloseAttrs>) -> bool {
+    fn queue_close(self: &Arc<Self>, handle: u64, written: AheadWrote) -> bool {
         let mut a = self.ahead.lock();
         if a.handles.len() >= CLOSES_AHEAD_MAX {
             return false;
@@ -1736,7 +1753,7 @@ impl Import {
 
     /// `handles` wait again for a request to ride ahead of (once each: a reconnect
     /// that failed after its replay queued them may queue them again).
-    fn ahead_again(self: &Arc<Self>, handles: Vec<(u64, Option<CloseAttrs>)>) {
+    fn ahead_again(self: &Arc<Self>, handles: Vec<(u64, AheadWrote)>) {
         if handles.is_empty() {
             return;
         }
@@ -1753,7 +1770,7 @@ impl Import {
     /// and the DOM_WRITEs through it are committed. Until then the open is replayed
     /// (or the file opened again) after a restart, a close ahead having no transno to
     /// be replayed at, and closed ahead again.
-    fn closed_ahead(&self, handle: u64, written: Option<CloseAttrs>) {
+    fn closed_ahead(&self, handle: u64, wrote: AheadWrote) {
         let committed = self.pruned.load(Ordering::Acquire);
         let mut o = self.opens.lock();
         let Some(h) = o.held.get_mut(&handle) else {
@@ -1769,7 +1786,7 @@ impl Import {
             return;
         }
         h.ahead = true;
-        h.written = written;
+        h.wrote_osts = wrote != AheadWrote::Nothing;
         h.closing = t;
         o.closing.insert(t, handle);
     }
@@ -1918,7 +1935,14 @@ impl Import {
         let mut again = Vec::new();
         for (handle, o) in self.opens.lock().held.iter() {
             if o.ahead {
-                again.push((*handle, o.written));
+                again.push((
+                    *handle,
+                    if o.wrote_osts {
+                        AheadWrote::Unsized
+                    } else {
+                        AheadWrote::Nothing
+                    },
+                ));
             }
             let f = frames.entry(o.transno).or_insert_with(|| {
                 let h = Header {
