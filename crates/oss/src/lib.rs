@@ -25,8 +25,6 @@ mod pool;
 pub mod powercut;
 mod recovery;
 
-pub use pool::PRECREATE_IDLE_HIGH;
-
 /// The file in the OST directory that keeps `last_committed` across restarts.
 const LAST_COMMITTED_FILE: &str = "last_committed";
 

@@ -22,10 +22,8 @@
 //!
 //! Precreation (Lustre's OST precreates objects for the MDS to hand out): a thread
 //! keeps [`PRECREATE_LOW`] to [`PRECREATE_HIGH`] files ready, making new empty ones
-//! while the pool runs low, and fills it to [`PRECREATE_IDLE_HIGH`] while no file is
-//! taken and the machine is quiet, at the lowest CPU priority, so a small file's first write renames one
-//! instead of allocating an inode in the client's path, through bursts of up to that
-//! many new objects. Measured here, ext4's allocator scanning
+//! while the pool runs low, so a small file's first write renames one instead of
+//! allocating an inode in the client's path. Measured here, ext4's allocator scanning
 //! the inodes a previous run deleted took 37% of an OSS's CPU during a run of small
 //! files, nearly all of it in the writes' `open`. A new file never held bytes, so it is
 //! usable at once (no commit first); taken, it is made durable as any pool file is.
@@ -57,18 +55,10 @@ const FS_TOPDIR_FL: libc::c_int = 0x0002_0000;
 /// Most files the pool keeps; a destroy past it removes the file.
 const POOL_MAX: usize = 16384;
 
-/// Ready files below which the precreator makes more, whatever else the OST is doing.
+/// Ready files below which the precreator makes more.
 pub const PRECREATE_LOW: usize = 768;
-/// Ready files the precreator fills the pool to once below [`PRECREATE_LOW`].
+/// Ready files the precreator fills the pool to.
 pub const PRECREATE_HIGH: usize = 1024;
-/// Ready files the precreator fills the pool to while the OST takes none: a burst of
-/// new objects (an untar, mdtest's creates) up to this many then costs the OST no
-/// inode allocation while it lasts (Lustre's OSTs precreate up to 20,000 ahead).
-pub const PRECREATE_IDLE_HIGH: usize = 8192;
-/// How long the OST must have taken no pool file for the precreator to fill past
-/// [`PRECREATE_HIGH`]: it makes files while writes are not waiting on the same
-/// directory lock and CPUs.
-const PRECREATE_IDLE: Duration = Duration::from_millis(200);
 /// How long the precreator waits after failing to make a file (a full disk, no
 /// inodes left) before it tries again.
 const PRECREATE_BACKOFF: Duration = Duration::from_secs(5);
@@ -106,8 +96,6 @@ struct Files {
     reused: u64,
     /// Files the precreator made.
     precreated: u64,
-    /// When a file was last taken (see [`PRECREATE_IDLE`]).
-    last_take: Option<std::time::Instant>,
     /// The pool is being emptied or dropped: the precreator stops.
     closing: bool,
 }
@@ -274,7 +262,6 @@ impl Pool {
         let n = {
             let mut f = self.inner.files.lock();
             let n = f.ready.pop();
-            f.last_take = Some(std::time::Instant::now());
             if f.ready.len() < PRECREATE_LOW {
                 self.inner.wake.notify_one();
             }
@@ -410,125 +397,28 @@ impl Pool {
     }
 }
 
-/// How many files the precreator fills the pool to now (counting files waiting for a
-/// commit), 0 if it waits: to [`PRECREATE_HIGH`] whenever fewer than
-/// [`PRECREATE_LOW`] are ready, and to [`PRECREATE_IDLE_HIGH`] while no file was
-/// taken for [`PRECREATE_IDLE`] and the machine is `quiet` (see [`Quiet`]).
-fn fill_to(f: &Files, quiet: bool) -> usize {
-    let have = f.ready.len() + f.pending.len();
-    if quiet && ost_idle(f) && have < PRECREATE_IDLE_HIGH {
-        PRECREATE_IDLE_HIGH
-    } else if f.ready.len() < PRECREATE_LOW && have < PRECREATE_HIGH {
-        PRECREATE_HIGH
-    } else {
-        0
-    }
-}
-
-/// No file was taken for [`PRECREATE_IDLE`].
-fn ost_idle(f: &Files) -> bool {
-    f.last_take.is_none_or(|t| t.elapsed() >= PRECREATE_IDLE)
-}
-
-/// Files made past [`PRECREATE_HIGH`] between two looks at the machine's CPUs.
-const PRECREATE_IDLE_BATCH: usize = 128;
-
-/// Whether the machine's CPUs were mostly idle since the last look, the precreator's
-/// own use aside (`/proc/stat`, `/proc/thread-self/stat`). An OST taking no files
-/// says nothing of the rest: on a machine that also runs an MDS or clients, files
-/// made meanwhile took a quarter to half of a metadata benchmark's speed.
-#[derive(Default)]
-struct Quiet {
-    /// All CPU time, idle time and this thread's, in clock ticks, at the last look.
-    last: Option<(u64, u64, u64)>,
-}
-
-impl Quiet {
-    fn sample() -> Option<(u64, u64, u64)> {
-        let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        let cpu: Vec<u64> = stat
-            .lines()
-            .next()?
-            .split_whitespace()
-            .skip(1)
-            .take(8)
-            .map(|v| v.parse().unwrap_or(0))
-            .collect();
-        // user nice system idle iowait irq softirq steal
-        let total = cpu.iter().sum();
-        let idle = cpu.get(3)? + cpu.get(4)?;
-        let own = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
-        // Past the command name, which may hold spaces: utime and stime are the
-        // 12th and 13th fields after it.
-        let rest = own.rsplit_once(')')?.1;
-        let mut f = rest.split_whitespace().skip(11);
-        let own = f.next()?.parse::<u64>().ok()? + f.next()?.parse::<u64>().ok()?;
-        Some((total, idle, own))
-    }
-
-    /// At least half of the CPU time since the last look was idle or this thread's;
-    /// false at the first look, and if `/proc` cannot be read.
-    fn check(&mut self) -> bool {
-        let now = Quiet::sample();
-        let was = std::mem::replace(&mut self.last, now);
-        match (was, now) {
-            (Some((t0, i0, o0)), Some((t1, i1, o1))) if t1 > t0 => {
-                let all = t1 - t0;
-                let free = (i1.saturating_sub(i0) + o1.saturating_sub(o0)).min(all);
-                2 * free >= all
-            }
-            _ => false,
-        }
-    }
-}
-
-/// The precreator's loop: while the pool is open, fills it as [`fill_to`] says
-/// (checked at each take that leaves it low, every [`PRECREATE_IDLE`], and before
-/// each file), past [`PRECREATE_HIGH`] [`PRECREATE_IDLE_BATCH`] files at a time.
+/// The precreator's loop: while the pool is open, fills it to [`PRECREATE_HIGH`]
+/// (counting files waiting for a commit) whenever fewer than [`PRECREATE_LOW`] are
+/// ready (checked at each take, and every second).
 fn precreate(inner: &Inner) {
-    // At the lowest priority: it makes files ahead with CPU nobody else wants. Under
-    // load the pool may run dry, and a write then makes its object's file itself, as
-    // it would with no pool.
-    // SAFETY: setpriority on this thread's own id; no memory is passed.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) } != 0 {
-        tracing::debug!(
-            "object pool: precreator left at its priority ({})",
-            std::io::Error::last_os_error()
-        );
-    }
+    let runs_low = |f: &Files| {
+        f.ready.len() < PRECREATE_LOW && f.ready.len() + f.pending.len() < PRECREATE_HIGH
+    };
     let mut warned = false;
-    let mut quiet = Quiet::default();
     loop {
-        let mut calm = false;
         {
             let mut f = inner.files.lock();
-            loop {
-                if f.closing {
-                    return;
-                }
-                if fill_to(&f, false) > 0 {
-                    break;
-                }
-                let have = f.ready.len() + f.pending.len();
-                if ost_idle(&f) && have < PRECREATE_IDLE_HIGH {
-                    // Looked at once per wait: the look spans the wait before it.
-                    calm = parking_lot::MutexGuard::unlocked(&mut f, || quiet.check());
-                    if calm {
-                        break;
-                    }
-                }
-                inner.wake.wait_for(&mut f, PRECREATE_IDLE);
+            while !f.closing && !runs_low(&f) {
+                inner.wake.wait_for(&mut f, Duration::from_secs(1));
+            }
+            if f.closing {
+                return;
             }
         }
-        let mut made_now = 0;
         loop {
             let n = {
                 let mut f = inner.files.lock();
-                let to = fill_to(&f, calm);
-                if f.closing
-                    || f.ready.len() + f.pending.len() >= to
-                    || (to == PRECREATE_IDLE_HIGH && made_now >= PRECREATE_IDLE_BATCH)
-                {
+                if f.closing || f.ready.len() + f.pending.len() >= PRECREATE_HIGH {
                     break;
                 }
                 f.next += 1;
@@ -550,7 +440,6 @@ fn precreate(inner: &Inner) {
                     }
                     f.ready.push(n);
                     f.precreated += 1;
-                    made_now += 1;
                 }
                 Err(e) => {
                     if !std::mem::replace(&mut warned, true) {
@@ -567,13 +456,6 @@ fn precreate(inner: &Inner) {
                     }
                     break;
                 }
-            }
-        }
-        if made_now >= PRECREATE_IDLE_BATCH {
-            // A batch past the band: the next look at the CPUs comes after a wait.
-            let mut f = inner.files.lock();
-            if !f.closing && fill_to(&f, false) == 0 {
-                inner.wake.wait_for(&mut f, PRECREATE_IDLE);
             }
         }
     }
@@ -767,45 +649,6 @@ mod tests {
     }
 
     #[test]
-    fn the_precreator_fills_to_the_low_band_while_files_are_taken_and_further_when_idle() {
-        let mut q = Quiet::default();
-        assert!(!q.check(), "no look yet");
-        std::thread::sleep(Duration::from_millis(50));
-        q.check();
-        assert!(q.last.is_some(), "/proc read");
-        let mut f = Files::default();
-        // Never taken from: idle, if the machine is.
-        assert_eq!(fill_to(&f, true), PRECREATE_IDLE_HIGH);
-        assert_eq!(
-            fill_to(&f, false),
-            PRECREATE_HIGH,
-            "a busy machine: the band"
-        );
-        f.ready = (0..PRECREATE_HIGH as u64).collect();
-        assert_eq!(fill_to(&f, false), 0, "a busy machine: the band is full");
-        f.ready.clear();
-        f.last_take = Some(std::time::Instant::now());
-        assert_eq!(fill_to(&f, true), PRECREATE_HIGH, "taken from, and low");
-        f.ready = (0..PRECREATE_LOW as u64).collect();
-        assert_eq!(fill_to(&f, true), 0, "taken from, not low");
-        // Files waiting for a commit count toward the band, not toward "low".
-        f.ready.truncate(PRECREATE_LOW - 1);
-        f.pending = (0..PRECREATE_HIGH as u64)
-            .map(|n| (n, PathBuf::new()))
-            .collect();
-        assert_eq!(
-            fill_to(&f, true),
-            0,
-            "low, but the band is full with pending files"
-        );
-        f.pending.clear();
-        f.last_take = std::time::Instant::now().checked_sub(PRECREATE_IDLE);
-        assert_eq!(fill_to(&f, true), PRECREATE_IDLE_HIGH, "idle again");
-        f.ready = (0..PRECREATE_IDLE_HIGH as u64).collect();
-        assert_eq!(fill_to(&f, true), 0, "full");
-    }
-
-    #[test]
     fn the_precreator_keeps_new_empty_files_ready_and_a_drain_removes_them() {
         let (t, objs) = ost_dir();
         let pool = Pool::open(t.path()).unwrap();
@@ -814,23 +657,27 @@ mod tests {
         let wait_for = |pool: &Pool, n: usize| {
             let t0 = std::time::Instant::now();
             while ready(pool) < n {
-                assert!(t0.elapsed() < Duration::from_secs(60), "precreator stuck");
+                assert!(t0.elapsed() < Duration::from_secs(30), "precreator stuck");
                 std::thread::sleep(Duration::from_millis(5));
             }
         };
-        // Nothing taken yet: filled to the idle mark.
-        wait_for(&pool, PRECREATE_IDLE_HIGH);
+        wait_for(&pool, PRECREATE_HIGH);
         // Usable at once, with no commit: they never held bytes.
         let a = objs.join("a");
         assert!(pool.take(&a).unwrap());
         assert_eq!(std::fs::metadata(&a).unwrap().len(), 0);
-        // Idle again after the take: filled again, never past the mark.
-        wait_for(&pool, PRECREATE_IDLE_HIGH);
+        // Taken below the low mark: filled again.
+        for i in 0..=(PRECREATE_HIGH - PRECREATE_LOW) {
+            assert!(pool.take(&objs.join(format!("b{i}"))).unwrap());
+        }
+        wait_for(&pool, PRECREATE_HIGH);
+        let taken = 1 + (PRECREATE_HIGH - PRECREATE_LOW + 1);
         assert!(pool
             .render()
-            .contains(&format!("precreated: {}", PRECREATE_IDLE_HIGH + 1)));
-        std::thread::sleep(PRECREATE_IDLE * 2);
-        assert_eq!(ready(&pool), PRECREATE_IDLE_HIGH);
+            .contains(&format!("precreated: {}", PRECREATE_HIGH + taken)));
+        // Never more than the high mark.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(ready(&pool), PRECREATE_HIGH);
         // A clean stop stops the precreator and empties the pool.
         pool.drain().unwrap();
         assert_eq!(
