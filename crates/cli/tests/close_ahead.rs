@@ -462,6 +462,17 @@ fn pfl_file_written(s: &Session, name: &str, bytes: usize) -> lode_client::FileH
     fh
 }
 
+/// Up to `len` bytes of `f` from its start, as `s` reads them through a handle of its
+/// own (opened read-only, then closed).
+fn read_by(s: &Session, f: Fid, len: usize) -> Vec<u8> {
+    let r = s
+        .run(s.client.open(&root(), f, libc::O_RDONLY))
+        .expect("open");
+    let data = s.run(s.client.read(&r, 0, len)).expect("read");
+    s.run(s.client.close(&r)).expect("close");
+    data
+}
+
 /// The size of `b` as `s` completes it (a glimpse where it says so).
 fn glimpsed_size(s: &Session, b: lode_proto::MdtBody) -> u64 {
     s.run(s.client.complete(b)).expect("glimpse").attr.size
@@ -510,13 +521,9 @@ fn the_maker_of_a_file_all_on_the_mdt_closes_ahead_after_writing_it() {
     assert_eq!(mine.attr.mtime, theirs.attr.mtime, "mtime");
     assert_eq!(mine.attr.ctime, theirs.attr.ctime, "ctime");
     // Its bytes come with the open (read-on-open needs the mark gone).
-    let r = other
-        .run(other.client.open(&root(), fh.fid, libc::O_RDONLY))
-        .expect("open");
-    let data = other.run(other.client.read(&r, 0, 8192)).expect("read");
+    let data = read_by(&other, fh.fid, 8192);
     assert_eq!(data.len(), 8000);
     assert!(data[..5000].iter().all(|&b| b == 5) && data[5000..].iter().all(|&b| b == 6));
-    other.run(other.client.close(&r)).expect("close");
 }
 
 #[test]
@@ -700,13 +707,9 @@ fn the_maker_of_a_file_on_osts_closes_ahead_with_the_size_its_writes_left() {
         (theirs.attr.size, theirs.attr.blocks, theirs.attr.mtime),
         (mine.attr.size, mine.attr.blocks, mine.attr.mtime)
     );
-    let r = other
-        .run(other.client.open(&root(), fh.fid, libc::O_RDONLY))
-        .expect("open");
-    let data = other.run(other.client.read(&r, 0, 9000)).expect("read");
+    let data = read_by(&other, fh.fid, 9000);
     assert_eq!(data.len(), 8000);
     assert!(data[..3000].iter().all(|&b| b == 4) && data[3000..5000].iter().all(|&b| b == 0));
-    other.run(other.client.close(&r)).expect("close");
 }
 
 #[test]
@@ -753,10 +756,7 @@ fn an_uncommitted_file_on_osts_closed_ahead_is_replayed_and_closed_again_leaving
     // (see the next test), which the replayed open cannot know.
     assert!(b.glimpse, "the size is the OSTs'");
     assert_eq!(glimpsed_size(&other, b), 8000);
-    let r = other
-        .run(other.client.open(&root(), fh.fid, libc::O_RDONLY))
-        .expect("open");
-    let data = other.run(other.client.read(&r, 0, 9000)).expect("read");
+    let data = read_by(&other, fh.fid, 9000);
     assert_eq!(data.len(), 8000);
     assert!(data[5000..].iter().all(|&b| b == 6));
 }

@@ -694,9 +694,9 @@ impl Client {
     /// (see `Client::close_token`). And the handle that made a file all on OSTs and
     /// alone wrote it (mdtest's hard files, a copy of small files): the answers to its
     /// writes said what the objects hold, which its close ahead tells the MDT (lazy
-    /// size on MDT), and the same lock says nobody else changed them. `None` for any other handle written through or
-    /// truncated with, which the caller closes by RPC with the size it knows; else
-    /// the close's data token (0: none).
+    /// size on MDT), and the same lock says nobody else changed them. `None` for any
+    /// other handle written through or truncated with, which the caller closes by RPC
+    /// with the size it knows; else the close's data token (0: none).
     fn close_ahead(&self, fh: &FileHandle) -> Option<u64> {
         if fh.truncated.load(Ordering::Acquire)
             || fh.own_lock.load(Ordering::Acquire)

@@ -1135,12 +1135,7 @@ impl Namespace {
                     rec.flags &= !INODE_DATA;
                     put_inode_unversioned(&mut b, fid, &rec);
                     unmarked = true;
-                } else if let Some(a) = lazy.filter(|_| {
-                    untracked
-                        && rec.flags & INODE_DATA != 0
-                        && rec.nlink > 0
-                        && rec.layout.is_some()
-                }) {
+                } else if let Some(a) = lazy.filter(|_| untracked && lsom_applies(&rec)) {
                     // Closed ahead by the only writer since its open, which wrote to
                     // OST objects: lazy size on MDT as below, and the mark goes, at
                     // the same version and not synced, as a close ahead's taking back
@@ -1181,9 +1176,7 @@ impl Namespace {
                         rec.version = rec.version.wrapping_add(1);
                         rep.data_token = self.data_token(&rec);
                     }
-                } else if let Some(a) = lazy.filter(|_| {
-                    rec.flags & INODE_DATA != 0 && rec.nlink > 0 && rec.layout.is_some()
-                }) {
+                } else if let Some(a) = lazy.filter(|_| lsom_applies(&rec)) {
                     // Lazy size on MDT: nobody else wrote since this writer opened, so
                     // its glimpse is the file's size until the next writer.
                     keep_lazy_size(&mut rec, &a);
@@ -1254,6 +1247,12 @@ impl Namespace {
     pub(crate) fn remove_entry(b: &mut Batch, parent: Fid, name: &[u8]) {
         del_dirent(b, parent, name);
     }
+}
+
+/// Whether a sole writer's size may be kept as lazy size on MDT for `rec`: marked as
+/// written to, still linked, with a layout.
+fn lsom_applies(rec: &InodeRec) -> bool {
+    rec.flags & INODE_DATA != 0 && rec.nlink > 0 && rec.layout.is_some()
 }
 
 /// Lazy size on MDT: `rec` takes the size, blocks and mtime its only writer's close
