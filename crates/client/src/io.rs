@@ -705,6 +705,12 @@ impl Client {
             return None;
         }
         let wrote = fh.wrote.load(Ordering::Acquire);
+        if wrote && self.cached(fh.fid, |b| b.attr.nlink) == Some(0) {
+            // No name left: this close may be its last, which destroys it. By RPC,
+            // so that nothing here answers for the file after (its copy held under
+            // a lock would, until some request carried the close).
+            return None;
+        }
         let token = if wrote && fh.layout().is_some_and(|l| l.has_objects()) {
             let (a, lock) = self.ost_known_at_close(fh)?;
             if !self.mdc.close_ahead_written(fh.handle, a) {

@@ -1032,7 +1032,7 @@ impl Client {
     }
 
     /// What `f` reads of the attributes of `fid` held under a lock, if they are.
-    fn cached<T>(&self, fid: Fid, f: impl FnOnce(&MdtBody) -> T) -> Option<T> {
+    pub(crate) fn cached<T>(&self, fid: Fid, f: impl FnOnce(&MdtBody) -> T) -> Option<T> {
         if !self.locks.up.load(Ordering::Acquire) {
             return None;
         }
