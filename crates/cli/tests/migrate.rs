@@ -155,9 +155,14 @@ fn migrate_under_a_reader(
     println!("seed {seed} (LODE_TEST_SEED={seed} repeats it)");
     let path = m.path().join(name);
     let stop = AtomicBool::new(false);
-    // Reads done so far: each swap waits for the reader to read again (and so take the
-    // new layout's lock) before the next, however slowly the reader's thread runs.
+    // Reads done so far, and whether the last one left the reader holding a layout
+    // lock. Each swap waits for the reader to have read under the layout's lock, its
+    // first swap included (the reader's thread may not even have opened the file yet),
+    // however slowly the reader's thread runs. A read may also find the lock not
+    // grantable (a swap's locks still held) and go without it, checking the layout
+    // with the MDT instead; a swap then has nobody to call back.
     let done = AtomicU64::new(0);
+    let locked = AtomicBool::new(false);
     let reads = std::thread::scope(|sc| {
         let reader = sc.spawn(|| {
             let sess = c.client();
@@ -180,6 +185,7 @@ fn migrate_under_a_reader(
                     "read of {len} at {off} during a migration returned wrong data (seed {seed})"
                 );
                 reads += 1;
+                locked.store(sess.client.holds_layout_lock(&fh), Ordering::Release);
                 done.fetch_add(1, Ordering::Release);
             }
             sess.run(sess.client.close(&fh)).expect("close");
@@ -193,18 +199,19 @@ fn migrate_under_a_reader(
             }
         }
         let stopper = Stop(&stop);
+        let mut swapped = 0;
         for (args, check) in steps {
+            wait_for(
+                "the reader to read under the layout's lock",
+                Duration::from_secs(30),
+                || done.load(Ordering::Acquire) >= swapped + 2 && locked.load(Ordering::Acquire),
+            );
             let mut a = vec!["migrate"];
             a.extend_from_slice(args);
             let p = s(&path);
             a.push(&p);
             ok(c, &a);
-            let swapped = done.load(Ordering::Acquire);
-            wait_for(
-                "the reader to read after the swap",
-                Duration::from_secs(30),
-                || done.load(Ordering::Acquire) >= swapped + 2,
-            );
+            swapped = done.load(Ordering::Acquire);
             let sess = c.client();
             let l = layout(&sess, name);
             assert!(check(&l), "lode migrate {args:?} gave {l:?}");

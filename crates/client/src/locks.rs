@@ -746,6 +746,12 @@ impl Client {
         t != 0 && self.locks.layout.lock().by_token.contains_key(&t)
     }
 
+    /// Whether open handle `fh` holds a layout lock now: a swap of the file's layout
+    /// (a migration) then calls this client back before it.
+    pub fn holds_layout_lock(&self, fh: &crate::io::FileHandle) -> bool {
+        self.layout_lock_held(fh.layout_lock.load(Ordering::Acquire))
+    }
+
     /// Forgets the layout lock of token `t` (its handle closed); the MDT's handle of
     /// it if it was still held.
     pub(crate) fn forget_layout_lock(&self, t: u64) -> Option<u64> {
