@@ -598,13 +598,7 @@ fn closed_ahead_through_a_crash(
     assert_eq!(b.attr.fid, fh.fid, "the create is there");
     assert_eq!(b.attr.size, bytes.len() as u64, "and its write");
     assert!(!b.glimpse, "and its mark taken back again");
-    let r = other
-        .run(other.client.open(&root(), fh.fid, libc::O_RDONLY))
-        .expect("open");
-    assert_eq!(
-        other.run(other.client.read(&r, 0, 8192)),
-        Ok(bytes.to_vec())
-    );
+    assert_eq!(read_by(&other, fh.fid, 8192), bytes);
 }
 
 #[test]
